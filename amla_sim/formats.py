@@ -1,0 +1,292 @@
+"""Number formats of low-precision attention kernels, and rounding into them.
+
+Every format is described once, from ``ml_dtypes.finfo`` where ml_dtypes has the type. TF32 has no NumPy
+dtype: it lives in a float32 container whose low 13 fraction bits are zero, as on the tensor cores.
+
+Rounding is exact: the input is widened to float64 (exact for every format here), scaled by a power of two so
+that the target's quantum becomes 1, rounded to an integer, and scaled back. No step rounds twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "Format",
+    "FORMATS",
+    "RoundingMode",
+    "Overflow",
+    "ROUNDING_MODES",
+    "OVERFLOW_MODES",
+    "get_format",
+    "is_float_dtype",
+    "round_to",
+    "round_significand",
+]
+
+RoundingMode = Literal["nearest-even", "toward-zero", "stochastic"]
+Overflow = Literal["ieee", "satfinite"]
+ROUNDING_MODES: tuple[str, ...] = ("nearest-even", "toward-zero", "stochastic")
+OVERFLOW_MODES: tuple[str, ...] = ("ieee", "satfinite")
+
+_ML_FLOAT_DTYPES = frozenset(
+    np.dtype(t) for t in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
+)
+
+
+@dataclass(frozen=True)
+class Format:
+    """A binary floating-point format: field widths, bias and the extreme values.
+
+    ``dtype`` is the NumPy storage type (float32 for TF32 and for custom significand widths).
+    """
+
+    name: str
+    dtype: np.dtype
+    exponent_bits: int
+    mantissa_bits: int  # stored fraction bits; precision is mantissa_bits + 1
+    bias: int
+    max_finite: float
+    min_normal: float
+    min_subnormal: float
+    has_inf: bool
+
+    @property
+    def bits(self) -> int:
+        """Width of the format itself (19 for TF32, although it is stored in 32)."""
+        return 1 + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def precision(self) -> int:
+        """Significand bits including the implicit one."""
+        return self.mantissa_bits + 1
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal number."""
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest finite number."""
+        return int(np.frexp(self.max_finite)[1]) - 1
+
+    @property
+    def int_dtype(self) -> np.dtype:
+        """Signed integer type of the storage width (for bit views)."""
+        return np.dtype(f"int{8 * self.dtype.itemsize}")
+
+    @property
+    def uint_dtype(self) -> np.dtype:
+        """Unsigned integer type of the storage width."""
+        return np.dtype(f"uint{8 * self.dtype.itemsize}")
+
+    def __repr__(self) -> str:
+        return f"Format({self.name!r})"
+
+
+def _from_finfo(name: str, dtype: npt.DTypeLike) -> Format:
+    dt = np.dtype(dtype)
+    fi = ml_dtypes.finfo(dt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        has_inf = bool(np.isinf(np.array(np.inf).astype(dt).astype(np.float64)))
+    return Format(
+        name=name,
+        dtype=dt,
+        exponent_bits=int(fi.nexp),
+        mantissa_bits=int(fi.nmant),
+        bias=1 - int(fi.minexp),
+        max_finite=float(fi.max),
+        min_normal=float(fi.smallest_normal),
+        min_subnormal=float(fi.smallest_subnormal),
+        has_inf=has_inf,
+    )
+
+
+def _fp32_container(name: str, mantissa_bits: int) -> Format:
+    """A format with FP32's exponent range and a narrower significand, stored as float32."""
+    return Format(
+        name=name,
+        dtype=np.dtype(np.float32),
+        exponent_bits=8,
+        mantissa_bits=mantissa_bits,
+        bias=127,
+        max_finite=float(np.ldexp(2.0 - 2.0**-mantissa_bits, 127)),
+        min_normal=float.fromhex("0x1p-126"),
+        min_subnormal=float(np.ldexp(1.0, -126 - mantissa_bits)),
+        has_inf=True,
+    )
+
+
+FORMATS: dict[str, Format] = {
+    "fp64": _from_finfo("fp64", np.float64),
+    "fp32": _from_finfo("fp32", np.float32),
+    "tf32": _fp32_container("tf32", 10),
+    "fp16": _from_finfo("fp16", np.float16),
+    "bf16": _from_finfo("bf16", ml_dtypes.bfloat16),
+    "e4m3": _from_finfo("e4m3", ml_dtypes.float8_e4m3fn),
+    "e5m2": _from_finfo("e5m2", ml_dtypes.float8_e5m2),
+}
+
+_ALIASES = {
+    "float64": "fp64",
+    "double": "fp64",
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "e4m3",
+    "e4m3fn": "e4m3",
+    "fp8_e4m3": "e4m3",
+    "float8_e5m2": "e5m2",
+    "fp8_e5m2": "e5m2",
+}
+_BY_DTYPE = {f.dtype: f for name, f in FORMATS.items() if name != "tf32"}
+
+FormatLike = Union[Format, str, npt.DTypeLike]
+
+
+def get_format(fmt: FormatLike, *, argname: str = "fmt") -> Format:
+    """Look a format up by `Format`, name (``"bf16"``, ``"e4m3"``, ``"float8_e4m3fn"``...) or dtype."""
+    if isinstance(fmt, Format):
+        return fmt
+    if isinstance(fmt, str):
+        key = _ALIASES.get(fmt.lower(), fmt.lower())
+        if key in FORMATS:
+            return FORMATS[key]
+        raise ValueError(f"{argname}: unknown format {fmt!r}; expected one of {sorted(FORMATS)}")
+    try:
+        dt = np.dtype(fmt)
+    except TypeError:
+        raise TypeError(f"{argname}: expected a Format, a format name or a float dtype, got {fmt!r}") from None
+    if dt in _BY_DTYPE:
+        return _BY_DTYPE[dt]
+    raise ValueError(f"{argname}: dtype {dt} is not one of the supported formats {sorted(FORMATS)}")
+
+
+def is_float_dtype(dtype: npt.DTypeLike) -> bool:
+    """True for NumPy's float16/32/64 and ml_dtypes' bfloat16 and FP8 types."""
+    dt = np.dtype(dtype)
+    return dt in _ML_FLOAT_DTYPES or dt in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _as_float64(x: npt.ArrayLike, argname: str) -> np.ndarray:
+    """Widen a float array (or Python float) to float64, exactly; reject everything else."""
+    if isinstance(x, (float, int)) and not isinstance(x, bool):
+        return np.asarray(float(x), dtype=np.float64)
+    arr = np.asarray(x)
+    if not is_float_dtype(arr.dtype):
+        raise TypeError(f"{argname}: expected a float array (float16/32/64, bfloat16, float8), got dtype {arr.dtype}")
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a NaN
+        return arr.astype(np.float64)
+
+
+def _check_mode(mode: str, overflow: str) -> None:
+    if mode not in ROUNDING_MODES:
+        raise ValueError(f"mode: unknown rounding mode {mode!r}; expected one of {ROUNDING_MODES}")
+    if overflow not in OVERFLOW_MODES:
+        raise ValueError(f"overflow: unknown overflow behaviour {overflow!r}; expected one of {OVERFLOW_MODES}")
+
+
+def _round_float64(
+    x: np.ndarray,
+    fmt: Format,
+    mode: str,
+    overflow: str,
+    rng: np.random.Generator | None,
+) -> np.ndarray:
+    """Round float64 values to `fmt`'s grid; the result is float64 and exactly representable in `fmt`."""
+    ax = np.abs(x)
+    finite = np.isfinite(ax)
+    ax_f = np.where(finite, ax, 0.0)
+    e = np.frexp(ax_f)[1].astype(np.int64) - 1  # ax in [2^e, 2^(e+1))
+    q = np.maximum(e, fmt.emin) - fmt.mantissa_bits  # exponent of the quantum at ax
+    scaled = np.ldexp(ax_f, -q)  # exact: a multiplication by a power of two that neither under- nor overflows
+    if mode == "nearest-even":
+        r = np.rint(scaled)
+    elif mode == "toward-zero":
+        r = np.trunc(scaled)
+    else:  # stochastic: up with probability equal to the discarded fraction
+        assert rng is not None
+        lo = np.floor(scaled)
+        r = lo + (rng.random(scaled.shape) < (scaled - lo))
+    mag = np.ldexp(r, q)
+
+    too_big = mag > fmt.max_finite
+    if overflow == "satfinite" or mode == "toward-zero":
+        # satfinite clamps (cvt.rn.satfinite); IEEE round-toward-zero never leaves the finite range either
+        mag = np.where(too_big, fmt.max_finite, mag)
+    else:
+        mag = np.where(too_big, np.inf if fmt.has_inf else np.nan, mag)
+
+    # non-finite inputs
+    inf_in = np.isinf(ax)
+    if overflow == "satfinite":
+        inf_val = fmt.max_finite
+    else:
+        inf_val = np.inf if fmt.has_inf else np.nan
+    mag = np.where(inf_in, inf_val, mag)
+    mag = np.where(np.isnan(ax), np.nan, mag)
+    return np.copysign(mag, x)
+
+
+def _make_rng(seed: int | np.random.Generator | None, mode: str) -> np.random.Generator | None:
+    if mode != "stochastic":
+        return None
+    if seed is None:
+        raise ValueError("seed: mode='stochastic' needs a seed (an int or a numpy Generator)")
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return np.random.default_rng(int(seed))
+    raise TypeError(f"seed: expected an int or a numpy Generator, got {type(seed).__name__}")
+
+
+def round_to(
+    x: npt.ArrayLike,
+    fmt: FormatLike,
+    *,
+    mode: RoundingMode = "nearest-even",
+    overflow: Overflow = "ieee",
+    seed: int | np.random.Generator | None = None,
+) -> np.ndarray:
+    """Round a float array to `fmt` and return it in `fmt`'s dtype.
+
+    mode: ``"nearest-even"``, ``"toward-zero"`` or ``"stochastic"`` (needs `seed`; rounds up with probability
+        equal to the discarded fraction of a quantum).
+    overflow: ``"ieee"``: a finite value whose rounded magnitude exceeds the largest finite number becomes Inf
+        (NaN for e4m3fn, which has no Inf), except under ``"toward-zero"``, which IEEE 754 keeps finite; Inf
+        inputs stay Inf (NaN for e4m3fn). ``"satfinite"``: both clamp to +-max finite, as PTX
+        ``cvt.rn.satfinite`` does. NaN stays NaN. Signed zeros keep their sign.
+    """
+    f = get_format(fmt)
+    _check_mode(mode, overflow)
+    rng = _make_rng(seed, mode)
+    x64 = _as_float64(x, "x")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _round_float64(x64, f, mode, overflow, rng).astype(f.dtype)
+
+
+def round_significand(
+    x: npt.ArrayLike,
+    significant_bits: int,
+    *,
+    mode: RoundingMode = "toward-zero",
+    seed: int | np.random.Generator | None = None,
+) -> np.ndarray:
+    """Round to `significant_bits` significant bits with FP32's exponent range; return float32.
+
+    This is the FP8 tensor-core accumulator (14 significant bits in an FP32 container, low bits zero).
+    """
+    if not isinstance(significant_bits, (int, np.integer)) or isinstance(significant_bits, bool):
+        raise TypeError(f"significant_bits: expected an int, got {type(significant_bits).__name__}")
+    if not 1 <= significant_bits <= 24:
+        raise ValueError(f"significant_bits: expected 1..24, got {significant_bits}")
+    fmt = _fp32_container(f"fp32[{significant_bits}]", int(significant_bits) - 1)
+    return round_to(x, fmt, mode=mode, overflow="ieee", seed=seed)
