@@ -1,0 +1,1 @@
+"""Arithmetic models: tensor-core MMA, elementwise ops, reductions, global memory with atomics."""

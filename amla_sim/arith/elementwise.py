@@ -1,0 +1,166 @@
+"""Elementwise FP32 operations: exp, exp2, division, fused multiply-add, as IEEE defines them and as sm_90 runs them.
+
+The IEEE paths are exact: a float64 operation whose result is rounded once to FP32. For ``+ - * / fma`` this is
+correctly rounded (float64 has more than 2 * 24 + 2 bits, or round-to-odd where it has not); for exp and exp2 it
+relies on the float64 libm result being within an ulp, which makes a wrong FP32 rounding astronomically rare.
+
+The sm_90 paths model what Triton 3.6 emits (measured on an H200, ``tests/data/triton_exp_div.npz`` and
+``triton_exp2_unit.npz``):
+
+- ``tl.exp(x)``: ``t = fl32(x * fl32(log2 e))`` (0x3FB8AA3B), then ``ex2.approx.f32(t)``.
+- ``tl.exp2(x)``: ``ex2.approx.ftz.f32(x)``: subnormal inputs read as zero, subnormal results flushed to +0.
+- ``a / b``: ``div.full.f32``; ``tl.math.div_rn``: IEEE (100% of captures).
+- ``a * b + c``: contracted to one FMA (100% of captures).
+
+No bit-exact model of the MUFU ``ex2.approx`` unit is public, and none is given here. Measured agreement of
+the models with the device (fraction of bit-identical outputs, max ulp):
+
+- ``ex2.approx.ftz`` modelled as 2^x correctly rounded: 61.1% on every FP32 in [1, 2) (the rest differ by one
+  ulp, 99.9% of them upward), 51.0% (max 2 ulp) on 32768 random x in [-140, 130]. The device's rounding error
+  is a smooth function of x to about 4%: a per-interval bias table fitted to [1, 2) reaches only 95.8%, so the
+  unit's internal fixed-point steps are not captured by any table of 2^14 entries.
+- ``tl.exp`` with that ex2 model after the fl32(x * log2 e) product: 40.4% (max 2 ulp); a correctly rounded exp
+  agrees with only 10.7% (max 62 ulp), because the product's rounding error is amplified.
+- ``div.full`` modelled as ``fl32(a * fl32(1 / b))``: 87.7% (max 2 ulp); IEEE division: 71.4%.
+
+Where bits must match, :class:`Recorded` substitutes recorded device outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..formats import is_float_dtype
+
+__all__ = [
+    "LOG2E_F32",
+    "as_f32",
+    "exp",
+    "exp2",
+    "ex2_approx",
+    "div",
+    "fma",
+    "Recorded",
+]
+
+LOG2E_F32 = np.float32(float.fromhex("0x1.715476p+0"))  # fl32(log2 e), bits 0x3FB8AA3B: tl.exp's multiplier
+ExpMode = Literal["correctly-rounded", "sm90", "numpy-fast"]
+DivMode = Literal["ieee", "sm90"]
+
+
+def as_f32(x: npt.ArrayLike, argname: str = "x") -> np.ndarray:
+    """`x` as a float32 array; other float types must convert exactly (Python floats are rounded)."""
+    if isinstance(x, (float, int)) and not isinstance(x, bool):
+        return np.asarray(x, dtype=np.float32)
+    arr = np.asarray(x)
+    if arr.dtype == np.float32:
+        return arr
+    if not is_float_dtype(arr.dtype):
+        raise TypeError(f"{argname}: expected a float array, got dtype {arr.dtype}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        wide = arr.astype(np.float64)
+        out = wide.astype(np.float32)
+    if not np.all((out.astype(np.float64) == wide) | np.isnan(wide)):
+        raise ValueError(f"{argname}: values are not exactly representable in FP32; round them first")
+    return out
+
+
+def ex2_approx(x: npt.ArrayLike, *, ftz: bool = False) -> np.ndarray:
+    """Model of PTX ``ex2.approx[.ftz].f32``: 2^x rounded correctly (see the module docstring for its agreement)."""
+    xf = as_f32(x)
+    if ftz:
+        xf = np.where(np.abs(xf) < np.float32(2.0**-126), np.float32(0.0), xf)
+    with np.errstate(over="ignore"):
+        y = np.exp2(xf.astype(np.float64)).astype(np.float32)
+    if ftz:
+        y = np.where(y < np.float32(2.0**-126), np.float32(0.0), y).astype(np.float32)
+    return y
+
+
+def exp(x: npt.ArrayLike, *, mode: ExpMode = "correctly-rounded") -> np.ndarray:
+    """e^x in FP32. mode: ``correctly-rounded`` (float64, rounded once), ``sm90`` (``tl.exp``), ``numpy-fast``
+    (NumPy's float32 exp: fast, CPU-dependent, not for bit-exact work)."""
+    xf = as_f32(x)
+    with np.errstate(over="ignore", under="ignore"):
+        if mode == "correctly-rounded":
+            return np.exp(xf.astype(np.float64)).astype(np.float32)
+        if mode == "sm90":
+            return ex2_approx(xf * LOG2E_F32, ftz=False)
+        if mode == "numpy-fast":
+            return np.exp(xf)
+    raise ValueError(f"mode: expected 'correctly-rounded', 'sm90' or 'numpy-fast', got {mode!r}")
+
+
+def exp2(x: npt.ArrayLike, *, mode: ExpMode = "correctly-rounded") -> np.ndarray:
+    """2^x in FP32. mode: ``correctly-rounded``, ``sm90`` (``tl.exp2`` = ``ex2.approx.ftz.f32``), ``numpy-fast``."""
+    xf = as_f32(x)
+    with np.errstate(over="ignore", under="ignore"):
+        if mode == "correctly-rounded":
+            return np.exp2(xf.astype(np.float64)).astype(np.float32)
+        if mode == "sm90":
+            return ex2_approx(xf, ftz=True)
+        if mode == "numpy-fast":
+            return np.exp2(xf)
+    raise ValueError(f"mode: expected 'correctly-rounded', 'sm90' or 'numpy-fast', got {mode!r}")
+
+
+def div(a: npt.ArrayLike, b: npt.ArrayLike, *, mode: DivMode = "ieee") -> np.ndarray:
+    """a / b in FP32. mode: ``ieee`` (correctly rounded; also ``tl.math.div_rn``) or ``sm90`` (Triton's ``/``,
+    ``div.full.f32``, modelled as fl32(a * fl32(1 / b)))."""
+    af, bf = as_f32(a, "a"), as_f32(b, "b")
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        if mode == "ieee":
+            return (af.astype(np.float64) / bf.astype(np.float64)).astype(np.float32)
+        if mode == "sm90":
+            r = (1.0 / bf.astype(np.float64)).astype(np.float32)
+            return (af.astype(np.float64) * r.astype(np.float64)).astype(np.float32)
+    raise ValueError(f"mode: expected 'ieee' or 'sm90', got {mode!r}")
+
+
+def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
+    """FP32 fused multiply-add ``a * b + c``, rounded once to nearest even (binary64 with round-to-odd)."""
+    a64, b64, c64 = (as_f32(v, n).astype(np.float64) for v, n in ((a, "a"), (b, "b"), (c, "c")))
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = a64 * b64  # exact: 24 x 24 significand bits
+        s = p + c64
+        bb = s - p  # TwoSum: err is the exact rounding error of s
+        err = (p - (s - bb)) + (c64 - bb)
+        odd = (s.view(np.uint64) & np.uint64(1)) == 1
+        fix = (err != 0) & ~odd & np.isfinite(s)
+        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)  # round to odd
+    return s.astype(np.float32)
+
+
+class Recorded:
+    """Device outputs of a unary FP32 op, to substitute for a model wherever the input was recorded.
+
+    ``Recorded(x, y)(q, fallback)`` returns the recorded y for every q found among x and ``fallback(q)``
+    elsewhere; :meth:`coverage` says which fraction of q was found.
+    """
+
+    def __init__(self, x: npt.ArrayLike, y: npt.ArrayLike) -> None:
+        xb = as_f32(x).ravel().view(np.uint32)
+        yv = as_f32(y, "y").ravel()
+        if xb.size != yv.size:
+            raise ValueError(f"x and y: sizes differ ({xb.size} vs {yv.size})")
+        order = np.argsort(xb, kind="stable")
+        self._keys, self._vals = xb[order], yv[order]
+
+    def _find(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        qb = np.ascontiguousarray(as_f32(q, "q")).view(np.uint32)
+        pos = np.clip(np.searchsorted(self._keys, qb), 0, max(self._keys.size - 1, 0))
+        found = self._keys[pos] == qb if self._keys.size else np.zeros(qb.shape, bool)
+        return pos, found
+
+    def coverage(self, q: npt.ArrayLike) -> float:
+        """Fraction of `q` that was recorded."""
+        return float(np.mean(self._find(np.asarray(q))[1]))
+
+    def __call__(self, q: npt.ArrayLike, fallback: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        qa = as_f32(q, "q")
+        pos, found = self._find(qa)
+        return np.where(found, self._vals[pos], fallback(qa)).astype(np.float32)

@@ -1,0 +1,333 @@
+"""Tensor-core matrix multiply-accumulate, as the hardware computes it.
+
+One instruction is a truncated fused dot-product-add (T-FDPA; MMA-Sim, arXiv:2511.10909; Khattak & Mikaitis,
+arXiv:2512.07004). For each output element and each block of ``L`` products, with the incoming accumulator c:
+
+    products a_i b_i are exact; a product's exponent is ea + eb, the operands' exponents *before* normalising
+    the product (a subnormal operand counts with its format's minimum exponent), so its significand is in [0, 4)
+    e_max = the largest exponent among the products and c (zeros take ``e_zero``)
+    S = sum_i trunc(term_i * 2^(F - e_max))       # each term cut to F fraction bits, no sticky bit
+    d = round(S * 2^(e_max - F))                    # one normalisation and one rounding
+
+Instructions chain across K either through the accumulator (``chain="fused"``: the next block's c is this
+block's d) or, for FP8 under Triton, by adding each block, computed from a zero accumulator, into an FP32
+accumulator with an ordinary FP32 add (``chain="fp32-add"``).
+
+Every named model is a row of :data:`MODEL_TABLE`; :func:`matmul` is the public entry point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..formats import FORMATS, Format, get_format, is_float_dtype, round_significand, round_to
+from .elementwise import fma
+
+__all__ = ["TFDPA", "MMAModel", "MODEL_TABLE", "MODELS", "matmul", "t_fdpa", "get_model"]
+
+Output = Literal["fp32-rz", "e8m13-rz", "fp16-rne", "fp32-rne"]
+Chain = Literal["fused", "fp32-add"]
+
+
+@dataclass(frozen=True)
+class TFDPA:
+    """Parameters of one T-FDPA instruction for one input format (the paper symbols L, F, e_zero)."""
+
+    L: int  # products fused per block
+    F: int  # fraction bits kept after alignment to e_max
+    output: Output  # final normalisation and rounding
+    chain: Chain  # how blocks are chained across K
+    e_zero: int | None = None  # exponent of zero terms; None: zeros never set e_max
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class MMAModel:
+    """A named matrix-multiply model: one :class:`TFDPA` row per input format, or a plain arithmetic."""
+
+    name: str
+    rows: Mapping[str, TFDPA] = field(default_factory=dict)
+    kind: Literal["tfdpa", "exact", "fp32", "blas"] = "tfdpa"
+    bit_exact: bool = True
+    verified: bool = True
+    doc: str = ""
+
+
+_SM90 = "MMA-Sim nv.py (WGMMASim); MATLAB-tensor-core H100/H200 dumps (tests/data); our Triton captures"
+_SM90_FP8 = (
+    "MMA-Sim (F = 13, f32_e8m13 output); chaining measured on an H200 (tests/data/triton_dot.npz): the k32 blocks of"
+    " one tl.dot chain through the 14-bit accumulator from zero, then one FP32 add into the accumulator"
+)
+_SM80 = "MMA-Sim nv.py (Ampere: F = 24, k16 split into two k8 halves); not verified here (no A100 captures)"
+
+MODEL_TABLE: dict[str, MMAModel] = {
+    "sm90": MMAModel(
+        "sm90",
+        {
+            "bf16": TFDPA(16, 25, "fp32-rz", "fused", source=_SM90),
+            "fp16": TFDPA(16, 25, "fp32-rz", "fused", source=_SM90),
+            "tf32": TFDPA(8, 25, "fp32-rz", "fused", source=_SM90),
+            "e4m3": TFDPA(32, 13, "e8m13-rz", "fp32-add", source=_SM90_FP8),
+            "e5m2": TFDPA(32, 13, "e8m13-rz", "fp32-add", source=_SM90_FP8),
+        },
+        doc="Hopper wgmma as Triton 3.x issues it, FP32 accumulator",
+    ),
+    "sm90-fp16": MMAModel(
+        "sm90-fp16",
+        {"fp16": TFDPA(16, 25, "fp16-rne", "fused", source=_SM90)},
+        doc="Hopper wgmma with an FP16 accumulator (fp16 inputs)",
+    ),
+    "sm80": MMAModel(
+        "sm80",
+        {
+            "bf16": TFDPA(8, 24, "fp32-rz", "fused", source=_SM80),
+            "fp16": TFDPA(8, 24, "fp32-rz", "fused", source=_SM80),
+            "tf32": TFDPA(4, 24, "fp32-rz", "fused", source=_SM80),
+        },
+        verified=False,
+        doc="Ampere mma.sync from the public model; not checked against captures here",
+    ),
+    "ascend910": MMAModel(
+        "ascend910",
+        {
+            "bf16": TFDPA(16, 26, "fp32-rne", "fused", source="assumption: no public bit-level model of the Cube"),
+            "fp16": TFDPA(16, 26, "fp32-rne", "fused", source="assumption: no public bit-level model of the Cube"),
+        },
+        verified=False,
+        doc="Ascend 910 Cube unit: parametric and UNVERIFIED (no public bit-level model exists)",
+    ),
+    "exact": MMAModel("exact", kind="exact", doc="exact sum of products plus acc, rounded once to FP32 (RNE)"),
+    "fp32": MMAModel("fp32", kind="fp32", doc="sequential FP32 fused multiply-add in ascending K"),
+    "blas": MMAModel("blas", kind="blas", bit_exact=False, doc="NumPy float32 matmul (BLAS): fast, NOT bit-exact"),
+}
+MODELS = tuple(MODEL_TABLE)
+
+
+def get_model(model: str | MMAModel) -> MMAModel:
+    """Look a model up by name (or pass an :class:`MMAModel` through)."""
+    if isinstance(model, MMAModel):
+        return model
+    if isinstance(model, str) and model in MODEL_TABLE:
+        return MODEL_TABLE[model]
+    raise ValueError(f"model: unknown MMA model {model!r}; expected one of {MODELS}")
+
+
+# --- operands -------------------------------------------------------------------------------------------
+
+
+def _operand_format(x: np.ndarray, argname: str) -> Format:
+    if not is_float_dtype(x.dtype):
+        raise TypeError(f"{argname}: expected a float array (bf16, fp16, e4m3, e5m2, float32), got dtype {x.dtype}")
+    return get_format(x.dtype, argname=argname)
+
+
+def _exponents(x64: np.ndarray, fmt: Format) -> np.ndarray:
+    """Unnormalised exponent of each operand: floor(log2|x|), at least the format's minimum (subnormals)."""
+    e = np.frexp(x64)[1].astype(np.int32) - 1
+    return np.maximum(e, fmt.emin)
+
+
+def _exponent_of_c(c: np.ndarray, e_zero: int | None) -> np.ndarray:
+    e = np.maximum(np.frexp(c)[1].astype(np.int32) - 1, -126)
+    return np.where(c == 0, _ZERO if e_zero is None else e_zero, e)
+
+
+_ZERO = -(1 << 20)  # "minus infinity" for exponents
+
+
+def _round_output(v: np.ndarray, output: Output) -> np.ndarray:
+    """Final normalisation of an exact float64 value; overflow gives Inf as the hardware does."""
+    if output == "fp16-rne":
+        return round_to(v, "fp16").astype(np.float64)
+    if output == "fp32-rne":
+        return round_to(v, "fp32").astype(np.float64)
+    r = (round_significand(v, 14) if output == "e8m13-rz" else round_to(v, "fp32", mode="toward-zero")).astype(
+        np.float64
+    )
+    return np.where(np.abs(v) >= 2.0**128, np.copysign(np.inf, v), r)
+
+
+def t_fdpa(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, row: TFDPA, ea: np.ndarray, eb: np.ndarray
+) -> np.ndarray:
+    """One T-FDPA over the last axis: a, b (..., L) exact float64 operands, c (...) float64; returns float64.
+
+    ea, eb are the operands' unnormalised exponents (see :func:`_exponents`).
+    """
+    with np.errstate(invalid="ignore"):
+        p = a * b  # exact: at most 11 x 11 significand bits; inf * 0 is NaN, handled below
+    pe = (ea + eb).astype(np.int32)
+    pe = np.where(p == 0, _ZERO if row.e_zero is None else row.e_zero, pe)
+    ce = _exponent_of_c(c, row.e_zero)
+    e_max = np.maximum(pe.max(axis=-1), ce)
+    e_max = np.where(e_max <= _ZERO // 2, 0, e_max)  # all zero: any exponent gives S = 0
+    scale = np.ldexp(1.0, (row.F - e_max).astype(np.int32))  # exact powers of two, well inside float64
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.trunc(p * scale[..., None]).sum(axis=-1) + np.trunc(c * scale)  # exact integers < 2^40
+        d = _round_output(s / scale, row.output)
+        finite = np.isfinite(p).all(axis=-1) & np.isfinite(c)
+        if not finite.all():  # Inf and NaN follow the FP64 sum; NaN comes out as the canonical 0x7FFFFFFF
+            naive = p.sum(axis=-1) + c
+            d = np.where(finite, d, naive)
+    return d
+
+
+# --- the exact and scalar models --------------------------------------------------------------------------
+
+
+def _exact_rne_fp32(terms: list[float]) -> float:
+    """Round an exact sum of float64 terms once to FP32, nearest-even (fsum, then settle midpoints exactly)."""
+    s = math.fsum(terms)
+    if not math.isfinite(s):
+        return s
+    r = float(np.float32(s))
+    if r == s:
+        return r
+    lo, hi = (r, float(np.nextafter(np.float32(r), np.float32(np.inf if s > r else -np.inf))))
+    lo, hi = min(lo, hi), max(lo, hi)
+    mid = (lo + hi) / 2  # exact in float64
+    if math.isfinite(mid) and lo < s < hi and abs(s - mid) < abs(hi - lo) * 2.0**-27:
+        # s may have been rounded onto or across the midpoint: the sign of the exact residual decides
+        residual = math.fsum([*terms, -mid])
+        if residual > 0:
+            return hi
+        if residual < 0:
+            return lo
+        return lo if int(np.float32(lo).view(np.uint32)) % 2 == 0 else hi
+    return r
+
+
+def _matmul_exact(a64: np.ndarray, b64: np.ndarray, c64: np.ndarray) -> np.ndarray:
+    out = np.empty(c64.shape, dtype=np.float64)
+    for idx in np.ndindex(*c64.shape):
+        *batch, i, j = idx
+        row = a64[tuple(batch) + (i, slice(None))] if batch else a64[i]
+        col = b64[tuple(batch) + (slice(None), j)] if batch else b64[:, j]
+        out[idx] = _exact_rne_fp32([*(row * col).tolist(), float(c64[idx])])
+    return out
+
+
+def _matmul_fp32(a64: np.ndarray, b64: np.ndarray, c64: np.ndarray) -> np.ndarray:
+    acc = c64.astype(np.float32)
+    for k in range(a64.shape[-1]):
+        acc = fma(a64[..., :, k, None].astype(np.float32), b64[..., None, k, :].astype(np.float32), acc)
+    return acc.astype(np.float64)
+
+
+# --- the public entry point ---------------------------------------------------------------------------
+
+
+def _check(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, dot_k: int | None) -> tuple[Format, tuple]:
+    fa, fb = _operand_format(a, "a"), _operand_format(b, "b")
+    if fa != fb:
+        raise TypeError(f"a and b: mixed input formats {fa.name} and {fb.name}; convert one of them")
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"a and b: expected (..., M, K) and (..., K, N), got shapes {a.shape} and {b.shape}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a and b: inner dimensions differ (K = {a.shape[-1]} vs {b.shape[-2]})")
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError(f"a and b: batch shapes {a.shape[:-2]} and {b.shape[:-2]} do not broadcast") from None
+    out_shape = (*batch, a.shape[-2], b.shape[-1])
+    if acc is not None:
+        if np.asarray(acc).dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
+            raise TypeError(f"acc: expected float32 (or float16 for sm90-fp16), got {np.asarray(acc).dtype}")
+        try:
+            np.broadcast_shapes(np.shape(acc), out_shape)
+        except ValueError:
+            raise ValueError(f"acc: shape {np.shape(acc)} does not broadcast to the output {out_shape}") from None
+    if dot_k is not None:
+        if not isinstance(dot_k, (int, np.integer)) or isinstance(dot_k, bool):
+            raise TypeError(f"dot_k: expected an int or None, got {type(dot_k).__name__}")
+        if dot_k <= 0:
+            raise ValueError(f"dot_k: expected a positive K extent per tl.dot, got {dot_k}")
+    return fa, out_shape
+
+
+def matmul(
+    a: npt.ArrayLike,
+    b: npt.ArrayLike,
+    acc: npt.ArrayLike | None = None,
+    *,
+    model: str | MMAModel,
+    dot_k: int | None = None,
+) -> np.ndarray:
+    """``acc + a @ b`` as the named tensor-core `model` computes it.
+
+    a: (..., M, K), b: (..., K, N) of one input format (bf16, fp16, e4m3, e5m2; float32 is read as TF32 by the
+    tensor-core models, the hardware ignoring its 13 low fraction bits). acc: (..., M, N) float32 (float16 for
+    ``sm90-fp16``) or None for zeros. dot_k: the K extent of each ``tl.dot`` when a kernel loops
+    ``acc += tl.dot(a_blk, b_blk)`` (None: one call over all of K); models it does not affect ignore it.
+    Returns float32 (float16 for ``sm90-fp16``).
+    """
+    m = get_model(model)
+    a_arr, b_arr = np.asarray(a), np.asarray(b)
+    fmt, out_shape = _check(a_arr, b_arr, None if acc is None else np.asarray(acc), dot_k)
+    K = a_arr.shape[-1]
+    out_dtype = np.float16 if m.name == "sm90-fp16" else np.float32
+    with np.errstate(invalid="ignore"):
+        a64 = np.broadcast_to(a_arr, (*out_shape[:-2], out_shape[-2], K)).astype(np.float64)
+        b64 = np.broadcast_to(b_arr, (*out_shape[:-2], K, out_shape[-1])).astype(np.float64)
+    c64 = np.zeros(out_shape) if acc is None else np.broadcast_to(np.asarray(acc), out_shape).astype(np.float64)
+
+    if m.kind == "blas":
+        out = (a64.astype(np.float32) @ b64.astype(np.float32)) + c64.astype(np.float32)
+        return out.astype(out_dtype)
+    if m.kind == "exact":
+        return _matmul_exact(a64, b64, c64).astype(out_dtype)
+    if m.kind == "fp32":
+        return _matmul_fp32(a64, b64, c64).astype(out_dtype)
+
+    name = "tf32" if fmt.name == "fp32" else fmt.name
+    if name not in m.rows:
+        raise ValueError(f"a: model {m.name!r} has no tensor-core path for {fmt.name} inputs ({sorted(m.rows)})")
+    row = m.rows[name]
+    if name == "tf32":  # the tensor core reads the 19 high bits of each FP32 operand
+        mask = np.uint32(0xFFFFE000)
+        a64 = (a64.astype(np.float32).view(np.uint32) & mask).view(np.float32).astype(np.float64)
+        b64 = (b64.astype(np.float32).view(np.uint32) & mask).view(np.float32).astype(np.float64)
+        fmt = FORMATS["tf32"]
+    if m.name == "sm90-fp16" and acc is not None:
+        c64 = round_to(c64, "fp16").astype(np.float64)
+    ea, eb = _exponents(a64, fmt), _exponents(b64, fmt)
+    return _chain(a64, b64, c64, ea, eb, row, dot_k or K).astype(out_dtype)
+
+
+def _chain(
+    a64: np.ndarray, b64: np.ndarray, c64: np.ndarray, ea: np.ndarray, eb: np.ndarray, row: TFDPA, dot_k: int
+) -> np.ndarray:
+    """Run the blocks of L products along K in ascending order, chained as the row says.
+
+    ``fused``: every block takes the previous block's result as its c. ``fp32-add``: each ``tl.dot`` of
+    `dot_k` runs its blocks fused from a zero accumulator, and its result is added to the FP32 accumulator
+    with an FP32 add (round to nearest even).
+    """
+    K = a64.shape[-1]
+    bt = np.swapaxes(b64, -1, -2)  # (..., N, K)
+    ebt = np.swapaxes(eb, -1, -2)
+
+    def blocks(acc: np.ndarray, k_lo: int, k_hi: int) -> np.ndarray:
+        for k0 in range(k_lo, k_hi, row.L):
+            k1 = min(k0 + row.L, k_hi)
+            acc = t_fdpa(
+                a64[..., :, None, k0:k1], bt[..., None, :, k0:k1], acc, row, ea[..., :, None, k0:k1],
+                ebt[..., None, :, k0:k1],
+            )
+        return acc
+
+    if row.chain == "fused":
+        return blocks(c64, 0, K)
+    acc = c64
+    for k0 in range(0, K, dot_k):
+        part = blocks(np.zeros_like(acc), k0, min(k0 + dot_k, K))
+        with np.errstate(invalid="ignore", over="ignore"):
+            # float64 has more than 2 * 24 + 2 bits, so rounding the float64 sum again to FP32 is innocuous
+            acc = (acc + part).astype(np.float32).astype(np.float64)
+    return acc

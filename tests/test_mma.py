@@ -1,0 +1,203 @@
+"""Tensor-core models against real H100/H200 bits, against an independent Fraction oracle, and their errors."""
+
+import json
+import zlib
+from fractions import Fraction
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from _oracles import t_fdpa as oracle_t_fdpa
+from _oracles import to_fp32
+from amla_sim import mma
+from amla_sim.captures import dot_operand, input_crc
+from amla_sim.formats import get_format
+from amla_sim.testing import assert_bitwise_equal, float_arrays
+
+DATA = Path(__file__).parent / "data"
+DT = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "tf32": np.float32, "e4m3": ml_dtypes.float8_e4m3fn,
+      "e5m2": ml_dtypes.float8_e5m2}
+
+
+@pytest.fixture(scope="module")
+def dumps():
+    return np.load(DATA / "tensor_core_dumps.npz")
+
+
+def _check_nan_aside(got, want_bits, err_msg):
+    want = want_bits.view(got.dtype)
+    nan = np.isnan(want.astype(np.float64))
+    assert np.isnan(got[nan].astype(np.float64)).all(), err_msg
+    assert_bitwise_equal(got[~nan], want[~nan], err_msg=err_msg)
+
+
+@pytest.mark.parametrize("gpu", ["H100", "H200"])
+@pytest.mark.parametrize("fmt", list(DT))
+def test_sm90_reproduces_public_dumps_fp32(dumps, gpu, fmt):
+    a = dumps[f"{gpu}/{fmt}/a"].view(DT[fmt])
+    b = dumps[f"{gpu}/{fmt}/b"].view(DT[fmt])
+    c = dumps[f"{gpu}/{fmt}/c"].view(np.float32)
+    if fmt in ("e4m3", "e5m2"):
+        c = np.zeros_like(c)  # the FP8 dumps ran with D zeroed (see tests/data README of the source)
+    got = mma.matmul(a[:, None, :], b[:, :, None], c[:, None, None], model="sm90")[:, 0, 0]
+    _check_nan_aside(got, dumps[f"{gpu}/{fmt}/d_fp32"], f"{gpu} {fmt}")
+
+
+@pytest.mark.parametrize("gpu", ["H100", "H200"])
+def test_sm90_fp16_accumulator_reproduces_public_dumps(dumps, gpu):
+    a = dumps[f"{gpu}/fp16/a"].view(np.float16)
+    b = dumps[f"{gpu}/fp16/b"].view(np.float16)
+    c = dumps[f"{gpu}/fp16/c"].view(np.float32).astype(np.float16)
+    got = mma.matmul(a[:, None, :], b[:, :, None], c[:, None, None], model="sm90-fp16")[:, 0, 0]
+    _check_nan_aside(got, dumps[f"{gpu}/fp16/d_fp16"], gpu)
+
+
+# --- our own Triton captures: acc += tl.dot(a, b) over K, on an H200 --------------------------------------
+
+
+def _seed(*parts):
+    return zlib.crc32("/".join(map(str, parts)).encode())
+
+
+@pytest.fixture(scope="module")
+def triton_dots():
+    z = np.load(DATA / "triton_dot.npz")
+    meta = json.loads(str(z["meta"]))
+    assert all(meta["wgmma"].values()), "every captured kernel must have used wgmma"
+    return z, meta
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "e4m3", "e5m2", "tf32", "fp16acc"])
+def test_sm90_reproduces_triton_dot_captures(triton_dots, fmt):
+    z, meta = triton_dots
+    f = "fp16" if fmt == "fp16acc" else fmt
+    keys = [k for k in z.files if k.startswith(fmt + "/") and "/K" in k]
+    assert keys
+    seen_k, seen_bk = set(), set()
+    for dist in {k.split("/")[1] for k in keys}:
+        a = dot_operand(f, dist, (meta["M"], meta["K_MAX"]), _seed("a", f, dist))
+        b = dot_operand(f, dist, (meta["K_MAX"], meta["N"]), _seed("b", f, dist))
+        if fmt != "fp16acc":
+            assert input_crc(a, b) == int(z[f"{fmt}/{dist}/crc"][0]), "inputs differ from the device's"
+        for key in (k for k in keys if k.split("/")[1] == dist):
+            K, BK = int(key.split("/")[2][1:]), int(key.split("/")[3][2:])
+            seen_k.add(K)
+            seen_bk.add(BK)
+            got = mma.matmul(a[:, :K], b[:K], model="sm90-fp16" if fmt == "fp16acc" else "sm90", dot_k=BK)
+            assert_bitwise_equal(got, z[key].view(got.dtype), err_msg=key)
+    if fmt in ("bf16", "fp16"):
+        assert seen_k >= {16, 8192} and seen_bk == {16, 32, 64, 128}
+    if fmt in ("e4m3", "e5m2"):
+        assert seen_k >= {32, 8192} and seen_bk == {32, 64, 128}
+
+
+def test_fp8_chaining_is_not_fused_across_tl_dot():
+    """The FP8 rule matters: chaining the 14-bit accumulator through every block would differ."""
+    a = dot_operand("e4m3", "normal", (64, 512), 1)
+    b = dot_operand("e4m3", "normal", (512, 32), 2)
+    triton = mma.matmul(a, b, model="sm90", dot_k=64)
+    fused_row = mma.TFDPA(32, 13, "e8m13-rz", "fused")
+    fused = mma.matmul(a, b, model=mma.MMAModel("fused-fp8", {"e4m3": fused_row}))
+    assert (triton != fused).mean() > 0.5
+
+
+# --- an independent oracle on random bit patterns ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt, L, F, out", [("bf16", 16, 25, "fp32-rz"), ("fp16", 16, 25, "fp32-rz"),
+                                            ("e4m3", 32, 13, "e8m13-rz"), ("e5m2", 32, 13, "e8m13-rz")])
+@given(data=st.data())
+def test_one_block_matches_fraction_oracle(fmt, L, F, out, data):
+    f = get_format(fmt)
+    a = data.draw(float_arrays(fmt, (L,)))
+    b = data.draw(float_arrays(fmt, (L,)))
+    c = data.draw(float_arrays("fp32", (), max_value=1e30, min_value=-1e30)) if out == "fp32-rz" else np.float32(0)
+    model = mma.MMAModel("t", {fmt: mma.TFDPA(L, F, out, "fused")})
+    got = mma.matmul(a[None, :], b[:, None], np.full((1, 1), c, np.float32), model=model)[0, 0]
+    want = oracle_t_fdpa(a.astype(float).tolist(), b.astype(float).tolist(), float(c), f.emin, F, out)
+    assert_bitwise_equal(got, np.float32(want), err_msg=f"a={a!r} b={b!r} c={c!r}")
+
+
+def test_specials_follow_the_fp64_sum():
+    a = np.array([[np.inf, 1.0], [np.inf, 0.0], [1.0, 1.0]]).astype(ml_dtypes.bfloat16)
+    b = np.array([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]).astype(ml_dtypes.bfloat16)  # inf * 0 is NaN
+    got = mma.matmul(a, b, model="sm90")
+    assert np.isnan(got[0, 1]) and got[0, 0] == np.inf and np.isnan(got[1, 1]) and got[2, 2] == 2.0
+
+
+@given(data=st.data())
+def test_exact_model_rounds_once(data):
+    a = data.draw(float_arrays("bf16", (2, 6), max_value=1e10, min_value=-1e10))
+    b = data.draw(float_arrays("bf16", (6, 2), max_value=1e10, min_value=-1e10))
+    got = mma.matmul(a, b, model="exact")
+    for i in range(2):
+        for j in range(2):
+            s = sum(Fraction(float(a[i, k])) * Fraction(float(b[k, j])) for k in range(6))
+            assert got[i, j] == np.float32(to_fp32(s)), (i, j)
+
+
+@given(data=st.data())
+def test_fp32_model_is_sequential_fma(data):
+    a = data.draw(float_arrays("bf16", (1, 8), max_value=1e6, min_value=-1e6))
+    b = data.draw(float_arrays("bf16", (8, 1), max_value=1e6, min_value=-1e6))
+    acc = Fraction(0)
+    for k in range(8):
+        acc = Fraction(to_fp32(Fraction(float(a[0, k])) * Fraction(float(b[k, 0])) + acc))
+    assert mma.matmul(a, b, model="fp32")[0, 0] == np.float32(float(acc))
+
+
+def test_blas_model_is_labelled_not_bit_exact():
+    assert not mma.MODEL_TABLE["blas"].bit_exact
+    assert all(m.bit_exact for n, m in mma.MODEL_TABLE.items() if n != "blas")
+    assert not mma.MODEL_TABLE["ascend910"].verified
+
+
+def test_batched_and_dot_k_shapes():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 4, 64)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((64, 5)).astype(ml_dtypes.bfloat16)
+    got = mma.matmul(a, b, model="sm90", dot_k=16)
+    assert got.shape == (3, 4, 5) and got.dtype == np.float32
+    assert_bitwise_equal(got[1], mma.matmul(a[1], b, model="sm90"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, word",
+    [
+        ({"a": np.ones((2, 3)), "b": np.ones((4, 2))}, ValueError, "inner"),
+        ({"a": np.ones((2, 3), np.float16), "b": np.ones((3, 2), np.float32)}, TypeError, "mixed"),
+        ({"a": np.ones(3, np.float16), "b": np.ones((3, 2), np.float16)}, ValueError, "a and b"),
+        ({"a": np.ones((2, 3), np.int8), "b": np.ones((3, 2), np.int8)}, TypeError, "a"),
+        ({"model": "h100"}, ValueError, "model"),
+        ({"dot_k": -16}, ValueError, "dot_k"),
+        ({"dot_k": 1.5}, TypeError, "dot_k"),
+        ({"acc": np.ones((3, 3), np.float32)}, ValueError, "acc"),
+    ],
+)
+def test_bad_input(kwargs, exc, word):
+    args = {"a": np.ones((2, 3), np.float16), "b": np.ones((3, 2), np.float16), "model": "sm90"}
+    args.update(kwargs)
+    with pytest.raises(exc, match=word):
+        mma.matmul(args.pop("a"), args.pop("b"), **args)
+
+
+def test_differential_against_mmasim():
+    """Optional (PyPI mmasim needs torch): random bit patterns, so NaN, Inf and subnormals all occur."""
+    pytest.importorskip("mmasim")
+    torch = pytest.importorskip("torch")
+    try:
+        from mmasim.simulator.nv import WGMMASim
+    except ImportError:
+        pytest.skip("this mmasim release has no mmasim.simulator.nv.WGMMASim")
+    sim = WGMMASim("Hopper", "m64n8k16.f32.bf16.bf16")
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 1 << 16, (64, 16), dtype=np.uint16).view(ml_dtypes.bfloat16)
+    b = rng.integers(0, 1 << 16, (16, 8), dtype=np.uint16).view(ml_dtypes.bfloat16)
+    c = np.zeros((64, 8), np.float32)
+    want = sim(torch.from_numpy(a.view(np.int16)).view(torch.bfloat16),
+               torch.from_numpy(b.view(np.int16)).view(torch.bfloat16), torch.from_numpy(c)).numpy()
+    _check_nan_aside(mma.matmul(a, b, c, model="sm90"), want.view(np.uint32), "mmasim")
