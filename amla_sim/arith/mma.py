@@ -127,18 +127,27 @@ def _operand_format(x: np.ndarray, argname: str) -> Format:
     return get_format(x.dtype, argname=argname)
 
 
+_ZERO = -8000  # exponent of a zero operand: far below any product, and two of them still fit in int16
+_POW2_BIAS = 512
+_POW2 = np.ldexp(1.0, np.arange(-_POW2_BIAS, _POW2_BIAS, dtype=np.int64))  # exact powers of two
+
+
 def _exponents(x64: np.ndarray, fmt: Format) -> np.ndarray:
-    """Unnormalised exponent of each operand: floor(log2|x|), at least the format's minimum (subnormals)."""
-    e = np.frexp(x64)[1].astype(np.int32) - 1
-    return np.maximum(e, fmt.emin)
+    """Unnormalised exponent of each operand as int16: floor(log2|x|), at least the format's minimum
+    (subnormals); zeros get a sentinel far below every product."""
+    e = np.maximum(np.frexp(x64)[1].astype(np.int16) - 1, fmt.emin)
+    return np.where(x64 == 0, np.int16(_ZERO), e).astype(np.int16)
 
 
 def _exponent_of_c(c: np.ndarray, e_zero: int | None) -> np.ndarray:
     e = np.maximum(np.frexp(c)[1].astype(np.int32) - 1, -126)
-    return np.where(c == 0, _ZERO if e_zero is None else e_zero, e)
+    return np.where(c == 0, 2 * _ZERO if e_zero is None else e_zero, e)
 
 
-_ZERO = -(1 << 20)  # "minus infinity" for exponents
+def _truncate_bits(v: np.ndarray, kept_fraction_bits: int) -> np.ndarray:
+    """Round float64 toward zero to `kept_fraction_bits` by clearing the low bits (normal FP32 range only)."""
+    mask = np.uint64(~((1 << (52 - kept_fraction_bits)) - 1) & 0xFFFF_FFFF_FFFF_FFFF)
+    return (v.view(np.uint64) & mask).view(np.float64)
 
 
 def _round_output(v: np.ndarray, output: Output) -> np.ndarray:
@@ -147,9 +156,12 @@ def _round_output(v: np.ndarray, output: Output) -> np.ndarray:
         return round_to(v, "fp16").astype(np.float64)
     if output == "fp32-rne":
         return round_to(v, "fp32").astype(np.float64)
-    r = (round_significand(v, 14) if output == "e8m13-rz" else round_to(v, "fp32", mode="toward-zero")).astype(
-        np.float64
-    )
+    bits = 13 if output == "e8m13-rz" else 23
+    r = _truncate_bits(np.ascontiguousarray(v, dtype=np.float64), bits)
+    tiny = (np.abs(v) < 2.0**-126) & (v != 0)
+    if tiny.any():  # FP32 subnormal range: the grid is 2^-149 (2^-139 for e8m13), not relative
+        slow = round_significand(v[tiny], bits + 1) if bits == 13 else round_to(v[tiny], "fp32", mode="toward-zero")
+        r[tiny] = slow.astype(np.float64)
     return np.where(np.abs(v) >= 2.0**128, np.copysign(np.inf, v), r)
 
 
@@ -162,18 +174,21 @@ def t_fdpa(
     """
     with np.errstate(invalid="ignore"):
         p = a * b  # exact: at most 11 x 11 significand bits; inf * 0 is NaN, handled below
-    pe = (ea + eb).astype(np.int32)
-    pe = np.where(p == 0, _ZERO if row.e_zero is None else row.e_zero, pe)
-    ce = _exponent_of_c(c, row.e_zero)
-    e_max = np.maximum(pe.max(axis=-1), ce)
-    e_max = np.where(e_max <= _ZERO // 2, 0, e_max)  # all zero: any exponent gives S = 0
-    scale = np.ldexp(1.0, (row.F - e_max).astype(np.int32))  # exact powers of two, well inside float64
+    pe = ea + eb  # int16; a zero operand puts the product far below everything
+    if row.e_zero is not None:
+        pe = np.where(p == 0, np.int16(row.e_zero), pe)
+    e_max = np.maximum(pe.max(axis=-1), _exponent_of_c(c, row.e_zero))
+    e_max = np.where(e_max < -_POW2_BIAS // 2, 0, e_max)  # all zero: any exponent gives S = 0
+    scale = _POW2[row.F - e_max + _POW2_BIAS]  # exact powers of two, well inside float64
     with np.errstate(invalid="ignore", over="ignore"):
-        s = np.trunc(p * scale[..., None]).sum(axis=-1) + np.trunc(c * scale)  # exact integers < 2^40
+        p *= scale[..., None]
+        np.trunc(p, out=p)
+        s = p.sum(axis=-1) + np.trunc(c * scale)  # exact integers < 2^40
         d = _round_output(s / scale, row.output)
-        finite = np.isfinite(p).all(axis=-1) & np.isfinite(c)
+        finite = np.isfinite(s)
         if not finite.all():  # Inf and NaN follow the FP64 sum; NaN comes out as the canonical 0x7FFFFFFF
-            naive = p.sum(axis=-1) + c
+            with np.errstate(invalid="ignore"):
+                naive = (a * b).sum(axis=-1) + c
             d = np.where(finite, d, naive)
     return d
 
@@ -322,6 +337,16 @@ def _chain(
             )
         return acc
 
+    n_cols = b64.shape[-1]
+    step = max(1, _CHUNK_ELEMENTS // max(1, a64.shape[-2] * row.L))  # keep a block's products in cache
+    if n_cols > step:  # columns are independent: do them a slice at a time
+        return np.concatenate(
+            [
+                _chain(a64, b64[..., j : j + step], c64[..., j : j + step], ea, eb[..., j : j + step], row, dot_k)
+                for j in range(0, n_cols, step)
+            ],
+            axis=-1,
+        )
     if row.chain == "fused":
         return blocks(c64, 0, K)
     acc = c64
@@ -331,3 +356,6 @@ def _chain(
             # float64 has more than 2 * 24 + 2 bits, so rounding the float64 sum again to FP32 is innocuous
             acc = (acc + part).astype(np.float32).astype(np.float64)
     return acc
+
+
+_CHUNK_ELEMENTS = 1 << 17

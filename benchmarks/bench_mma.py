@@ -1,0 +1,53 @@
+"""Benchmark: the bit-exact sm90 MMA model against NumPy float32 matmul, in one run.
+
+    python benchmarks/bench_mma.py [--repeat 3]
+
+Prints the median time of each and their ratio for a 128 x 576 by 576 x 8192 BF16 product (one MLA decode
+step's Q K^T for 128 heads and 8192 tokens), and the peak resident memory of the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import time
+
+import ml_dtypes
+import numpy as np
+
+from amla_sim import mma
+
+
+def median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--m", type=int, default=128)
+    ap.add_argument("--k", type=int, default=576)
+    ap.add_argument("--n", type=int, default=8192)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((args.m, args.k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((args.k, args.n)).astype(ml_dtypes.bfloat16)
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    t_blas = median_time(lambda: a32 @ b32, max(args.repeat, 10))
+    t_sm90 = median_time(lambda: mma.matmul(a, b, model="sm90"), args.repeat)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"shape {args.m}x{args.k} @ {args.k}x{args.n} bf16")
+    print(f"numpy float32 matmul (BLAS) median {t_blas * 1e3:9.2f} ms")
+    print(f"sm90 bit-exact model    median {t_sm90 * 1e3:9.2f} ms")
+    print(f"ratio sm90 / BLAS               {t_sm90 / t_blas:9.1f} x")
+    print(f"peak resident memory            {peak_mb:9.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
