@@ -201,3 +201,11 @@ def test_differential_against_mmasim():
     want = sim(torch.from_numpy(a.view(np.int16)).view(torch.bfloat16),
                torch.from_numpy(b.view(np.int16)).view(torch.bfloat16), torch.from_numpy(c)).numpy()
     _check_nan_aside(mma.matmul(a, b, c, model="sm90"), want.view(np.uint32), "mmasim")
+
+
+@pytest.mark.parametrize("extra, want", [(0.0, 1.0), (2.0**-60, 1.0 + 2.0**-23), (-(2.0**-60), 1.0)])
+def test_exact_model_settles_midpoints(extra, want):
+    """1 + 2^-24 is an FP32 midpoint: a float64 sum cannot tell on which side the exact sum lies."""
+    a = np.array([[1.0, 2.0**-24, extra]]).astype(ml_dtypes.bfloat16)
+    b = np.ones((3, 1), ml_dtypes.bfloat16)
+    assert mma.matmul(a, b, model="exact")[0, 0] == np.float32(want)

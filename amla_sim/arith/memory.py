@@ -47,7 +47,7 @@ def _ftz(x: np.ndarray) -> np.ndarray:
 class GlobalMemory:
     """An FP32 buffer in global memory, updated by simulated writers through atomics.
 
-    data: the initial FP32 contents (copied). order: the arrival order of the writers of each call.
+    data: the initial FP32 contents (copied; float64 data makes an FP64 buffer, with an int64 view). order: the arrival order of the writers of each call.
     seed: for ``order="random"``. trace: record every applied atomic in :attr:`trace`.
     """
 
@@ -63,7 +63,12 @@ class GlobalMemory:
             raise ValueError(f"order: expected one of {ORDER_POLICIES}, got {order!r}")
         if order == "random" and seed is None:
             raise ValueError("seed: order='random' needs a seed")
-        self._buf = np.array(as_f32(data, "data"), dtype=np.float32, order="C", copy=True)
+        arr = np.asarray(data)
+        if arr.dtype == np.float64:  # an FP64 buffer (the golden machine): int64 view, no flushing
+            self._buf = np.array(arr, order="C", copy=True)
+        else:
+            self._buf = np.array(as_f32(data, "data"), dtype=np.float32, order="C", copy=True)
+        self._ftz = self._buf.dtype == np.float32
         self.order = order
         self._rng = np.random.default_rng(seed)
         self.trace: list[TraceEntry] | None = [] if trace else None
@@ -71,13 +76,13 @@ class GlobalMemory:
 
     @property
     def fp32(self) -> np.ndarray:
-        """The contents as FP32 (a copy)."""
+        """The contents as floats (a copy; float64 for an FP64 buffer)."""
         return self._buf.copy()
 
     @property
     def int32(self) -> np.ndarray:
-        """The contents reinterpreted as int32 (a copy)."""
-        return self._buf.view(np.int32).copy()
+        """The contents reinterpreted as signed integers of their width (a copy)."""
+        return self._buf.view(np.int32 if self._ftz else np.int64).copy()
 
     def _arrival(self, n: int) -> np.ndarray:
         if self.order == "program":
@@ -95,8 +100,10 @@ class GlobalMemory:
                 if arr.dtype.kind not in "iu":
                     raise TypeError(f"values[{i}]: expected integers for an int32 atomic, got {arr.dtype}")
                 arr = arr.astype(np.int64)
-            else:
+            elif self._ftz:
                 arr = as_f32(arr, f"values[{i}]")
+            else:
+                arr = arr.astype(np.float64)
             try:
                 np.broadcast_shapes(arr.shape, self._buf.shape)
             except ValueError:
@@ -121,11 +128,13 @@ class GlobalMemory:
         """Each writer adds its FP32 values, one rounded add at a time, subnormals flushed, in arrival order."""
         writers = self._writers(values, "fp32")
         order = self._arrival(len(writers))
+        flush = _ftz if self._ftz else (lambda v: v)
         with np.errstate(over="ignore", invalid="ignore"):
             for w in order:
-                self._buf = _ftz(_ftz(self._buf) + _ftz(np.broadcast_to(writers[w], self._buf.shape)))
+                self._buf = flush(flush(self._buf) + flush(np.broadcast_to(writers[w], self._buf.shape)))
         self._log("fp32", order)
 
     def store(self, values: npt.ArrayLike) -> None:
         """A plain store (AMLA writes block 1 instead of adding it)."""
-        self._buf = np.broadcast_to(as_f32(values, "values"), self._buf.shape).astype(np.float32).copy()
+        vals = as_f32(values, "values") if self._ftz else np.asarray(values, dtype=np.float64)
+        self._buf = np.broadcast_to(vals, self._buf.shape).astype(self._buf.dtype).copy()

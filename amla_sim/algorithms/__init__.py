@@ -1,0 +1,15 @@
+"""The attention algorithms of the seeds, each written once against a machine.
+
+Every algorithm takes ``q: (b, s_q, G, d_k)`` and ``kv: (b, S, d_k)`` (V = the first d_v columns of kv) and
+returns an :class:`AttentionResult`.
+"""
+
+from ._common import DEEPSEEK_V3_SCALE, DEFAULT_SCALE, AttentionResult
+from .amla import amla
+from .base import base
+from .golden import golden
+from .naive import naive
+
+ALGORITHMS = {"base": base, "amla": amla, "naive": naive}
+
+__all__ = ["AttentionResult", "ALGORITHMS", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive"]

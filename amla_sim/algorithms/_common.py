@@ -1,0 +1,138 @@
+"""What every attention algorithm shares: input checks, the MLA decode problem, blocks, masks, results."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from ..formats import is_float_dtype
+from ..machines import Machine, get_machine
+
+D_K, D_V, D_ROPE = 576, 512, 64
+DEFAULT_SCALE = 1.0 / math.sqrt(D_K)  # 576^-0.5, as FlashMLA's tests use
+DEEPSEEK_V3_SCALE = 0.1352  # 192^-0.5 * mscale^2 (YaRN), what the model runs with
+
+
+@dataclass
+class AttentionResult:
+    """An algorithm's output and what it saw on the way.
+
+    out: (b, s_q, G, d_v) in BF16 (float64 on the golden machine). lse: (b, s_q, G), natural log, FP32/FP64.
+    trace: per named stage (``S``, ``m``, ``l``, ``P``, ``n``, ``c``, ``N``, ``O``, ...), one array per block in
+    processing order, when asked for. hazards: counters of numerical hazards (not errors).
+    """
+
+    out: np.ndarray
+    lse: np.ndarray
+    trace: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    hazards: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class Problem:
+    """One MLA decode step, flattened: rows r = (query position, head) of every batch."""
+
+    machine: Machine
+    Q: np.ndarray  # (b, R, d_k) in its storage format
+    K: np.ndarray  # (b, S, d_k)
+    V: np.ndarray  # (b, S, d_v)
+    valid: np.ndarray  # (R, S) bool: which keys each row may see (causal within the MTP step)
+    scale: float
+    block: int
+    shape: tuple[int, int, int]  # (b, s_q, G)
+    trace: dict[str, list[np.ndarray]] | None
+
+    @property
+    def d_v(self) -> int:
+        return self.V.shape[-1]
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.K.shape[1] // self.block)
+
+    def blocks(self, order: str = "forward") -> list[slice]:
+        sl = [slice(j * self.block, min((j + 1) * self.block, self.K.shape[1])) for j in range(self.n_blocks)]
+        return sl[::-1] if order == "backward" else sl
+
+    def record(self, name: str, value: np.ndarray) -> None:
+        if self.trace is not None:
+            self.trace.setdefault(name, []).append(np.array(value, copy=True))
+
+    def scores(self, blk: slice) -> np.ndarray:
+        """S = (Q K_blk^T) * scale on the machine, masked keys at -inf (Alg. 1 lines 4-5)."""
+        mc = self.machine
+        kt = np.swapaxes(self.K[:, blk], -1, -2)
+        S = mc.f(mc.matmul(self.Q, kt)) * mc.f(self.scale)
+        return np.where(self.valid[None, :, blk], S, -np.inf).astype(mc.dtype)
+
+    def finish(self, O: np.ndarray, l: np.ndarray, m: np.ndarray, hazards: Counter) -> AttentionResult:
+        """Output in BF16 (golden: float64), reshaped to (b, s_q, G, d_v), and lse = m + log(l)."""
+        mc = self.machine
+        b, s_q, G = self.shape
+        out = mc.cast(O, "bf16").reshape(b, s_q, G, self.d_v)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lse = (mc.f(m) + np.log(mc.f(l))).astype(mc.dtype).reshape(b, s_q, G)
+        nan = int(np.isnan(np.asarray(out, dtype=np.float64)).sum())
+        if nan:
+            hazards["nan_outputs"] += nan
+        return AttentionResult(out, lse, self.trace or {}, hazards)
+
+
+def _check_float(x: npt.ArrayLike, argname: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if not is_float_dtype(arr.dtype):
+        raise TypeError(f"{argname}: expected a float array (bf16, fp16, fp32, fp64), got dtype {arr.dtype}")
+    return arr
+
+
+def make_problem(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine,
+    d_v: int = D_V,
+    scale: float | None = None,
+    block: int = 64,
+    trace: bool = False,
+    input_format: str = "bf16",
+) -> Problem:
+    """Check the inputs and set up the flattened problem.
+
+    q: (b, s_q, G, d_k) query heads after absorption; kv: (b, S, d_k) the latent cache, V = kv[..., :d_v].
+    Inputs are rounded to `input_format` (BF16) on every machine but golden, where they are used as given.
+    """
+    mc = get_machine(machine)
+    qa, kva = _check_float(q, "q"), _check_float(kv, "kv")
+    if qa.ndim != 4:
+        raise ValueError(f"q: expected shape (b, s_q, G, d_k), got {qa.shape}")
+    if kva.ndim != 3:
+        raise ValueError(f"kv: expected shape (b, S, d_k), got {kva.shape}")
+    b, s_q, G, d_k = qa.shape
+    if kva.shape[0] != b or kva.shape[2] != d_k:
+        raise ValueError(f"q and kv: batch and d_k must agree, got q {qa.shape} and kv {kva.shape}")
+    S = kva.shape[1]
+    if S == 0:
+        raise ValueError("kv: empty context (S = 0)")
+    if not 1 <= s_q <= S:
+        raise ValueError(f"q: s_q must be in 1..S (S = {S}), got {s_q}")
+    if not isinstance(d_v, (int, np.integer)) or not 0 < d_v <= d_k:
+        raise ValueError(f"d_v: expected an int in 1..d_k ({d_k}), got {d_v!r}")
+    scale = DEFAULT_SCALE if scale is None else scale
+    if not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
+    if not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block: expected a positive int, got {block!r}")
+    Q = mc.cast(qa, input_format).reshape(b, s_q * G, d_k)
+    K = mc.cast(kva, input_format)
+    t = np.repeat(np.arange(s_q), G)  # query position of each row
+    valid = np.arange(S)[None, :] <= (S - s_q + t)[:, None]
+    return Problem(mc, Q, K, K[..., :d_v], valid, float(scale), int(block), (b, s_q, G), {} if trace else None)
+
+
+def safe_max(m: np.ndarray) -> np.ndarray:
+    """m with -inf (a row that has seen no key yet) replaced by 0, so that exp(S - m) stays 0, not NaN."""
+    return np.where(np.isneginf(m), 0, m).astype(m.dtype)

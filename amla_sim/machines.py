@@ -1,0 +1,157 @@
+"""Machines: how a piece of hardware rounds, multiplies, accumulates, exponentiates, divides, reduces and adds.
+
+Algorithms see hardware only through a :class:`Machine`; swap the machine and the same algorithm runs as the FP64
+golden reference, as IEEE FP32, as Hopper under Triton, or as a (parametric, unverified) Ascend 910. A machine is
+data (the parameter table below, each row with its source) plus the small methods algorithms call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .arith import elementwise as ew
+from .arith import mma as _mma
+from .arith.memory import GlobalMemory
+from .arith.reductions import row_sum
+from .formats import FormatLike, get_format, round_to
+
+__all__ = ["Machine", "MACHINES", "get_machine"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A hardware profile. Build a custom one with ``dataclasses.replace(get_machine("ieee32"), ...)``.
+
+    golden: FP64 everywhere, and casts to storage formats do nothing (the exact mathematics).
+    mma_model: a model of :mod:`amla_sim.arith.mma` (ignored on golden). exp_mode / div_mode: modes of
+    :mod:`amla_sim.arith.elementwise`. contraction: ``a * b + c`` is one FMA. reduce_order: the row-sum order.
+    fp8_overflow: what FP32 -> FP8 casts do with overflow. dot_k: K extent of one ``tl.dot``.
+    atomic_order: the writers' arrival order in global memory. amla_guard: AMLA's ``+1e-6`` in N.
+    """
+
+    name: str
+    golden: bool = False
+    mma_model: str = "exact"
+    exp_mode: Literal["correctly-rounded", "sm90", "numpy-fast"] = "correctly-rounded"
+    div_mode: Literal["ieee", "sm90"] = "ieee"
+    contraction: bool = False
+    reduce_order: Literal["sequential", "pairwise", "triton", "numpy"] = "sequential"
+    fp8_overflow: Literal["ieee", "satfinite"] = "satfinite"
+    dot_k: int | None = None
+    atomic_order: Literal["program", "reversed", "random"] = "program"
+    amla_guard: float = 1e-6
+    verified: bool = True
+    source: str = ""
+
+    # --- numbers -----------------------------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The working float type: float64 on golden, float32 elsewhere."""
+        return np.dtype(np.float64 if self.golden else np.float32)
+
+    def f(self, x: npt.ArrayLike) -> np.ndarray:
+        """`x` in the working float type (exact for every storage format)."""
+        with np.errstate(invalid="ignore"):
+            return np.asarray(x).astype(self.dtype)
+
+    def cast(self, x: npt.ArrayLike, fmt: FormatLike, *, overflow: str | None = None) -> np.ndarray:
+        """Round to a storage format (nearest even); FP8 overflow as the machine does. Golden: no rounding."""
+        if self.golden:
+            return self.f(x)
+        f = get_format(fmt)
+        ov = overflow or (self.fp8_overflow if f.bits == 8 else "ieee")
+        return round_to(np.asarray(x), f, overflow=ov)
+
+    # --- arithmetic --------------------------------------------------------------------------------------
+
+    def matmul(self, a: npt.ArrayLike, b: npt.ArrayLike, acc: npt.ArrayLike | None = None) -> np.ndarray:
+        """``acc + a @ b`` on the machine's matrix unit."""
+        if self.golden:
+            out = np.matmul(self.f(a), self.f(b))
+            return out if acc is None else out + self.f(acc)
+        return _mma.matmul(a, b, None if acc is None else self.f(acc), model=self.mma_model, dot_k=self.dot_k)
+
+    def exp(self, x: npt.ArrayLike) -> np.ndarray:
+        if self.golden:
+            return np.exp(self.f(x))
+        return ew.exp(self.f(x), mode=self.exp_mode)
+
+    def exp2(self, x: npt.ArrayLike) -> np.ndarray:
+        if self.golden:
+            return np.exp2(self.f(x))
+        return ew.exp2(self.f(x), mode=self.exp_mode)
+
+    def div(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
+        if self.golden:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return self.f(a) / self.f(b)
+        return ew.div(self.f(a), self.f(b), mode=self.div_mode)
+
+    def mul_add(self, a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
+        """``a * b + c``: one FMA where the compiler contracts it, two roundings elsewhere."""
+        a, b, c = np.broadcast_arrays(self.f(a), self.f(b), self.f(c))
+        if self.golden or not self.contraction:
+            with np.errstate(invalid="ignore", over="ignore"):
+                return a * b + c
+        return ew.fma(a, b, c)
+
+    def rowsum(self, x: npt.ArrayLike) -> np.ndarray:
+        """Sum along the last axis in the machine's order."""
+        xf = self.f(x)
+        if self.golden or self.reduce_order == "numpy":
+            return np.sum(xf, axis=-1)
+        if self.reduce_order == "triton" and xf.shape[-1] & (xf.shape[-1] - 1):
+            # a partial block: Triton pads to a power of two with zeros, which change no sum
+            n = 1 << int(xf.shape[-1] - 1).bit_length()
+            xf = np.concatenate([xf, np.zeros((*xf.shape[:-1], n - xf.shape[-1]), xf.dtype)], axis=-1)
+        return row_sum(xf, order=self.reduce_order)
+
+    def rowmax(self, x: npt.ArrayLike) -> np.ndarray:
+        return np.max(self.f(x), axis=-1)
+
+    def memory(self, data: npt.ArrayLike, *, seed: int | None = None) -> GlobalMemory:
+        """A global-memory buffer of the machine's working type."""
+        order = self.atomic_order
+        return GlobalMemory(self.f(data), order=order, seed=(seed or 0) if order == "random" else None)
+
+
+_SM90 = (
+    "tests/data (H200 captures): MMA 100% of 272 Triton dots; exp via fl32(x*log2e) then ex2.approx (modelled, "
+    "40% bit-exact); '/' = div.full (modelled, 88%); FMA contraction 100%; tl.sum order 100%; fp8 casts satfinite"
+)
+
+MACHINES: dict[str, Machine] = {
+    "golden": Machine("golden", golden=True, amla_guard=0.0, source="FP64 mathematics, no storage rounding"),
+    "ieee32": Machine("ieee32", mma_model="exact", source="IEEE FP32, BF16 matmul inputs, exact MMA, correctly rounded exp"),
+    "ieee32-fast": Machine(
+        "ieee32-fast", mma_model="blas", exp_mode="numpy-fast", reduce_order="numpy", source="ieee32 with BLAS and NumPy exp, for sweeps"
+    ),
+    "sm90-triton": Machine(
+        "sm90-triton",
+        mma_model="sm90",
+        exp_mode="sm90",
+        div_mode="sm90",
+        contraction=True,
+        reduce_order="triton",
+        source=_SM90,
+    ),
+    "ascend910": Machine(
+        "ascend910", mma_model="ascend910", verified=False, source="parametric, UNVERIFIED: no public bit-level model"
+    ),
+}
+
+
+def get_machine(machine: str | Machine, **overrides: object) -> Machine:
+    """A named machine (or a Machine passed through), with optional field overrides."""
+    if isinstance(machine, Machine):
+        m = machine
+    elif isinstance(machine, str) and machine in MACHINES:
+        m = MACHINES[machine]
+    else:
+        raise ValueError(f"machine: unknown machine {machine!r}; expected one of {sorted(MACHINES)}")
+    return replace(m, **overrides) if overrides else m
