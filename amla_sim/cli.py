@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -91,6 +92,46 @@ def _cmd_lemma(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .algorithms import ALGORITHMS, golden
+    from .experiments.inputs import make_inputs
+    from .experiments.metrics import all_metrics
+    from .machines import get_machine
+
+    mc = get_machine(args.machine)
+    q, kv = make_inputs(args.dist, batch=args.batch, heads=args.heads, sq=args.sq, context=args.context,
+                        seed=args.seed, fmt="fp32" if args.algorithm == "snapmla" else "bf16")
+    options = {k: v for k, v in (("compensation", args.compensation), ("scaling", args.scaling),
+                                 ("config", args.config)) if v is not None}
+    if args.no_cleanup:
+        options["cleanup"] = False
+    t0 = time.perf_counter()
+    res = ALGORITHMS[args.algorithm](q, kv, machine=mc, scale=args.scale, block=args.block, **options)
+    seconds = time.perf_counter() - t0
+    ref = golden(q, kv, scale=args.scale)
+    report = {
+        "algorithm": args.algorithm,
+        "machine": mc.name,
+        "options": options,
+        "shape": {"batch": args.batch, "sq": args.sq, "heads": args.heads, "context": args.context,
+                  "block": args.block},
+        "dist": args.dist,
+        "seed": args.seed,
+        **all_metrics(res.out, ref.out),
+        "hazards": dict(res.hazards),
+        "seconds": round(seconds, 3),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{args.algorithm} on {mc.name} ({args.dist}, b={args.batch} s_q={args.sq} G={args.heads} "
+          f"L={args.context} block={args.block}) in {seconds:.2f} s, against the FP64 golden:")
+    for key in ("rel_frobenius", "rmse", "cos_diff", "max_abs"):
+        print(f"  {key:14s} {report[key]:.4e}")
+    print(f"  hazards        {report['hazards'] or 'none'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(
@@ -104,6 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="fp32", choices=["fp32", "fp16", "bf16", "fp64"], help="float format")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_lemma)
+
+    from .algorithms import ALGORITHMS
+    from .machines import MACHINES
+
+    p = sub.add_parser("run", help="run one algorithm on one machine and compare it with the FP64 golden")
+    p.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS))
+    p.add_argument("--machine", default="ieee32", choices=sorted(MACHINES))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=128)
+    p.add_argument("--sq", type=int, default=1, help="query tokens per step (MTP), causal within the step")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--scale", type=float, default=None, help="softmax scale (default 576^-0.5; DeepSeek-V3: 0.1352)")
+    p.add_argument("--dist", default="normal:1", help="normal:SIGMA | uniform:A | flashmla | fa3-outliers | rope-outliers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compensation", choices=["cann", "paper", "none"], help="amla only")
+    p.add_argument("--scaling", choices=["pre", "post"], help="amla only")
+    p.add_argument("--no-cleanup", action="store_true", help="amla only: skip CANN's |O| > 1e10 clean-up")
+    p.add_argument("--config", choices=["snapmla", "A", "B", "C", "D"], help="snapmla only")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_run)
     return parser
 
 
@@ -114,7 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except (ValueError, TypeError) as e:  # bad input: a clear message naming the argument, no traceback
+        parser.exit(2, f"amla-sim: error: {e}\n")
 
 
 if __name__ == "__main__":

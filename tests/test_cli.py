@@ -39,3 +39,18 @@ def test_lemma_json_marks_domain(capsys, fmt):
 def test_console_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "amla_sim.cli", "lemma"], capture_output=True, text=True, check=True)
     assert "Lemma 3.1" in r.stdout
+
+
+def test_run_json_has_the_public_keys(capsys):
+    assert main(["run", "--algorithm", "amla", "--heads", "8", "--context", "200", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for key in ("rel_frobenius", "rmse", "cos_diff", "hazards"):
+        assert key in report
+    assert 1e-4 < report["rel_frobenius"] < 1e-2
+
+
+def test_run_bad_input_is_a_message_not_a_traceback(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--algorithm", "base", "--context", "0"])
+    assert e.value.code == 2
+    assert "context" in capsys.readouterr().err

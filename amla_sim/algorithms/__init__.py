@@ -7,9 +7,13 @@ returns an :class:`AttentionResult`.
 from ._common import DEEPSEEK_V3_SCALE, DEFAULT_SCALE, AttentionResult
 from .amla import amla
 from .base import base
+from .etap import etap
 from .golden import golden
 from .naive import naive
+from .seesaw import seesaw
+from .snapmla import snapmla
 
-ALGORITHMS = {"base": base, "amla": amla, "naive": naive}
+ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla}
 
-__all__ = ["AttentionResult", "ALGORITHMS", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive"]
+__all__ = ["AttentionResult", "ALGORITHMS", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive", "seesaw",
+           "etap", "snapmla"]

@@ -1,0 +1,61 @@
+"""ETAP (FlashMLA-ETAP, Section 3): the transposed computation S^T = K Q^T, O^T = V^T P^T.
+
+Kernel numerics as published (pengcuo/FlashMLA-ETAP): P rounded to BF16 (or FP16) before PV; KV blocks run last
+to first; each thread keeps an FP32 running sum of the unrounded P it holds (``lanes`` partial sums per row,
+rescaled with the online softmax) and the partials are reduced across threads once, at the end.
+On a tensor core the transposed products are the same products in the same K order, so S^T is S transposed
+bit for bit; the numerics differ from Base through the block order, the row-sum order and the P format.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import numpy.typing as npt
+
+from ..machines import Machine
+from ._common import D_V, AttentionResult, make_problem, safe_max
+
+
+def etap(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine = "ieee32",
+    d_v: int = D_V,
+    scale: float | None = None,
+    block: int = 64,
+    p_format: str = "bf16",
+    lanes: int = 4,
+    trace: bool = False,
+) -> AttentionResult:
+    """ETAP's transposed decode; lanes: threads sharing one row's keys (their partial sums meet at the end)."""
+    if not isinstance(lanes, (int, np.integer)) or lanes < 1 or block % lanes:
+        raise ValueError(f"lanes: expected a positive divisor of block ({block}), got {lanes!r}")
+    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace)
+    mc = p.machine
+    b, R = p.Q.shape[:2]
+    m = np.full((b, R), -np.inf, mc.dtype)
+    l_part = np.zeros((b, R, lanes), mc.dtype)
+    OT = np.zeros((b, p.d_v, R), mc.dtype)
+    QT = np.swapaxes(p.Q, -1, -2)
+    for blk in p.blocks("backward"):
+        n = blk.stop - blk.start
+        ST = mc.f(mc.matmul(p.K[:, blk], QT)) * mc.f(p.scale)  # S^T = K Q^T: (b, n, R)
+        S = np.where(p.valid[None, :, blk], np.swapaxes(ST, -1, -2), -np.inf).astype(mc.dtype)
+        m_new = np.maximum(m, mc.rowmax(S))
+        alpha = mc.exp(m - safe_max(m_new))
+        P = mc.exp(S - safe_max(m_new)[..., None])
+        l_part = l_part * alpha[..., None]
+        padded = np.concatenate([P, np.zeros((b, R, -n % lanes), mc.dtype)], axis=-1)
+        for chunk in padded.reshape(b, R, -1, lanes).transpose(2, 0, 1, 3):  # each thread's keys, in order
+            l_part = l_part + chunk
+        PT = mc.cast(np.swapaxes(P, -1, -2), p_format)  # (b, n, R)
+        OT = mc.matmul(np.swapaxes(p.V[:, blk], -1, -2), PT, acc=OT * alpha[:, None, :])  # O^T = V^T P^T
+        m = m_new
+        for name, val in (("S", S), ("m", m), ("P", P), ("O", np.swapaxes(OT, -1, -2))):
+            p.record(name, val)
+    l = mc.rowsum(l_part)  # the one cross-thread reduction
+    out = mc.div(np.swapaxes(OT, -1, -2), l[..., None])
+    return p.finish(out, l, m, Counter())

@@ -1,0 +1,1 @@
+"""Experiments: input distributions, error metrics, and (later) the papers' tables."""
