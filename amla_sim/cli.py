@@ -132,6 +132,46 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_crosscheck(args: argparse.Namespace) -> int:
+    from .crosscheck import format_report, replay, save_capture
+
+    if args.replay:
+        report = replay(args.replay)
+    else:
+        if args.backend != "triton":
+            raise ValueError("backend: only 'triton' is implemented (the torch-op machine is not built yet)")
+        from .experiments.inputs import make_inputs
+        from .gpu import GPUUnavailable, gpu_status
+
+        why = gpu_status()
+        if why is not None:
+            raise GPUUnavailable(f"crosscheck needs a GPU ({why}); replay a saved capture with --replay FILE")
+        from .gpu.run import run_kernel
+
+        try:
+            b, sq, G, L = (int(v) for v in args.shape.split(","))
+        except ValueError:
+            raise ValueError(f"shape: expected b,sq,G,L such as 1,1,128,1024, got {args.shape!r}") from None
+        q, kv = make_inputs(args.dist, batch=b, sq=sq, heads=G, context=L, seed=args.seed)
+        div = "ieee" if args.exp == "poly" else "hw"
+        import tempfile
+
+        import torch
+
+        dev = run_kernel(args.algorithm, q, kv, exp_mode=args.exp, div_mode=div, debug=True)
+        path = args.save or tempfile.mktemp(suffix=".npz")
+        save_capture(path, algorithm=args.algorithm, q=q, kv=kv, scale=None, exp_mode=args.exp, div_mode=div,
+                     device_name=torch.cuda.get_device_name(), device=dev)
+        report = replay(path)
+    if args.json:
+        keys = ("algorithm", "stages", "output_bit_exact", "first_difference", "responsible", "device", "exp_mode",
+                "machine")
+        print(json.dumps({k: report.get(k) for k in keys}, indent=2))
+    else:
+        print(format_report(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(
@@ -166,6 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", choices=["snapmla", "A", "B", "C", "D"], help="snapmla only")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("crosscheck", help="Triton kernel against the simulator, stage by stage (or replay a capture)")
+    p.add_argument("--algorithm", default="amla", choices=["base", "amla"])
+    p.add_argument("--backend", default="triton", choices=["triton", "torch"])
+    p.add_argument("--shape", default="1,1,64,1024", help="b,s_q,G,context")
+    p.add_argument("--exp", default="poly", choices=["poly", "hw"], help="kernel exp mode (poly: modelled exactly)")
+    p.add_argument("--dist", default="normal:1")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", help="write inputs and device stages to this .npz")
+    p.add_argument("--replay", help="compare a saved capture on the CPU (no GPU needed)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_crosscheck)
     return parser
 
 
@@ -178,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args))
-    except (ValueError, TypeError) as e:  # bad input: a clear message naming the argument, no traceback
+    except (ValueError, TypeError, RuntimeError) as e:  # bad input or no GPU: a clear message, no traceback
         parser.exit(2, f"amla-sim: error: {e}\n")
 
 

@@ -29,6 +29,8 @@ class Machine:
     golden: FP64 everywhere, and casts to storage formats do nothing (the exact mathematics).
     mma_model: a model of :mod:`amla_sim.arith.mma` (ignored on golden). exp_mode / div_mode: modes of
     :mod:`amla_sim.arith.elementwise`. contraction: ``a * b + c`` is one FMA. reduce_order: the row-sum order.
+    reduce_layout: (vec, lanes, warps) of a ``triton`` reduction (None: Triton's blocked layout of the row).
+    pad_blocks: the last KV block is padded to full size (zero keys, masked), as a kernel does.
     fp8_overflow: what FP32 -> FP8 casts do with overflow. dot_k: K extent of one ``tl.dot``.
     atomic_order: the writers' arrival order in global memory. amla_guard: AMLA's ``+1e-6`` in N.
     """
@@ -36,10 +38,12 @@ class Machine:
     name: str
     golden: bool = False
     mma_model: str = "exact"
-    exp_mode: Literal["correctly-rounded", "sm90", "numpy-fast"] = "correctly-rounded"
+    exp_mode: Literal["correctly-rounded", "sm90", "poly", "numpy-fast"] = "correctly-rounded"
     div_mode: Literal["ieee", "sm90"] = "ieee"
     contraction: bool = False
     reduce_order: Literal["sequential", "pairwise", "triton", "numpy"] = "sequential"
+    reduce_layout: tuple[int, int, int] | None = None
+    pad_blocks: bool = False
     fp8_overflow: Literal["ieee", "satfinite"] = "satfinite"
     dot_k: int | None = None
     atomic_order: Literal["program", "reversed", "random"] = "program"
@@ -109,7 +113,7 @@ class Machine:
             # a partial block: Triton pads to a power of two with zeros, which change no sum
             n = 1 << int(xf.shape[-1] - 1).bit_length()
             xf = np.concatenate([xf, np.zeros((*xf.shape[:-1], n - xf.shape[-1]), xf.dtype)], axis=-1)
-        return row_sum(xf, order=self.reduce_order)
+        return row_sum(xf, order=self.reduce_order, layout=self.reduce_layout)
 
     def rowmax(self, x: npt.ArrayLike) -> np.ndarray:
         return np.max(self.f(x), axis=-1)
@@ -138,7 +142,20 @@ MACHINES: dict[str, Machine] = {
         div_mode="sm90",
         contraction=True,
         reduce_order="triton",
+        reduce_layout=(2, 4, 1),  # P in the wgmma accumulator layout: 2 adjacent columns a thread, 4 a row
+        pad_blocks=True,
         source=_SM90,
+    ),
+    "sm90-triton-exact": Machine(
+        "sm90-triton-exact",
+        mma_model="sm90",
+        exp_mode="poly",
+        div_mode="ieee",
+        contraction=True,
+        reduce_order="triton",
+        reduce_layout=(2, 4, 1),
+        pad_blocks=True,
+        source="amla_sim.gpu kernels in exact mode: software exp (FP32 FMA polynomial) and div_rn; " + _SM90,
     ),
     "ascend910": Machine(
         "ascend910", mma_model="ascend910", verified=False, source="parametric, UNVERIFIED: no public bit-level model"

@@ -130,6 +130,10 @@ def make_problem(
     K = mc.cast(kva, input_format)
     t = np.repeat(np.arange(s_q), G)  # query position of each row
     valid = np.arange(S)[None, :] <= (S - s_q + t)[:, None]
+    pad = -S % int(block) if mc.pad_blocks else 0
+    if pad:  # a kernel's last block is full size: zero keys, masked out
+        K = np.concatenate([K, np.zeros((b, pad, d_k), K.dtype)], axis=1)
+        valid = np.concatenate([valid, np.zeros((valid.shape[0], pad), bool)], axis=1)
     return Problem(mc, Q, K, K[..., :d_v], valid, float(scale), int(block), (b, s_q, G), {} if trace else None)
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "as_f32",
     "exp",
     "exp2",
+    "exp_poly",
     "ex2_approx",
     "div",
     "fma",
@@ -48,7 +49,8 @@ __all__ = [
 ]
 
 LOG2E_F32 = np.float32(float.fromhex("0x1.715476p+0"))  # fl32(log2 e), bits 0x3FB8AA3B: tl.exp's multiplier
-ExpMode = Literal["correctly-rounded", "sm90", "numpy-fast"]
+LN2_F32 = np.float32(float.fromhex("0x1.62e43p-1"))  # fl32(ln 2), 0x3F317218
+ExpMode = Literal["correctly-rounded", "sm90", "poly", "numpy-fast"]
 DivMode = Literal["ieee", "sm90"]
 
 
@@ -90,9 +92,11 @@ def exp(x: npt.ArrayLike, *, mode: ExpMode = "correctly-rounded") -> np.ndarray:
             return np.exp(xf.astype(np.float64)).astype(np.float32)
         if mode == "sm90":
             return ex2_approx(xf * LOG2E_F32, ftz=False)
+        if mode == "poly":
+            return exp_poly(xf)
         if mode == "numpy-fast":
             return np.exp(xf)
-    raise ValueError(f"mode: expected 'correctly-rounded', 'sm90' or 'numpy-fast', got {mode!r}")
+    raise ValueError(f"mode: expected 'correctly-rounded', 'sm90', 'poly' or 'numpy-fast', got {mode!r}")
 
 
 def exp2(x: npt.ArrayLike, *, mode: ExpMode = "correctly-rounded") -> np.ndarray:
@@ -103,9 +107,11 @@ def exp2(x: npt.ArrayLike, *, mode: ExpMode = "correctly-rounded") -> np.ndarray
             return np.exp2(xf.astype(np.float64)).astype(np.float32)
         if mode == "sm90":
             return ex2_approx(xf, ftz=True)
+        if mode == "poly":
+            return exp_poly(xf * LN2_F32)
         if mode == "numpy-fast":
             return np.exp2(xf)
-    raise ValueError(f"mode: expected 'correctly-rounded', 'sm90' or 'numpy-fast', got {mode!r}")
+    raise ValueError(f"mode: expected 'correctly-rounded', 'sm90', 'poly' or 'numpy-fast', got {mode!r}")
 
 
 def div(a: npt.ArrayLike, b: npt.ArrayLike, *, mode: DivMode = "ieee") -> np.ndarray:
@@ -133,6 +139,38 @@ def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
         fix = (err != 0) & ~odd & np.isfinite(s)
         s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)  # round to odd
     return s.astype(np.float32)
+
+
+# exp_poly: a software exp both the kernels (amla_sim.gpu, exact mode) and NumPy compute bit for bit alike
+LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))  # 0x3F317200: the high bits of ln 2, exact products with n
+LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))  # 0x35BFBE8E: ln 2 - LN2_HI
+EXP_POLY = tuple(np.float32(c) for c in (1 / 720, 1 / 120, 1 / 24, 1 / 6, 1 / 2, 1.0, 1.0))  # Taylor, Horner
+_MIN_NORMAL = np.float32(2.0**-126)
+
+
+def _pow2(k: np.ndarray) -> np.ndarray:
+    """2^k for integer-valued float32 k in [-126, 127], from its bits."""
+    return ((k.astype(np.int32) + 127) << 23).astype(np.int32).view(np.float32)
+
+
+def exp_poly(x: npt.ArrayLike) -> np.ndarray:
+    """e^x from FP32 operations only: n = rint(x log2 e), r = x - n ln 2 (two FMAs), a degree-6 Horner
+    polynomial in FMAs, then two exact power-of-two multiplies. Results below 2^-126 flush to +0. Within 2 ulp
+    of e^x; identical on every IEEE machine, which is why the kernels' exact mode uses it."""
+    xf = as_f32(x)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        xc = np.minimum(np.maximum(xf, np.float32(-88.0)), np.float32(88.0))
+        n = np.rint(xc * LOG2E_F32)
+        r = fma(n, -LN2_HI, xc)
+        r = fma(n, -LN2_LO, r)
+        p = np.full_like(r, EXP_POLY[0])
+        for c in EXP_POLY[1:]:
+            p = fma(p, r, np.full_like(r, c))
+        nh = np.floor(n * np.float32(0.5))
+        y = (p * _pow2(nh)) * _pow2(n - nh)
+        y = np.where(y < _MIN_NORMAL, np.float32(0.0), y)
+        y = np.where(xf > np.float32(88.72283), np.float32(np.inf), y)
+        return np.where(np.isnan(xf), xf, y).astype(np.float32)
 
 
 class Recorded:

@@ -1,0 +1,93 @@
+"""Host side of the Triton kernels: NumPy in, NumPy out."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import require_gpu
+
+ALGOS = {"base": 0, "amla": 1}
+EXP_MODES = {"hw": 0, "poly": 1}
+DIV_MODES = {"hw": 0, "ieee": 1}
+BLOCK_M = BLOCK_N = 64
+
+
+def _to_torch(x: np.ndarray, torch, device: str):
+    import ml_dtypes
+
+    if x.dtype != np.dtype(ml_dtypes.bfloat16):
+        raise TypeError(f"q and kv: the kernels take bfloat16 inputs, got {x.dtype}")
+    return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).to(device).view(torch.bfloat16)
+
+
+def run_kernel(
+    algorithm: str,
+    q: np.ndarray,
+    kv: np.ndarray,
+    *,
+    scale: float | None = None,
+    exp_mode: str = "poly",
+    div_mode: str = "ieee",
+    debug: bool = False,
+    device: str = "cuda",
+) -> dict[str, np.ndarray]:
+    """Run the Triton kernel of `algorithm` (base | amla) on q: (b, s_q, G, 576), kv: (b, S, 576) BF16.
+
+    exp_mode: ``hw`` (tl.exp) or ``poly`` (the exact software exp); div_mode: ``hw`` ('/') or ``ieee``.
+    Returns ``out`` (b, s_q, G, 512) BF16 and, with `debug`, the per-block stages S, P, m, l, n, N, O with a
+    leading block axis: arrays of shape (n_blocks, b, R, ...).
+    """
+    require_gpu()
+    import ml_dtypes
+    import torch
+
+    from .kernels import mla_decode_kernel
+
+    for arg, val, allowed in (("algorithm", algorithm, ALGOS), ("exp_mode", exp_mode, EXP_MODES),
+                              ("div_mode", div_mode, DIV_MODES)):
+        if val not in allowed:
+            raise ValueError(f"{arg}: expected one of {sorted(allowed)}, got {val!r}")
+    b, s_q, G, D = q.shape
+    S = kv.shape[1]
+    if D != 576 or kv.shape != (b, S, 576):
+        raise ValueError(f"q and kv: expected (b, s_q, G, 576) and (b, S, 576), got {q.shape} and {kv.shape}")
+    R, DV = s_q * G, 512
+    nblk = -(-S // BLOCK_N)
+    scale = 1.0 / math.sqrt(576) if scale is None else float(scale)
+    qt = _to_torch(q.reshape(b, R, D), torch, device)
+    kvt = _to_torch(kv, torch, device)
+    out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
+    obuf = torch.zeros((b, R, DV), device=device, dtype=torch.float32)
+    f32 = dict(device=device, dtype=torch.float32)
+    if debug:
+        dbg = {
+            "S": torch.zeros((b, nblk, R, BLOCK_N), **f32), "P": torch.zeros((b, nblk, R, BLOCK_N), **f32),
+            "m": torch.zeros((b, nblk, R), **f32), "l": torch.zeros((b, nblk, R), **f32),
+            "n": torch.zeros((b, nblk, R), **f32), "N": torch.zeros((b, nblk, R), device=device, dtype=torch.int32),
+            "O": torch.zeros((b, nblk, R, DV), **f32),
+        }
+    else:
+        one = torch.zeros(1, **f32)
+        dbg = {k: one for k in ("S", "P", "m", "l", "n", "O")}
+        dbg["N"] = torch.zeros(1, device=device, dtype=torch.int32)
+    grid = (triton_cdiv(R, BLOCK_M), b, 2)
+    mla_decode_kernel[grid](
+        qt, kvt, out, obuf, obuf.view(torch.int32),
+        dbg["S"], dbg["P"], dbg["m"], dbg["l"], dbg["n"], dbg["N"], dbg["O"],
+        R, S, G, s_q, nblk, scale,
+        D=576, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        ALGO=ALGOS[algorithm], EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
+        num_warps=4, num_stages=1, enable_fp_fusion=False,
+    )
+    torch.cuda.synchronize()
+    res = {"out": out.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16).reshape(b, s_q, G, DV)}
+    if debug:
+        for k, v in dbg.items():
+            res[k] = np.moveaxis(v.cpu().numpy(), 1, 0)  # (n_blocks, b, R, ...)
+    return res
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
