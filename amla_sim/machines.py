@@ -104,8 +104,8 @@ class Machine:
                 return a * b + c
         return ew.fma(a, b, c)
 
-    def rowsum(self, x: npt.ArrayLike) -> np.ndarray:
-        """Sum along the last axis in the machine's order."""
+    def rowsum(self, x: npt.ArrayLike, *, layout: tuple[int, int, int] | None = None) -> np.ndarray:
+        """Sum along the last axis in the machine's order (`layout` overrides the machine's Triton layout)."""
         xf = self.f(x)
         if self.golden or self.reduce_order == "numpy":
             return np.sum(xf, axis=-1)
@@ -113,7 +113,7 @@ class Machine:
             # a partial block: Triton pads to a power of two with zeros, which change no sum
             n = 1 << int(xf.shape[-1] - 1).bit_length()
             xf = np.concatenate([xf, np.zeros((*xf.shape[:-1], n - xf.shape[-1]), xf.dtype)], axis=-1)
-        return row_sum(xf, order=self.reduce_order, layout=self.reduce_layout)
+        return row_sum(xf, order=self.reduce_order, layout=layout or self.reduce_layout)
 
     def rowmax(self, x: npt.ArrayLike) -> np.ndarray:
         return np.max(self.f(x), axis=-1)

@@ -56,6 +56,6 @@ def etap(
         m = m_new
         for name, val in (("S", S), ("m", m), ("P", P), ("O", np.swapaxes(OT, -1, -2))):
             p.record(name, val)
-    l = mc.rowsum(l_part)  # the one cross-thread reduction
+    l = mc.rowsum(l_part, layout=(1, lanes, 1))  # the one cross-thread reduction: a butterfly over the lanes
     out = mc.div(np.swapaxes(OT, -1, -2), l[..., None])
     return p.finish(out, l, m, Counter())
