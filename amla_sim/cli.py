@@ -172,6 +172,68 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
     return 0
 
 
+def _floats(text: str, argname: str) -> list[float]:
+    try:
+        return [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"{argname}: expected comma-separated numbers such as 3,2,4, got {text!r}") from None
+
+
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    from .pipeline import construct_cycle, simulate
+
+    cube, vector = _floats(args.cube, "cube"), _floats(args.vector, "vector")
+    cycle = construct_cycle(cube, vector)
+    tl = simulate(cube, vector, cycle, iterations=args.cycles)
+    report = {
+        "case": cycle.case,
+        "k": cycle.k,
+        "cube_order": [f"C{i + 1}" for i in cycle.cube_order],
+        "vector_order": [f"V{i + 1}" for i in cycle.vector_order],
+        "internal_chains": cycle.internal_chains,
+        "chains": [f"C{i + 1}->V{i + 1}" for _, i in sorted(cycle.internal)],
+        "preload_count": cycle.preload_count,
+        "total_time": tl.total_time,
+        "cube_utilization": tl.cube_utilization,
+        "steady_cube_idle": tl.steady_cube_idle,
+        "steady_vector_idle": tl.steady_vector_idle,
+    }
+    if args.plot:
+        from .plots import gantt
+
+        gantt(tl, args.plot, title=f"Preload pipeline: {cycle.describe()}")
+        report["plot"] = args.plot
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{cycle.case} (sum C = {sum(cube):g}, sum V = {sum(vector):g}); k = {cycle.k}")
+    print(f"Cycle: {cycle.describe()}")
+    print(f"internal chains {cycle.internal_chains}, preload count {cycle.preload_count}")
+    print(f"{args.cycles} iterations: total time {tl.total_time:g}, Cube utilization {100 * tl.cube_utilization:.1f}%,"
+          f" steady-loop idle: Cube {tl.steady_cube_idle:g}, Vector {tl.steady_vector_idle:g}")
+    return 0
+
+
+def _cmd_roofline(args: argparse.Namespace) -> int:
+    from .roofline import TABLE2, compute_bound_threshold, intensity
+
+    rows = [{"variant": s.name, "q_heads": s.n1, "kv_heads": s.n2, "s_q": s.s1, "intensity": intensity(s),
+             "paper": paper} for s, paper in TABLE2]
+    thr = compute_bound_threshold(args.peak, args.bandwidth)
+    exact = compute_bound_threshold(args.peak, args.bandwidth, flashmla_approximation=False)
+    if args.json:
+        print(json.dumps({"table2": rows, "threshold_hq_sq": thr, "threshold_hq_sq_exact": exact}, indent=2))
+        return 0
+    print("AMLA paper Table 2: arithmetic intensity (FLOPs / byte of KV cache)")
+    print(f"  {'variant':20s} {'Q heads':>7s} {'KV heads':>8s} {'S_q':>4s} {'ours':>8s} {'paper':>6s}")
+    for r in rows:
+        print(f"  {r['variant']:20s} {r['q_heads']:7d} {r['kv_heads']:8d} {r['s_q']:4d} {r['intensity']:8.1f}"
+              f" {r['paper']:>6}")
+    print(f"compute-bound when h_q s_q >= {thr:.1f} at {args.peak:g} TFLOP/s and {args.bandwidth:g} TB/s "
+          f"(FlashMLA's (Dk + Dv)/Dk ~ 2; exactly 1.89: {exact:.1f})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(
@@ -218,6 +280,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", help="compare a saved capture on the CPU (no GPU needed)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_crosscheck)
+
+    p = sub.add_parser("pipeline", help="the Preload pipeline of Theorem 4.1 for given stage durations")
+    p.add_argument("--cube", required=True, help="Cube stage durations C1,...,Cn")
+    p.add_argument("--vector", required=True, help="Vector stage durations V1,...,Vn")
+    p.add_argument("--cycles", type=int, default=8, help="iterations to simulate")
+    p.add_argument("--plot", help="write a Gantt chart PNG (needs matplotlib)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_pipeline)
+
+    p = sub.add_parser("roofline", help="arithmetic intensity (AMLA Table 2) and the compute-bound threshold")
+    p.add_argument("--peak", type=float, default=865.0, help="peak TFLOP/s (default: H800 throttled, 865)")
+    p.add_argument("--bandwidth", type=float, default=3.35, help="memory bandwidth TB/s (default: H800, 3.35)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_roofline)
     return parser
 
 

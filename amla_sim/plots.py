@@ -1,0 +1,37 @@
+"""Plots (matplotlib, from the ``notebooks`` extra): imported only when a plot is asked for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("plots need matplotlib: pip install 'amla-sim[notebooks]'") from None
+    return plt
+
+
+def gantt(timeline: Any, path: str, *, title: str = "") -> None:
+    """A Gantt chart of a :class:`amla_sim.pipeline.Timeline`: Cube and Vector rows, Preload shaded."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(12, 2.6))
+    colors = {"C": "#4C72B0", "V": "#DD8452"}
+    for unit, label, t, cyc, s, e in timeline.intervals:
+        if e <= s:
+            continue
+        y = 1 if unit == "cube" else 0
+        phase = cyc < timeline.preload_cycles or cyc >= timeline.iterations
+        ax.barh(y, e - s, left=s, color=colors[label[0]], alpha=0.45 if phase else 0.95, edgecolor="black",
+                linewidth=0.5)
+        ax.text((s + e) / 2, y, f"{label}\n#{t}", ha="center", va="center", fontsize=6)
+    ax.set_yticks([0, 1], ["Vector", "Cube"])
+    ax.set_xlabel("time")
+    ax.set_title(title or "Preload pipeline (pale: Preload and drain)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
