@@ -234,6 +234,23 @@ def _cmd_roofline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from .experiments.sweep import markdown, run_table
+    from .experiments.tables import TABLES
+
+    names = sorted(TABLES) if args.table == "all" else args.table.split(",")
+    for name in names:
+        res = run_table(name, out_dir=args.out, samples=args.samples, context=args.context, heads=args.heads,
+                        machine=args.machine, seed=args.seed, jobs=args.jobs, progress=not args.quiet)
+        print(markdown(res.summary))
+        if res.computed:
+            print(f"{res.computed} new samples in {res.seconds:.1f} s; BLAS matmuls inside them: "
+                  f"{res.blas_seconds:.1f} s of worker time (total / BLAS = "
+                  f"{res.seconds * args.jobs / max(res.blas_seconds, 1e-9):.2f} across {args.jobs} job(s))")
+        print(f"files: {res.out_dir}/results.csv, summary.json, table.md, table.png\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(
@@ -280,6 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", help="compare a saved capture on the CPU (no GPU needed)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_crosscheck)
+
+    p = sub.add_parser("reproduce", help="reproduce a paper's accuracy table (resumable; CSV, JSON, Markdown, PNG)")
+    p.add_argument("table", help="amla-table3 | amla-table4 | etap-table1 | snapmla-configs | all (or a,b)")
+    p.add_argument("--samples", type=int, default=None, help="samples per distribution (default 100)")
+    p.add_argument("--context", type=int, default=None, help="context length (default: the paper's)")
+    p.add_argument("--heads", type=int, default=None, help="query heads G (default: the paper's)")
+    p.add_argument("--machine", default="ieee32-fast", choices=sorted(MACHINES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    p.add_argument("--out", default="results", help="output folder (one subfolder per table)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("pipeline", help="the Preload pipeline of Theorem 4.1 for given stage durations")
     p.add_argument("--cube", required=True, help="Cube stage durations C1,...,Cn")

@@ -6,7 +6,8 @@ import math
 from fractions import Fraction
 
 
-def round_fraction(v: Fraction, mant_bits: int, emin: int, emax: int, mode: str = "rne") -> float:
+def round_fraction(v: Fraction, mant_bits: int, emin: int, emax: int, mode: str = "rne",
+                   max_finite: float | None = None) -> float:
     """Round a Fraction to a binary format (mant_bits fraction bits, normal exponents emin..emax).
 
     mode "rne" or "rz"; overflow gives +-inf for rne and for rz when the exponent passes emax (as tensor cores do).
@@ -25,7 +26,7 @@ def round_fraction(v: Fraction, mant_bits: int, emin: int, emax: int, mode: str 
     if mode == "rne" and (rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2 == 1)):
         n += 1
     r = Fraction(n) * Fraction(2) ** q
-    top = (2 - Fraction(1, 2**mant_bits)) * Fraction(2) ** emax
+    top = (2 - Fraction(1, 2**mant_bits)) * Fraction(2) ** emax if max_finite is None else Fraction(max_finite)
     if r > top:
         return sign * math.inf
     return sign * float(r)

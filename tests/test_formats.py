@@ -261,3 +261,27 @@ def test_bad_input_names_the_argument(kwargs, exc, word):
 def test_round_significand_rejects_widths(bits):
     with pytest.raises(ValueError, match="significant_bits"):
         round_significand(np.ones(2, np.float32), bits)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3", "e5m2", "tf32"])
+def test_float64_inputs_against_fraction_oracle(name):
+    """float64 inputs take a bit-level nearest-even path: check it against Fractions, ties and extremes included."""
+    from fractions import Fraction
+
+    from _oracles import round_fraction
+
+    f = get_format(name)
+    rng = np.random.default_rng(8)
+    x = np.ldexp(rng.random(6000) + 0.5, rng.integers(f.emin - 12, f.emax + 3, 6000)) * rng.choice([-1, 1], 6000)
+    codes = np.abs(round_to(x, f).astype(np.float64))
+    codes = codes[np.isfinite(codes)]
+    ulp = np.ldexp(1.0, np.maximum(np.frexp(codes)[1] - 1, f.emin) - f.mantissa_bits)
+    x = np.concatenate([x, codes + ulp / 2, codes - ulp / 2, np.nextafter(codes + ulp / 2, np.inf), [f.max_finite]])
+    x = x[np.isfinite(x)]
+    got = round_to(x, f).astype(np.float64)
+    for xi, gi in zip(x, got):
+        want = round_fraction(Fraction(float(xi)), f.mantissa_bits, f.emin, f.emax, "rne", f.max_finite)
+        if not f.has_inf and abs(want) == np.inf:
+            assert np.isnan(gi)
+        else:
+            assert gi == want, (xi, gi, want)

@@ -45,6 +45,7 @@ class Problem:
     block: int
     shape: tuple[int, int, int]  # (b, s_q, G)
     trace: dict[str, list[np.ndarray]] | None
+    out_format: str = "bf16"
 
     @property
     def d_v(self) -> int:
@@ -70,10 +71,10 @@ class Problem:
         return np.where(self.valid[None, :, blk], S, -np.inf).astype(mc.dtype)
 
     def finish(self, O: np.ndarray, l: np.ndarray, m: np.ndarray, hazards: Counter) -> AttentionResult:
-        """Output in BF16 (golden: float64), reshaped to (b, s_q, G, d_v), and lse = m + log(l)."""
+        """Output in its storage format (golden: float64), shaped (b, s_q, G, d_v), and lse = m + log(l)."""
         mc = self.machine
         b, s_q, G = self.shape
-        out = mc.cast(O, "bf16").reshape(b, s_q, G, self.d_v)
+        out = mc.cast(O, self.out_format).reshape(b, s_q, G, self.d_v)
         with np.errstate(divide="ignore", invalid="ignore"):
             lse = (mc.f(m) + np.log(mc.f(l))).astype(mc.dtype).reshape(b, s_q, G)
         nan = int(np.isnan(np.asarray(out, dtype=np.float64)).sum())
@@ -99,11 +100,13 @@ def make_problem(
     block: int = 64,
     trace: bool = False,
     input_format: str = "bf16",
+    out_format: str = "bf16",
 ) -> Problem:
     """Check the inputs and set up the flattened problem.
 
     q: (b, s_q, G, d_k) query heads after absorption; kv: (b, S, d_k) the latent cache, V = kv[..., :d_v].
-    Inputs are rounded to `input_format` (BF16) on every machine but golden, where they are used as given.
+    Inputs are rounded to `input_format` (BF16) on every machine but golden, where they are used as given; the
+    output is stored in `out_format`.
     """
     mc = get_machine(machine)
     qa, kva = _check_float(q, "q"), _check_float(kv, "kv")
@@ -134,7 +137,8 @@ def make_problem(
     if pad:  # a kernel's last block is full size: zero keys, masked out
         K = np.concatenate([K, np.zeros((b, pad, d_k), K.dtype)], axis=1)
         valid = np.concatenate([valid, np.zeros((valid.shape[0], pad), bool)], axis=1)
-    return Problem(mc, Q, K, K[..., :d_v], valid, float(scale), int(block), (b, s_q, G), {} if trace else None)
+    return Problem(mc, Q, K, K[..., :d_v], valid, float(scale), int(block), (b, s_q, G), {} if trace else None,
+                   out_format)
 
 
 def safe_max(m: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ def base(
     block: int = 64,
     order: Literal["forward", "backward"] = "forward",
     p_format: str = "bf16",
+    io_format: str = "bf16",
     trace: bool = False,
 ) -> AttentionResult:
     """Algorithm 1: per KV block, rescale O by exp(m_old - m_new) in FP32 and add bf16(P) V.
@@ -31,7 +32,8 @@ def base(
     """
     if order not in ("forward", "backward"):
         raise ValueError(f"order: expected 'forward' or 'backward', got {order!r}")
-    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace)
+    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace,
+                     input_format=io_format, out_format=io_format)
     mc = p.machine
     b, R = p.Q.shape[:2]
     m = np.full((b, R), -np.inf, mc.dtype)

@@ -27,13 +27,15 @@ def etap(
     scale: float | None = None,
     block: int = 64,
     p_format: str = "bf16",
+    io_format: str = "bf16",
     lanes: int = 4,
     trace: bool = False,
 ) -> AttentionResult:
     """ETAP's transposed decode; lanes: threads sharing one row's keys (their partial sums meet at the end)."""
     if not isinstance(lanes, (int, np.integer)) or lanes < 1 or block % lanes:
         raise ValueError(f"lanes: expected a positive divisor of block ({block}), got {lanes!r}")
-    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace)
+    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace,
+                     input_format=io_format, out_format=io_format)
     mc = p.machine
     b, R = p.Q.shape[:2]
     m = np.full((b, R), -np.inf, mc.dtype)

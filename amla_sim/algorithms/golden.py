@@ -7,6 +7,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from .. import _blas_clock
 from ._common import D_V, AttentionResult, make_problem
 
 
@@ -27,12 +28,12 @@ def golden(
     p = make_problem(q, kv, machine="golden", d_v=d_v, scale=scale, block=1)
     dt = np.float64 if precision == "fp64" else np.float32
     Q, K, V = (x.astype(dt) for x in (p.Q, p.K, p.V))
-    S = np.matmul(Q, np.swapaxes(K, -1, -2)) * dt(p.scale)
+    S = _blas_clock.matmul(Q, np.swapaxes(K, -1, -2)) * dt(p.scale)
     S = np.where(p.valid[None], S, -np.inf)
     m = S.max(axis=-1, keepdims=True)
     E = np.exp(S - m)
     l = E.sum(axis=-1, keepdims=True)
-    out = np.matmul(E, V) / l
+    out = _blas_clock.matmul(E, V) / l
     b, s_q, G = p.shape
     lse = (m + np.log(l))[..., 0]
     return AttentionResult(out.reshape(b, s_q, G, p.d_v), lse.reshape(b, s_q, G))

@@ -1,0 +1,168 @@
+"""Write the notebooks of this folder from the cells below (``python notebooks/build.py``).
+
+The notebooks are committed without outputs; tests/test_notebooks.py executes every one of them on a CPU.
+Each runs in about a minute at the reduced sizes chosen here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+NOTEBOOKS: dict[str, list[tuple[str, str]]] = {
+    "01_lemma_3_1.ipynb": [
+        ("md", """# Lemma 3.1: multiplying by 2^n with an integer add
+
+AMLA rescales its FP32 output by $2^n$ without a multiplication: it adds $n \\cdot 2^{23}$ to the bits.
+Lemma 3.1 of the AMLA paper says this is exact while the exponent field $E$ of the number and $E + n$ both stay
+in $(0, 255)$. This notebook checks the claim on every kind of input and shows what the integer add does
+outside the domain, because the AMLA kernels do go there (zeros in the output buffer)."""),
+        ("code", """import numpy as np
+from amla_sim.bits import as_int, lemma_domain, mul_pow2_via_int_add
+from amla_sim.cli import main
+
+main(["lemma"])"""),
+        ("md", """## Inside the domain the trick is exact
+
+We draw a million FP32 values of every magnitude and a random $n$ each, and compare with the exact product
+$x \\cdot 2^n$ wherever `lemma_domain` holds."""),
+        ("code", """rng = np.random.default_rng(0)
+x = (rng.standard_normal(1_000_000) * np.exp2(rng.integers(-120, 120, 1_000_000))).astype(np.float32)
+n = rng.integers(-60, 60, x.size)
+inside = lemma_domain(x, n)
+exact = np.ldexp(x.astype(np.float64), n)
+got = mul_pow2_via_int_add(x, n).astype(np.float64)
+print(f"in the domain: {inside.mean():.1%} of the draws; bit-identical there: {np.mean(got[inside] == exact[inside]):.0%}")
+print(f"outside: {np.mean(got[~inside] == exact[~inside]):.1%} happen to equal x * 2^n")"""),
+        ("md", """## Outside the domain
+
+Zero has $E = 0$: adding $-3 \\cdot 2^{23}$ borrows through the sign bit and produces $-2^{126}$. This is why CANN's
+AMLA zeroes every output element above $10^{10}$ before the final division."""),
+        ("code", """for v, k in [(0.0, -3), (0.0, 3), (1e-40, 1), (2.0**-120, -10), (2.0**100, 40)]:
+    r = mul_pow2_via_int_add(np.float32(v), k)
+    print(f"{v:>10.3g} * 2^{k:<4d} -> {float(r):>12.5g}  bits 0x{int(as_int(r)) & 0xFFFFFFFF:08x}")"""),
+        ("md", """## Appendix A: multiplying by 1 + eps
+
+The compensation term multiplies by $1 + \\epsilon$ with an integer add of $\\mathrm{round}(1.5 \\cdot 2^{23}\\epsilon)$. To
+first order the error is $\\epsilon (1.5/(1+f) - 1)$ for mantissa fraction $f$: exact only at $f = 1/2$."""),
+        ("code", """from amla_sim.bits import compensation_error, optimal_compensation_coefficient
+for c in (1.5, 4 / 3, 2 ** 0.5, 1 / np.log(2)):
+    r = compensation_error(c)
+    print(f"coefficient {c:.4f}: worst {r.worst:.3f} |eps|, mean {r.mean:.3f} |eps|, bias {r.mean_signed:+.3f} |eps|")
+print("optimal for the worst case:", round(optimal_compensation_coefficient('worst'), 4))"""),
+    ],
+    "02_amla_vs_base.ipynb": [
+        ("md", """# AMLA against Base, and what the compensation buys
+
+The AMLA paper's Tables 3 and 4 show AMLA as accurate as FlashAttention-style Base. Here we reproduce the
+comparison at reduced size (G = 32, context 2048) on the `ieee32` machine (exact FP32 arithmetic, BF16 matmul
+inputs), and ablate the compensation term of Appendix A: CANN's sign, the paper's printed sign, none, and
+post-multiplication scaling."""),
+        ("code", """import numpy as np
+from amla_sim.algorithms import amla, base, golden
+from amla_sim.experiments.inputs import make_inputs
+from amla_sim.experiments.metrics import rel_frobenius
+
+variants = {
+    "base": lambda q, kv: base(q, kv, machine="ieee32"),
+    "amla (CANN)": lambda q, kv: amla(q, kv, machine="ieee32"),
+    "amla, no compensation": lambda q, kv: amla(q, kv, machine="ieee32", compensation="none"),
+    "amla, paper's sign": lambda q, kv: amla(q, kv, machine="ieee32", compensation="paper"),
+    "amla, post-multiplication": lambda q, kv: amla(q, kv, machine="ieee32", scaling="post", compensation="none"),
+}
+errors = {k: [] for k in variants}
+for seed in range(3):
+    q, kv = make_inputs("normal:1", heads=32, context=2048, seed=seed)
+    ref = golden(q, kv).out
+    for k, fn in variants.items():
+        errors[k].append(rel_frobenius(fn(q, kv).out, ref))
+for k, v in errors.items():
+    print(f"{k:28s} {np.mean(v):.3e}")"""),
+        ("md", """The compensation with CANN's sign, $1.5(\\mathrm{cof}_{j-1}/\\mathrm{cof}_j - 1)$, brings AMLA back to Base;
+the sign printed in Algorithm 2 makes it worse than no compensation at all, as the derivation in
+`amla_sim.algorithms.amla` predicts."""),
+        ("md", """## The hazard the clean-up exists for
+
+A V column of zeros keeps a zero in the output buffer; the integer add turns it into garbage."""),
+        ("code", """q, kv = make_inputs("normal:0.1", heads=4, context=256, seed=5)
+ramp = np.linspace(0, 4, 256)[None, :, None]
+kv = (kv.astype(np.float64) + ramp).astype(kv.dtype)
+q = (np.abs(q.astype(np.float64)) + 0.05).astype(q.dtype)
+kv[..., 7] = 0
+literal = amla(q, kv, machine="ieee32", cleanup=False)
+cleaned = amla(q, kv, machine="ieee32")
+print("literal:", dict(literal.hazards), "column 7:", literal.out[0, 0, 0, 7])
+print("CANN:   ", dict(cleaned.hazards), "column 7:", cleaned.out[0, 0, 0, 7])"""),
+    ],
+    "03_snapmla_configs.ipynb": [
+        ("md", """# SnapMLA's FP8 pipeline and its ablation configs
+
+SnapMLA quantizes the latent cache to FP8 per token, keeps the RoPE part in BF16 (pre-scaled by the token's
+scale), and fuses the scales into P. The paper's Table 2 defines four alternatives; its Figure 4 shows config A
+(RoPE quantized with the content) exploding. We compare all five on FlashMLA's test inputs and on inputs whose
+RoPE part has outliers of about 1e3."""),
+        ("code", """import numpy as np
+from amla_sim.algorithms import golden, snapmla
+from amla_sim.experiments.inputs import make_inputs
+from amla_sim.experiments.metrics import cos_diff, rel_frobenius, rmse
+
+for dist in ("flashmla", "rope-outliers"):
+    q, kv = make_inputs(dist, heads=32, context=1024, seed=1, fmt="fp32")
+    ref = golden(q, kv).out
+    print(dist)
+    for cfg in ("snapmla", "A", "B", "C", "D"):
+        res = snapmla(q, kv, machine="sm90-triton", config=cfg)
+        print(f"  {cfg:8s} rmse {rmse(res.out, ref):.3e}  rel-L2 {rel_frobenius(res.out, ref):.3e}  "
+              f"cos_diff {cos_diff(res.out, ref):.2e}  saturated {res.hazards['saturated']}")"""),
+        ("md", """On inputs with RoPE outliers, a per-token scale over all 576 dimensions (config A) is set by the outlier,
+and the FP8 RoPE terms lose the precision the scores need; keeping RoPE in BF16 avoids it."""),
+    ],
+    "04_etap.ipynb": [
+        ("md", """# ETAP's accuracy claim
+
+FlashMLA-ETAP reports an FP16 RMSE of 1.25e-5 against FP64, beside 1.9e-4 for FlashAttention-3. The FA3
+figure is the FA3 paper's own (inputs N(0,1) + N(0,100) Bernoulli(0.001)); ETAP's setup for its own number is
+not documented. Here both computations run on the same inputs, at a reduced context."""),
+        ("code", """import numpy as np
+from amla_sim.algorithms import base, etap, golden
+from amla_sim.experiments.inputs import make_inputs
+from amla_sim.experiments.metrics import rmse
+
+for L in (1024, 4096):
+    q, kv = make_inputs("fa3-outliers", heads=16, context=L, seed=2, fmt="fp16")
+    ref = golden(q, kv).out
+    fa = base(q, kv, machine="ieee32", p_format="fp16", io_format="fp16").out
+    et = etap(q, kv, machine="ieee32", p_format="fp16", io_format="fp16").out
+    print(f"context {L}: Base (FA-style) RMSE {rmse(fa, ref):.2e}, ETAP RMSE {rmse(et, ref):.2e}")"""),
+        ("md", """The two are the same mathematics with different block order and row-sum order; their errors are of one
+size, set by the FP16 output rounding. A 15x gap needs a different setup, not a different algorithm."""),
+    ],
+    "05_simulated_vs_device.ipynb": [
+        ("md", """# Simulated against device
+
+The Triton kernels of `amla_sim.gpu` were run on an H200 in two exp modes. In the exact mode (a software exp
+of FP32 FMAs, IEEE division) the `sm90-triton-exact` machine predicts every bit of every stage; in the
+hardware mode (`tl.exp` = `ex2.approx`, `/` = `div.full`) the approximate units are modelled, not known, and
+the cross-check says where the bits part. The captures are in `tests/data`; no GPU is needed here."""),
+        ("code", """from pathlib import Path
+from amla_sim.crosscheck import format_report, replay
+
+data = Path("..") / "tests" / "data" if Path("..", "tests").exists() else Path("tests") / "data"
+for name in ("base_poly", "amla_poly", "amla_hw"):
+    print(format_report(replay(data / f"crosscheck_{name}.npz")))
+    print()"""),
+    ],
+}
+
+
+def build(folder: Path = Path(__file__).parent) -> None:
+    for name, cells in NOTEBOOKS.items():
+        nb = new_notebook(cells=[new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, folder / name)
+
+
+if __name__ == "__main__":
+    build()

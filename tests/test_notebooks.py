@@ -1,0 +1,30 @@
+"""Every notebook runs top to bottom on a CPU (nbclient, part of the test extra)."""
+
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+
+
+def test_notebooks_match_their_builder():
+    nbformat = pytest.importorskip("nbformat")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build", NOTEBOOKS[0].parent / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert {p.name for p in NOTEBOOKS} == set(build.NOTEBOOKS)
+    for p in NOTEBOOKS:
+        sources = [c.source for c in nbformat.read(p, as_version=4).cells]
+        assert sources == [src for _, src in build.NOTEBOOKS[p.name]], p.name
