@@ -5,7 +5,7 @@ Layers (see README): ``formats`` and ``bits`` (number formats, rounding, bit vie
 algorithms. Importing ``amla_sim`` never needs torch.
 """
 
-from . import bits, formats
+from . import bits, formats, machines, mma
 from ._version import __version__
 from .bits import lemma_domain, mul_pow2_via_int_add
 from .formats import FORMATS, Format, get_format, round_significand, round_to
@@ -14,6 +14,8 @@ __all__ = [
     "__version__",
     "bits",
     "formats",
+    "machines",
+    "mma",
     "FORMATS",
     "Format",
     "get_format",

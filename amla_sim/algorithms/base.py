@@ -28,7 +28,8 @@ def base(
     """Algorithm 1: per KV block, rescale O by exp(m_old - m_new) in FP32 and add bf16(P) V.
 
     q: (b, s_q, G, d_k), kv: (b, S, d_k). order: the block order (ETAP runs backward). p_format: the format P
-    is rounded to before PV (bf16; fp16 as FA3 measured).
+    is rounded to before PV (bf16; fp16 as FA3 measured). io_format: the storage format of the inputs and of
+    the output.
     """
     if order not in ("forward", "backward"):
         raise ValueError(f"order: expected 'forward' or 'backward', got {order!r}")

@@ -31,7 +31,10 @@ def etap(
     lanes: int = 4,
     trace: bool = False,
 ) -> AttentionResult:
-    """ETAP's transposed decode; lanes: threads sharing one row's keys (their partial sums meet at the end)."""
+    """ETAP's transposed decode; lanes: threads sharing one row's keys (their partial sums meet at the end).
+
+    p_format: the format of P before PV (bf16 or fp16); io_format: the inputs' and the output's format.
+    """
     if not isinstance(lanes, (int, np.integer)) or lanes < 1 or block % lanes:
         raise ValueError(f"lanes: expected a positive divisor of block ({block}), got {lanes!r}")
     p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace,

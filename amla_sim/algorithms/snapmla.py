@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -89,7 +90,7 @@ def snapmla(
     l = np.zeros((b, R), mc.dtype)
     sigma = np.ones((b, R), mc.dtype)
     O = np.zeros((b, R, d_v), mc.dtype)
-    machine_dot = mc if mc.golden else _with_dot_k(mc, 128)
+    machine_dot = mc if mc.golden else replace(mc, dot_k=128)  # the content product: tl.dot over 128-wide tiles
     for blk in p.blocks():
         qk = machine_dot.matmul(q8, np.swapaxes(c8[:, blk], -1, -2))  # step 1: content in FP8
         qk = mc.matmul(qr, np.swapaxes(kr[:, blk], -1, -2), acc=qk)  # RoPE tile last, BF16
@@ -114,8 +115,3 @@ def snapmla(
     res.lse = (lse2 * mc.f(math.log(2.0))).reshape(res.lse.shape).astype(mc.dtype)
     return res
 
-
-def _with_dot_k(mc: Machine, dot_k: int) -> Machine:
-    from dataclasses import replace
-
-    return replace(mc, dot_k=dot_k)

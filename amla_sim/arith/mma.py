@@ -71,17 +71,17 @@ MODEL_TABLE: dict[str, MMAModel] = {
     "sm90": MMAModel(
         "sm90",
         {
-            "bf16": TFDPA(16, 25, "fp32-rz", "fused", source=_SM90),
-            "fp16": TFDPA(16, 25, "fp32-rz", "fused", source=_SM90),
-            "tf32": TFDPA(8, 25, "fp32-rz", "fused", source=_SM90),
-            "e4m3": TFDPA(32, 13, "e8m13-rz", "fp32-add", source=_SM90_FP8),
-            "e5m2": TFDPA(32, 13, "e8m13-rz", "fp32-add", source=_SM90_FP8),
+            "bf16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
+            "fp16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
+            "tf32": TFDPA(8, 25, "fp32-rz", "fused", -133, _SM90),
+            "e4m3": TFDPA(32, 13, "e8m13-rz", "fp32-add", -133, _SM90_FP8),
+            "e5m2": TFDPA(32, 13, "e8m13-rz", "fp32-add", -133, _SM90_FP8),
         },
         doc="Hopper wgmma as Triton 3.x issues it, FP32 accumulator",
     ),
     "sm90-fp16": MMAModel(
         "sm90-fp16",
-        {"fp16": TFDPA(16, 25, "fp16-rne", "fused", source=_SM90)},
+        {"fp16": TFDPA(16, 25, "fp16-rne", "fused", -21, _SM90)},
         doc="Hopper wgmma with an FP16 accumulator (fp16 inputs)",
     ),
     "sm80": MMAModel(
