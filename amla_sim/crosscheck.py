@@ -20,11 +20,12 @@ from .testing import ulp_distance
 STAGES = {
     "base": ("S", "m", "P", "l", "O", "out"),
     "amla": ("S", "m", "P", "l", "n", "N", "O", "out"),
+    "snapmla": ("S", "m", "P", "l", "O", "out"),
 }
 RESPONSIBLE = {
     "S": "tensor-core MMA model (T-FDPA, sm90) of Q K^T",
     "m": "row max",
-    "P": "exp model (kernel exp mode)",
+    "P": "exp model (kernel exp mode); for SnapMLA also the division and the FP8 cast of P",
     "l": "row-sum order (wgmma accumulator layout) and the FMA in l = l alpha + sum P",
     "n": "n = round(-m log2 e)",
     "N": "AMLA's N: exp and division models (c, c16, cof), int rounding",

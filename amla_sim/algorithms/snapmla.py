@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from ..machines import Machine
-from ._common import D_V, AttentionResult, make_problem, safe_max
+from ._common import D_V, AttentionResult, Problem, make_problem, safe_max
 from .quantizers import E4M3_MAX, SCALE_FLOOR, quantize
 
 CONFIGS = ("snapmla", "A", "B", "C", "D")
@@ -58,34 +58,8 @@ def snapmla(
     mc = p.machine
     b, R = p.Q.shape[:2]
     hazards: Counter = Counter()
-    content, rope = p.K[..., :d_v], p.K[..., d_v:]
-    q_nope, q_rope = p.Q[..., :d_v], p.Q[..., d_v:]
-
-    def count_sat(x: np.ndarray, s: np.ndarray) -> None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            hazards["saturated"] += int((np.abs(mc.f(x) / s) > SATURATION).sum())
-
-    if config == "A":  # one scale over all 576 dims, RoPE in FP8 too
-        k8, s_k = quantize(p.K, "per-token", mc)
-        q8, s_q = quantize(p.Q, "per-token", mc)
-        count_sat(p.K, s_k)
-        c8, kr, qr = k8[..., :d_v], k8[..., d_v:], q8[..., d_v:]
-        q8 = q8[..., :d_v]
-    else:
-        gran = {"snapmla": "per-token", "B": "per-tensor-static", "C": "per-tensor-dynamic", "D": "per-block"}[config]
-        c8, s_k = quantize(content, gran, mc, block=quant_block)
-        count_sat(content, s_k)
-        s_k = np.broadcast_to(s_k, content.shape[:-1] + (1,))
-        kr = mc.cast(mc.f(rope) / s_k, "bf16")
-        q_gran = "per-tensor-static" if config == "B" else "per-token"
-        q8, s_q = quantize(q_nope, q_gran, mc)
-        count_sat(q_nope, s_q)
-        s_q = np.broadcast_to(s_q, q_nope.shape[:-1] + (1,))
-        qr = mc.cast(mc.f(q_rope) / s_q, "bf16")
-    s_k = np.broadcast_to(s_k, p.K.shape[:-1] + (1,))[..., 0]  # (b, S)
-    s_q = np.broadcast_to(s_q, p.Q.shape[:-1] + (1,))[..., 0]  # (b, R)
-    row_scale = s_q * mc.f(p.scale * LOG2E)  # s_q softmax_scale log2 e, per row
-
+    qz = quantize_inputs(p, config, quant_block, hazards)
+    q8, qr, row_scale, c8, kr, s_k = qz.q8, qz.qr, qz.row_scale, qz.c8, qz.kr, qz.s_k
     m = np.full((b, R), -np.inf, mc.dtype)
     l = np.zeros((b, R), mc.dtype)
     sigma = np.ones((b, R), mc.dtype)
@@ -99,9 +73,10 @@ def snapmla(
         m_new = np.maximum(m, mc.rowmax(x))
         e = mc.exp2(x - safe_max(m_new)[..., None])
         f = e * s_k[:, None, blk]  # step 3: scale fusion
-        sigma_new = np.maximum(mc.rowmax(f), mc.f(SCALE_FLOOR)) / mc.f(E4M3_MAX)
-        P8 = mc.cast(f / sigma_new[..., None], "e4m3", overflow="satfinite")
-        hazards["saturated"] += int((mc.f(f) / sigma_new[..., None] > SATURATION).sum())
+        sigma_new = mc.div(np.maximum(mc.rowmax(f), mc.f(SCALE_FLOOR)), mc.f(E4M3_MAX))
+        f_scaled = mc.div(f, sigma_new[..., None])
+        P8 = mc.cast(f_scaled, "e4m3", overflow="satfinite")
+        hazards["saturated"] += int((f_scaled > SATURATION).sum())
         beta = mc.exp2(m - safe_max(m_new)) * mc.div(sigma, sigma_new)  # step 4
         l = mc.mul_add(beta, l, mc.div(mc.rowsum(e), sigma_new))  # step 5
         O = mc.matmul(P8, c8[:, blk], acc=O * beta[..., None])  # step 6
@@ -115,3 +90,48 @@ def snapmla(
     res.lse = (lse2 * mc.f(math.log(2.0))).reshape(res.lse.shape).astype(mc.dtype)
     return res
 
+
+
+@dataclass
+class Quantized:
+    """SnapMLA's kernel inputs: FP8 content, BF16 (config A: FP8) RoPE, and the per-row / per-token scales."""
+
+    q8: np.ndarray  # (b, R, d_v) e4m3
+    qr: np.ndarray  # (b, R, 64)
+    row_scale: np.ndarray  # (b, R): s_q softmax_scale log2 e
+    c8: np.ndarray  # (b, S, d_v) e4m3: the content cache, also V
+    kr: np.ndarray  # (b, S, 64)
+    s_k: np.ndarray  # (b, S)
+
+
+def quantize_inputs(p: Problem, config: str, quant_block: int, hazards: Counter) -> Quantized:
+    """The cache and query quantization of the port (or of an ablation config), on the problem's machine."""
+    mc = p.machine
+    d_v = p.d_v
+
+    def count_sat(x: np.ndarray, s: np.ndarray) -> None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            hazards["saturated"] += int((np.abs(mc.f(x) / s) > SATURATION).sum())
+
+    content, rope = p.K[..., :d_v], p.K[..., d_v:]
+    q_nope, q_rope = p.Q[..., :d_v], p.Q[..., d_v:]
+    if config == "A":  # one scale over all 576 dims, RoPE in FP8 too
+        k8, s_k = quantize(p.K, "per-token", mc)
+        q8, s_q = quantize(p.Q, "per-token", mc)
+        count_sat(p.K, s_k)
+        c8, kr, qr = k8[..., :d_v], k8[..., d_v:], q8[..., d_v:]
+        q8 = q8[..., :d_v]
+    else:
+        gran = {"snapmla": "per-token", "B": "per-tensor-static", "C": "per-tensor-dynamic", "D": "per-block"}[config]
+        c8, s_k = quantize(content, gran, mc, block=quant_block)
+        count_sat(content, s_k)
+        s_k = np.broadcast_to(s_k, content.shape[:-1] + (1,))
+        kr = mc.cast(mc.f(rope) / s_k, "bf16")
+        q8, s_q = quantize(q_nope, "per-tensor-static" if config == "B" else "per-token", mc)
+        count_sat(q_nope, s_q)
+        s_q = np.broadcast_to(s_q, q_nope.shape[:-1] + (1,))
+        qr = mc.cast(mc.f(q_rope) / s_q, "bf16")
+    s_k = np.ascontiguousarray(np.broadcast_to(s_k, p.K.shape[:-1] + (1,))[..., 0])
+    s_q = np.broadcast_to(s_q, p.Q.shape[:-1] + (1,))[..., 0]
+    row_scale = (s_q * mc.f(p.scale * LOG2E)).astype(mc.dtype)
+    return Quantized(q8, qr, row_scale, c8, kr, s_k)

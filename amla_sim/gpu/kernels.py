@@ -174,3 +174,85 @@ def mla_decode_kernel(
     out = _div(acc, denom[:, None], DIV_MODE)
     tl.store(out_ptr + bid * R * DV + offs_m[:, None] * DV + offs_v[None, :], out.to(tl.bfloat16),
              mask=row_ok[:, None])
+
+
+@triton.jit
+def _exp2(x, EXP_MODE: tl.constexpr):
+    if EXP_MODE == 0:
+        return tl.exp2(x)  # ex2.approx.ftz.f32
+    else:
+        return _exp_poly(x * 0.6931471805599453)
+
+
+@triton.jit
+def snapmla_decode_kernel(
+    q8_ptr, qr_ptr, rs_ptr, c8_ptr, kr_ptr, sk_ptr, out_ptr,
+    dbg_s, dbg_p, dbg_m, dbg_l, dbg_o,
+    R, S, S_PAD, G, SQ, NBLK,
+    DV: tl.constexpr, DR: tl.constexpr, DVH: tl.constexpr, TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EXP_MODE: tl.constexpr, DIV_MODE: tl.constexpr, DEBUG: tl.constexpr,
+):
+    """SnapMLA as ported (notes Section 4): FP8 content tiles, BF16 RoPE, scale fusion into P, FP8 P V.
+
+    The quantized inputs come from :func:`amla_sim.algorithms.snapmla.quantize_inputs`; the cache is padded
+    to whole blocks (S_PAD) and S is the real context for the causal mask.
+    """
+    pid_m = tl.program_id(0)
+    bid = tl.program_id(1)
+    half = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < R
+    offs_t = tl.arange(0, TILE)
+    offs_r = tl.arange(0, DR)
+    offs_v = half * DVH + tl.arange(0, DVH)
+    q_rows = q8_ptr + bid * R * DV + offs_m[:, None] * DV
+    q0 = tl.load(q_rows + offs_t[None, :], mask=row_ok[:, None], other=0.0)
+    q1 = tl.load(q_rows + (TILE + offs_t)[None, :], mask=row_ok[:, None], other=0.0)
+    q2 = tl.load(q_rows + (2 * TILE + offs_t)[None, :], mask=row_ok[:, None], other=0.0)
+    q3 = tl.load(q_rows + (3 * TILE + offs_t)[None, :], mask=row_ok[:, None], other=0.0)
+    qr = tl.load(qr_ptr + bid * R * DR + offs_m[:, None] * DR + offs_r[None, :], mask=row_ok[:, None], other=0.0)
+    rs = tl.load(rs_ptr + bid * R + offs_m, mask=row_ok, other=0.0)
+    limit = S - SQ + 1 + offs_m // G
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    sigma = tl.full((BLOCK_M,), 1.0, tl.float32)
+    acc = tl.zeros((BLOCK_M, DVH), tl.float32)
+    for j in range(0, NBLK):
+        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_rows = c8_ptr + bid * S_PAD * DV + offs_n[:, None] * DV
+        qk = tl.dot(q0, tl.trans(tl.load(c_rows + offs_t[None, :])))  # step 1: four 128-wide FP8 tiles
+        qk += tl.dot(q1, tl.trans(tl.load(c_rows + (TILE + offs_t)[None, :])))
+        qk += tl.dot(q2, tl.trans(tl.load(c_rows + (2 * TILE + offs_t)[None, :])))
+        qk += tl.dot(q3, tl.trans(tl.load(c_rows + (3 * TILE + offs_t)[None, :])))
+        kr = tl.load(kr_ptr + bid * S_PAD * DR + offs_n[:, None] * DR + offs_r[None, :])
+        qk = tl.dot(qr, tl.trans(kr), qk)  # the BF16 RoPE tile, last
+        sk = tl.load(sk_ptr + bid * S_PAD + offs_n)
+        x = qk * rs[:, None] * sk[None, :]  # step 2, in log2 units
+        x = tl.where(offs_n[None, :] < limit[:, None], x, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(x, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        e = _exp2(x - m_safe[:, None], EXP_MODE)
+        f = e * sk[None, :]  # step 3: scale fusion
+        sigma_new = _div(tl.maximum(tl.max(f, 1), 1e-26), 448.0, DIV_MODE)
+        p8 = _div(f, sigma_new[:, None], DIV_MODE).to(tl.float8e4nv)  # cvt.rn.satfinite
+        beta = _exp2(m_i - m_safe, EXP_MODE) * _div(sigma, sigma_new, DIV_MODE)  # step 4
+        l_i = tl.fma(beta, l_i, _div(tl.sum(e, 1), sigma_new, DIV_MODE))  # step 5
+        v = tl.load(c8_ptr + bid * S_PAD * DV + offs_n[:, None] * DV + offs_v[None, :])
+        acc = acc * beta[:, None]
+        acc += tl.dot(p8, v)  # step 6: FP8 x FP8
+        m_i = m_new
+        sigma = sigma_new
+        if DEBUG:
+            blk = (bid * NBLK + j) * R
+            cols = tl.arange(0, BLOCK_N)
+            tl.store(dbg_m + blk + offs_m, m_i, mask=row_ok)
+            tl.store(dbg_l + blk + offs_m, l_i, mask=row_ok)
+            tl.store(dbg_s + (blk + offs_m[:, None]) * BLOCK_N + cols[None, :], x, mask=row_ok[:, None])
+            tl.store(dbg_p + (blk + offs_m[:, None]) * BLOCK_N + cols[None, :], p8.to(tl.float32),
+                     mask=row_ok[:, None])
+            tl.store(dbg_o + (blk + offs_m[:, None]) * DV + offs_v[None, :], acc, mask=row_ok[:, None])
+    out = _div(acc, l_i[:, None], DIV_MODE)  # step 7
+    tl.store(out_ptr + bid * R * DV + offs_m[:, None] * DV + offs_v[None, :], out.to(tl.bfloat16),
+             mask=row_ok[:, None])

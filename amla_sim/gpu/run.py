@@ -8,7 +8,7 @@ import numpy as np
 
 from . import require_gpu
 
-ALGOS = {"base": 0, "amla": 1}
+ALGOS = {"base": 0, "amla": 1, "snapmla": 2}
 EXP_MODES = {"hw": 0, "poly": 1}
 DIV_MODES = {"hw": 0, "ieee": 1}
 BLOCK_M = BLOCK_N = 64
@@ -33,7 +33,7 @@ def run_kernel(
     debug: bool = False,
     device: str = "cuda",
 ) -> dict[str, np.ndarray]:
-    """Run the Triton kernel of `algorithm` (base | amla) on q: (b, s_q, G, 576), kv: (b, S, 576) BF16.
+    """Run the Triton kernel of `algorithm` (base | amla | snapmla) on q: (b, s_q, G, 576), kv: (b, S, 576) BF16.
 
     exp_mode: ``hw`` (tl.exp) or ``poly`` (the exact software exp); div_mode: ``hw`` ('/') or ``ieee``.
     Returns ``out`` (b, s_q, G, 512) BF16 and, with `debug`, the per-block stages S, P, m, l, n, N, O with a
@@ -49,6 +49,8 @@ def run_kernel(
                               ("div_mode", div_mode, DIV_MODES)):
         if val not in allowed:
             raise ValueError(f"{arg}: expected one of {sorted(allowed)}, got {val!r}")
+    if algorithm == "snapmla":
+        return _run_snapmla(q, kv, scale=scale, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
     b, s_q, G, D = q.shape
     S = kv.shape[1]
     if D != 576 or kv.shape != (b, S, 576):
@@ -86,6 +88,54 @@ def run_kernel(
     if debug:
         for k, v in dbg.items():
             res[k] = np.moveaxis(v.cpu().numpy(), 1, 0)  # (n_blocks, b, R, ...)
+    return res
+
+
+def _run_snapmla(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str, np.ndarray]:
+    """SnapMLA's kernel on inputs quantized by the simulator's own quantizer (the cache write is not a kernel)."""
+    from collections import Counter
+
+    import ml_dtypes
+    import torch
+
+    from ..algorithms._common import make_problem
+    from ..algorithms.snapmla import quantize_inputs
+    from .kernels import snapmla_decode_kernel
+
+    b, s_q, G, _ = q.shape
+    S = kv.shape[1]
+    p = make_problem(q, kv, machine="sm90-triton", scale=scale, block=BLOCK_N, input_format="fp32")
+    qz = quantize_inputs(p, "snapmla", BLOCK_N, Counter())
+    R, DV, S_pad = s_q * G, 512, p.K.shape[1]
+    nblk = S_pad // BLOCK_N
+
+    def t(x: np.ndarray, dt):
+        x = np.ascontiguousarray(x)
+        ints = {1: np.int8, 2: np.int16, 4: np.int32}[x.dtype.itemsize]
+        return torch.from_numpy(x.view(ints).copy()).to(device).view(dt)
+
+    args = [t(qz.q8, torch.float8_e4m3fn), t(qz.qr, torch.bfloat16), t(qz.row_scale.astype(np.float32), torch.float32),
+            t(qz.c8, torch.float8_e4m3fn), t(qz.kr, torch.bfloat16), t(qz.s_k.astype(np.float32), torch.float32)]
+    out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
+    f32 = dict(device=device, dtype=torch.float32)
+    if debug:
+        dbg = {"S": torch.zeros((b, nblk, R, BLOCK_N), **f32), "P": torch.zeros((b, nblk, R, BLOCK_N), **f32),
+               "m": torch.zeros((b, nblk, R), **f32), "l": torch.zeros((b, nblk, R), **f32),
+               "O": torch.zeros((b, nblk, R, DV), **f32)}
+    else:
+        one = torch.zeros(1, **f32)
+        dbg = {k: one for k in ("S", "P", "m", "l", "O")}
+    snapmla_decode_kernel[(triton_cdiv(R, BLOCK_M), b, 2)](
+        *args, out, dbg["S"], dbg["P"], dbg["m"], dbg["l"], dbg["O"], R, S, S_pad, G, s_q, nblk,
+        DV=DV, DR=64, DVH=DV // 2, TILE=128, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
+        num_warps=4, num_stages=1, enable_fp_fusion=False,
+    )
+    torch.cuda.synchronize()
+    res = {"out": out.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16).reshape(b, s_q, G, DV)}
+    if debug:
+        for k, v in dbg.items():
+            res[k] = np.moveaxis(v.cpu().numpy(), 1, 0)
     return res
 
 
