@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("crosscheck", help="Triton kernel against the simulator, stage by stage (or replay a capture)")
-    p.add_argument("--algorithm", default="amla", choices=["base", "amla", "snapmla"])
+    p.add_argument("--algorithm", default="amla", choices=["base", "amla", "snapmla", "etap"])
     p.add_argument("--backend", default="triton", choices=["triton", "torch"])
     p.add_argument("--shape", default="1,1,64,1024", help="b,s_q,G,context")
     p.add_argument("--exp", default="poly", choices=["poly", "hw"], help="kernel exp mode (poly: modelled exactly)")

@@ -21,6 +21,7 @@ STAGES = {
     "base": ("S", "m", "P", "l", "O", "out"),
     "amla": ("S", "m", "P", "l", "n", "N", "O", "out"),
     "snapmla": ("S", "m", "P", "l", "O", "out"),
+    "etap": ("S", "m", "P", "O", "out"),
 }
 RESPONSIBLE = {
     "S": "tensor-core MMA model (T-FDPA, sm90) of Q K^T",

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from amla_sim.crosscheck import format_report, replay, save_capture, simulate  # noqa: E402
 from amla_sim.experiments.inputs import make_inputs  # noqa: E402
 
-ALGOS = ("base", "amla", "snapmla")
+ALGOS = ("base", "amla", "snapmla", "etap")
 MODES = {"poly": "ieee", "hw": "hw"}  # kernel exp mode -> its division mode
 
 
@@ -48,7 +48,8 @@ def step_debug(out: str) -> None:
 
 
 FIDELITY_CASES = [(sq, L) for sq in (1, 2) for L in (1024, 2048, 4096, 8192)] + [(1, 3000)]
-CI_CASES = ("base/poly/sq1/L1024", "amla/poly/sq1/L1024", "amla/hw/sq1/L1024", "snapmla/poly/sq1/L1024")
+CI_CASES = ("base/poly/sq1/L1024", "amla/poly/sq1/L1024", "amla/hw/sq1/L1024", "snapmla/poly/sq1/L1024",
+            "etap/poly/sq1/L1024")
 
 
 def _simulate_out(args: tuple) -> np.ndarray:

@@ -14,13 +14,13 @@ from amla_sim.gpu import GPUUnavailable, gpu_status, require_gpu
 DATA = Path(__file__).parent / "data"
 
 
-@pytest.mark.parametrize("algorithm", ["base", "amla", "snapmla"])
+@pytest.mark.parametrize("algorithm", ["base", "amla", "snapmla", "etap"])
 def test_exact_mode_every_stage_bit_identical(algorithm):
     report = replay(DATA / f"crosscheck_{algorithm}_poly.npz")
     assert report["first_difference"] is None
     assert all(r["bit_exact"] == 1.0 for r in report["stages"])
     names = {r["name"] for r in report["stages"]}
-    assert {"S", "m", "P", "l", "O", "out"} <= names and (algorithm != "amla" or {"n", "N"} <= names)
+    assert {"S", "m", "P", "O", "out"} <= names and (algorithm != "amla" or {"n", "N"} <= names)
 
 
 @pytest.mark.parametrize("algorithm", ["base", "amla"])
@@ -51,12 +51,13 @@ def fidelity():
 def test_fidelity_record_at_g128(fidelity):
     _, rows = fidelity
     exact = [r for r in rows.values() if r["exp_mode"] == "poly"]
-    assert len(exact) == 27 and all(r["output_bit_exact"] == 1.0 for r in exact)
+    assert len(exact) == 36 and all(r["output_bit_exact"] == 1.0 for r in exact)
     assert all(0.997 < r["output_bit_exact"] < 1.0 for r in rows.values() if r["exp_mode"] == "hw")
 
 
 @pytest.mark.parametrize(
-    "key", ["base/poly/sq1/L1024", "amla/poly/sq1/L1024", "amla/hw/sq1/L1024", "snapmla/poly/sq1/L1024"]
+    "key", ["base/poly/sq1/L1024", "amla/poly/sq1/L1024", "amla/hw/sq1/L1024", "snapmla/poly/sq1/L1024",
+            "etap/poly/sq1/L1024"]
 )
 def test_fidelity_replay_g128(fidelity, key):
     z, rows = fidelity
@@ -84,7 +85,7 @@ def test_missing_gpu_is_a_clear_message(capsys):
 
 
 @pytest.mark.skipif(gpu_status() is not None, reason="needs torch, triton and a CUDA device")
-@pytest.mark.parametrize("algorithm", ["base", "amla", "snapmla"])
+@pytest.mark.parametrize("algorithm", ["base", "amla", "snapmla", "etap"])
 def test_kernel_matches_simulator_on_this_gpu(algorithm):  # pragma: no cover - GPU only
     from amla_sim.gpu.run import run_kernel
 

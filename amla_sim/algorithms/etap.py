@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import numpy.typing as npt
 
-from ..machines import Machine
+from ..machines import Machine, get_machine
 from ._common import D_V, AttentionResult, make_problem, safe_max
 
 
@@ -28,13 +28,17 @@ def etap(
     block: int = 64,
     p_format: str = "bf16",
     io_format: str = "bf16",
-    lanes: int = 4,
+    lanes: int | None = None,
     trace: bool = False,
 ) -> AttentionResult:
-    """ETAP's transposed decode; lanes: threads sharing one row's keys (their partial sums meet at the end).
+    """ETAP's transposed decode; lanes: partial row sums per row, which meet at the end (None: 4, or on a
+    kernel-faithful machine one per key slot of the block, as amla_sim.gpu's ETAP kernel keeps them).
 
     p_format: the format of P before PV (bf16 or fp16); io_format: the inputs' and the output's format.
     """
+    kernel = get_machine(machine).pad_blocks
+    if lanes is None:
+        lanes = block if kernel else 4
     if not isinstance(lanes, (int, np.integer)) or lanes < 1 or block % lanes:
         raise ValueError(f"lanes: expected a positive divisor of block ({block}), got {lanes!r}")
     p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace,
@@ -61,6 +65,15 @@ def etap(
         m = m_new
         for name, val in (("S", S), ("m", m), ("P", P), ("O", np.swapaxes(OT, -1, -2))):
             p.record(name, val)
-    l = mc.rowsum(l_part, layout=(1, lanes, 1))  # the one cross-thread reduction: a butterfly over the lanes
+    if kernel and lanes == 64:  # the (keys x rows) accumulator reduced over keys in the wgmma layout
+        l = mc.rowsum(l_part[..., _MMA_M_ORDER], layout=(1, 8, 4))
+    else:  # the one cross-thread reduction: a butterfly over the lanes
+        l = mc.rowsum(l_part, layout=(1, lanes, 1))
     out = mc.div(np.swapaxes(OT, -1, -2), l[..., None])
     return p.finish(out, l, m, Counter())
+
+
+# Key slot k = 16 w + 8 h + g of a 64-row wgmma accumulator: warp w, register h, lane group g. Triton reduces a
+# thread's registers first (h), then the lane groups (g), then the warps (w); in the (vec, lanes, warps) = (1, 8, 4)
+# layout of amla_sim.arith.reductions that is position 32 h + 8 w + g.
+_MMA_M_ORDER = np.array([16 * w + 8 * h + g for h in range(2) for w in range(4) for g in range(8)])

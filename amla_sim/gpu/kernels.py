@@ -256,3 +256,64 @@ def snapmla_decode_kernel(
     out = _div(acc, l_i[:, None], DIV_MODE)  # step 7
     tl.store(out_ptr + bid * R * DV + offs_m[:, None] * DV + offs_v[None, :], out.to(tl.bfloat16),
              mask=row_ok[:, None])
+
+
+@triton.jit
+def etap_decode_kernel(
+    q_ptr, kv_ptr, out_ptr,
+    dbg_s, dbg_p, dbg_m, dbg_o,
+    R, S, G, SQ, NBLK, scale,
+    D: tl.constexpr, DV: tl.constexpr, DVH: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EXP_MODE: tl.constexpr, DIV_MODE: tl.constexpr, DEBUG: tl.constexpr,
+):
+    """ETAP: S^T = K Q^T and O^T = V^T P^T (keys and d_v on the MMA's M side), KV blocks last to first, and the
+    row sums kept per key slot in a (keys x rows) FP32 tile that is reduced across threads once, at the end."""
+    pid_m = tl.program_id(0)
+    bid = tl.program_id(1)
+    half = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows, on the N side
+    row_ok = offs_m < R
+    offs_dn = tl.arange(0, DV)
+    offs_dr = DV + tl.arange(0, D - DV)
+    offs_v = half * DVH + tl.arange(0, DVH)
+    q_base = q_ptr + bid * R * D
+    kv_base = kv_ptr + bid * S * D
+    q_nope = tl.load(q_base + offs_m[:, None] * D + offs_dn[None, :], mask=row_ok[:, None], other=0.0)
+    q_pe = tl.load(q_base + offs_m[:, None] * D + offs_dr[None, :], mask=row_ok[:, None], other=0.0)
+    limit = S - SQ + 1 + offs_m // G
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    acc_t = tl.zeros((DVH, BLOCK_M), tl.float32)
+    for jj in range(0, NBLK):
+        j = NBLK - 1 - jj  # backward block order
+        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        kmask = offs_n < S
+        k_nope = tl.load(kv_base + offs_n[:, None] * D + offs_dn[None, :], mask=kmask[:, None], other=0.0)
+        k_pe = tl.load(kv_base + offs_n[:, None] * D + offs_dr[None, :], mask=kmask[:, None], other=0.0)
+        st = tl.dot(k_nope, tl.trans(q_nope))  # S^T = K Q^T
+        st = tl.dot(k_pe, tl.trans(q_pe), st)
+        st = st * scale
+        st = tl.where(offs_n[:, None] < limit[None, :], st, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(st, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = _exp(m_i - m_safe, EXP_MODE)
+        p_t = _exp(st - m_safe[None, :], EXP_MODE)
+        l_acc = l_acc * alpha[None, :]
+        l_acc = l_acc + p_t  # each key slot keeps its own FP32 partial sum of the unrounded P
+        v = tl.load(kv_base + offs_n[:, None] * D + offs_v[None, :], mask=kmask[:, None], other=0.0)
+        acc_t = acc_t * alpha[None, :]
+        acc_t = tl.dot(tl.trans(v), p_t.to(tl.bfloat16), acc_t)  # O^T = V^T P^T
+        m_i = m_new
+        if DEBUG:
+            blk = (bid * NBLK + jj) * R
+            cols = tl.arange(0, BLOCK_N)
+            tl.store(dbg_m + blk + offs_m, m_i, mask=row_ok)
+            tl.store(dbg_s + (blk + offs_m[None, :]) * BLOCK_N + cols[:, None], st, mask=row_ok[None, :])
+            tl.store(dbg_p + (blk + offs_m[None, :]) * BLOCK_N + cols[:, None], p_t, mask=row_ok[None, :])
+            tl.store(dbg_o + (blk + offs_m[None, :]) * DV + offs_v[:, None], acc_t, mask=row_ok[None, :])
+    l_i = tl.sum(l_acc, 0)  # the one reduction across threads
+    out_t = _div(acc_t, l_i[None, :], DIV_MODE)
+    tl.store(out_ptr + bid * R * DV + offs_m[None, :] * DV + offs_v[:, None], out_t.to(tl.bfloat16),
+             mask=row_ok[None, :])

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import require_gpu
 
-ALGOS = {"base": 0, "amla": 1, "snapmla": 2}
+ALGOS = {"base": 0, "amla": 1, "snapmla": 2, "etap": 3}
 EXP_MODES = {"hw": 0, "poly": 1}
 DIV_MODES = {"hw": 0, "ieee": 1}
 BLOCK_M = BLOCK_N = 64
@@ -51,6 +51,8 @@ def run_kernel(
             raise ValueError(f"{arg}: expected one of {sorted(allowed)}, got {val!r}")
     if algorithm == "snapmla":
         return _run_snapmla(q, kv, scale=scale, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
+    if algorithm == "etap":
+        return _run_etap(q, kv, scale=scale, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
     b, s_q, G, D = q.shape
     S = kv.shape[1]
     if D != 576 or kv.shape != (b, S, 576):
@@ -128,6 +130,41 @@ def _run_snapmla(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str
     snapmla_decode_kernel[(triton_cdiv(R, BLOCK_M), b, 2)](
         *args, out, dbg["S"], dbg["P"], dbg["m"], dbg["l"], dbg["O"], R, S, S_pad, G, s_q, nblk,
         DV=DV, DR=64, DVH=DV // 2, TILE=128, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
+        num_warps=4, num_stages=1, enable_fp_fusion=False,
+    )
+    torch.cuda.synchronize()
+    res = {"out": out.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16).reshape(b, s_q, G, DV)}
+    if debug:
+        for k, v in dbg.items():
+            res[k] = np.moveaxis(v.cpu().numpy(), 1, 0)
+    return res
+
+
+def _run_etap(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str, np.ndarray]:
+    import ml_dtypes
+    import torch
+
+    from .kernels import etap_decode_kernel
+
+    b, s_q, G, D = q.shape
+    S = kv.shape[1]
+    R, DV = s_q * G, 512
+    nblk = -(-S // BLOCK_N)
+    scale = 1.0 / math.sqrt(576) if scale is None else float(scale)
+    qt = _to_torch(q.reshape(b, R, D), torch, device)
+    kvt = _to_torch(kv, torch, device)
+    out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
+    f32 = dict(device=device, dtype=torch.float32)
+    if debug:
+        dbg = {"S": torch.zeros((b, nblk, R, BLOCK_N), **f32), "P": torch.zeros((b, nblk, R, BLOCK_N), **f32),
+               "m": torch.zeros((b, nblk, R), **f32), "O": torch.zeros((b, nblk, R, DV), **f32)}
+    else:
+        one = torch.zeros(1, **f32)
+        dbg = {k: one for k in ("S", "P", "m", "O")}
+    etap_decode_kernel[(triton_cdiv(R, BLOCK_M), b, 2)](
+        qt, kvt, out, dbg["S"], dbg["P"], dbg["m"], dbg["O"], R, S, G, s_q, nblk, scale,
+        D=576, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
         num_warps=4, num_stages=1, enable_fp_fusion=False,
     )
