@@ -62,7 +62,7 @@ class Machine:
     def f(self, x: npt.ArrayLike) -> np.ndarray:
         """`x` in the working float type (exact for every storage format)."""
         with np.errstate(invalid="ignore"):
-            return np.asarray(x).astype(self.dtype)
+            return np.asarray(x, dtype=self.dtype)  # no copy when it already is
 
     def cast(self, x: npt.ArrayLike, fmt: FormatLike, *, overflow: str | None = None) -> np.ndarray:
         """Round to a storage format (nearest even); FP8 overflow as the machine does. Golden: no rounding."""
