@@ -14,6 +14,35 @@ DIV_MODES = {"hw": 0, "ieee": 1}
 BLOCK_M = BLOCK_N = 64
 
 
+_STAGE_SHAPES = {"S": "block", "P": "block", "m": "row", "l": "row", "n": "row", "N": "row", "O": "dv"}
+
+
+def _debug_buffers(stages: str, b: int, nblk: int, R: int, debug: bool, torch, device: str) -> dict:
+    """Per-block stage buffers for a DEBUG launch (1-element dummies otherwise); N is int32, the rest FP32."""
+    bufs = {}
+    for k in stages:
+        dt = torch.int32 if k == "N" else torch.float32
+        if not debug:
+            bufs[k] = torch.zeros(1, device=device, dtype=dt)
+            continue
+        tail = {"block": (BLOCK_N,), "row": (), "dv": (512,)}[_STAGE_SHAPES[k]]
+        bufs[k] = torch.zeros((b, nblk, R, *tail), device=device, dtype=dt)
+    return bufs
+
+
+def _collect(out, dbg: dict, debug: bool, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The BF16 output as ml_dtypes, and with `debug` every stage with its block axis first."""
+    import ml_dtypes
+    import torch
+
+    torch.cuda.synchronize()
+    res = {"out": out.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16).reshape(shape)}
+    if debug:
+        for k, v in dbg.items():
+            res[k] = np.moveaxis(v.cpu().numpy(), 1, 0)  # (n_blocks, b, R, ...)
+    return res
+
+
 def _to_torch(x: np.ndarray, torch, device: str):
     import ml_dtypes
 
@@ -40,7 +69,6 @@ def run_kernel(
     leading block axis: arrays of shape (n_blocks, b, R, ...).
     """
     require_gpu()
-    import ml_dtypes
     import torch
 
     from .kernels import mla_decode_kernel
@@ -64,18 +92,7 @@ def run_kernel(
     kvt = _to_torch(kv, torch, device)
     out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
     obuf = torch.zeros((b, R, DV), device=device, dtype=torch.float32)
-    f32 = dict(device=device, dtype=torch.float32)
-    if debug:
-        dbg = {
-            "S": torch.zeros((b, nblk, R, BLOCK_N), **f32), "P": torch.zeros((b, nblk, R, BLOCK_N), **f32),
-            "m": torch.zeros((b, nblk, R), **f32), "l": torch.zeros((b, nblk, R), **f32),
-            "n": torch.zeros((b, nblk, R), **f32), "N": torch.zeros((b, nblk, R), device=device, dtype=torch.int32),
-            "O": torch.zeros((b, nblk, R, DV), **f32),
-        }
-    else:
-        one = torch.zeros(1, **f32)
-        dbg = {k: one for k in ("S", "P", "m", "l", "n", "O")}
-        dbg["N"] = torch.zeros(1, device=device, dtype=torch.int32)
+    dbg = _debug_buffers("SPmlnNO", b, nblk, R, debug, torch, device)
     grid = (triton_cdiv(R, BLOCK_M), b, 2)
     mla_decode_kernel[grid](
         qt, kvt, out, obuf, obuf.view(torch.int32),
@@ -85,19 +102,13 @@ def run_kernel(
         ALGO=ALGOS[algorithm], EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
         num_warps=4, num_stages=1, enable_fp_fusion=False,
     )
-    torch.cuda.synchronize()
-    res = {"out": out.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16).reshape(b, s_q, G, DV)}
-    if debug:
-        for k, v in dbg.items():
-            res[k] = np.moveaxis(v.cpu().numpy(), 1, 0)  # (n_blocks, b, R, ...)
-    return res
+    return _collect(out, dbg, debug, (b, s_q, G, DV))
 
 
 def _run_snapmla(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str, np.ndarray]:
     """SnapMLA's kernel on inputs quantized by the simulator's own quantizer (the cache write is not a kernel)."""
     from collections import Counter
 
-    import ml_dtypes
     import torch
 
     from ..algorithms._common import make_problem
@@ -119,30 +130,17 @@ def _run_snapmla(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str
     args = [t(qz.q8, torch.float8_e4m3fn), t(qz.qr, torch.bfloat16), t(qz.row_scale.astype(np.float32), torch.float32),
             t(qz.c8, torch.float8_e4m3fn), t(qz.kr, torch.bfloat16), t(qz.s_k.astype(np.float32), torch.float32)]
     out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
-    f32 = dict(device=device, dtype=torch.float32)
-    if debug:
-        dbg = {"S": torch.zeros((b, nblk, R, BLOCK_N), **f32), "P": torch.zeros((b, nblk, R, BLOCK_N), **f32),
-               "m": torch.zeros((b, nblk, R), **f32), "l": torch.zeros((b, nblk, R), **f32),
-               "O": torch.zeros((b, nblk, R, DV), **f32)}
-    else:
-        one = torch.zeros(1, **f32)
-        dbg = {k: one for k in ("S", "P", "m", "l", "O")}
+    dbg = _debug_buffers("SPmlO", b, nblk, R, debug, torch, device)
     snapmla_decode_kernel[(triton_cdiv(R, BLOCK_M), b, 2)](
         *args, out, dbg["S"], dbg["P"], dbg["m"], dbg["l"], dbg["O"], R, S, S_pad, G, s_q, nblk,
         DV=DV, DR=64, DVH=DV // 2, TILE=128, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
         num_warps=4, num_stages=1, enable_fp_fusion=False,
     )
-    torch.cuda.synchronize()
-    res = {"out": out.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16).reshape(b, s_q, G, DV)}
-    if debug:
-        for k, v in dbg.items():
-            res[k] = np.moveaxis(v.cpu().numpy(), 1, 0)
-    return res
+    return _collect(out, dbg, debug, (b, s_q, G, DV))
 
 
 def _run_etap(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str, np.ndarray]:
-    import ml_dtypes
     import torch
 
     from .kernels import etap_decode_kernel
@@ -155,25 +153,14 @@ def _run_etap(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str, n
     qt = _to_torch(q.reshape(b, R, D), torch, device)
     kvt = _to_torch(kv, torch, device)
     out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
-    f32 = dict(device=device, dtype=torch.float32)
-    if debug:
-        dbg = {"S": torch.zeros((b, nblk, R, BLOCK_N), **f32), "P": torch.zeros((b, nblk, R, BLOCK_N), **f32),
-               "m": torch.zeros((b, nblk, R), **f32), "O": torch.zeros((b, nblk, R, DV), **f32)}
-    else:
-        one = torch.zeros(1, **f32)
-        dbg = {k: one for k in ("S", "P", "m", "O")}
+    dbg = _debug_buffers("SPmO", b, nblk, R, debug, torch, device)
     etap_decode_kernel[(triton_cdiv(R, BLOCK_M), b, 2)](
         qt, kvt, out, dbg["S"], dbg["P"], dbg["m"], dbg["O"], R, S, G, s_q, nblk, scale,
         D=576, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
         num_warps=4, num_stages=1, enable_fp_fusion=False,
     )
-    torch.cuda.synchronize()
-    res = {"out": out.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16).reshape(b, s_q, G, DV)}
-    if debug:
-        for k, v in dbg.items():
-            res[k] = np.moveaxis(v.cpu().numpy(), 1, 0)
-    return res
+    return _collect(out, dbg, debug, (b, s_q, G, DV))
 
 
 def triton_cdiv(a: int, b: int) -> int:
