@@ -137,9 +137,21 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
 
     if args.replay:
         report = replay(args.replay)
+    elif args.backend == "torch":
+        from .crosscheck import compare, run_stages
+        from .experiments.inputs import make_inputs
+        from .gpu.torch_machine import torch_machine
+
+        try:
+            b, sq, G, L = (int(v) for v in args.shape.split(","))
+        except ValueError:
+            raise ValueError(f"shape: expected b,sq,G,L such as 1,1,128,1024, got {args.shape!r}") from None
+        mc = torch_machine(args.device)
+        q, kv = make_inputs(args.dist, batch=b, sq=sq, heads=G, context=L, seed=args.seed)
+        report = compare(args.algorithm, run_stages(args.algorithm, q, kv, machine=mc),
+                         run_stages(args.algorithm, q, kv, machine="ieee32"))
+        report.update({"device": f"torch on {args.device}", "exp_mode": "torch", "machine": "ieee32"})
     else:
-        if args.backend != "triton":
-            raise ValueError("backend: only 'triton' is implemented (the torch-op machine is not built yet)")
         from .experiments.inputs import make_inputs
         from .gpu import GPUUnavailable, gpu_status
 
@@ -288,7 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crosscheck", help="Triton kernel against the simulator, stage by stage (or replay a capture)")
     p.add_argument("--algorithm", default="amla", choices=["base", "amla", "snapmla", "etap"])
-    p.add_argument("--backend", default="triton", choices=["triton", "torch"])
+    p.add_argument("--backend", default="triton", choices=["triton", "torch"],
+                   help="triton: the kernels against sm90-triton; torch: the algorithm as torch ops against ieee32")
+    p.add_argument("--device", default="cuda", help="torch device for --backend torch (cuda, cpu, npu)")
     p.add_argument("--shape", default="1,1,64,1024", help="b,s_q,G,context")
     p.add_argument("--exp", default="poly", choices=["poly", "hw"], help="kernel exp mode (poly: modelled exactly)")
     p.add_argument("--dist", default="normal:1")

@@ -24,13 +24,13 @@ STAGES = {
     "etap": ("S", "m", "P", "O", "out"),
 }
 RESPONSIBLE = {
-    "S": "tensor-core MMA model (T-FDPA, sm90) of Q K^T",
+    "S": "the matrix-multiply model of Q K^T (T-FDPA for sm90; the device library's order for torch)",
     "m": "row max",
     "P": "exp model (kernel exp mode); for SnapMLA also the division and the FP8 cast of P",
     "l": "row-sum order (wgmma accumulator layout) and the FMA in l = l alpha + sum P",
     "n": "n = round(-m log2 e)",
     "N": "AMLA's N: exp and division models (c, c16, cof), int rounding",
-    "O": "tensor-core MMA model of P V, and the atomics on the output buffer",
+    "O": "the matrix-multiply model of P V, and the atomics on the output buffer",
     "out": "division model and the BF16 cast",
 }
 MACHINE_FOR_MODE = {"poly": "sm90-triton-exact", "hw": "sm90-triton"}
@@ -43,7 +43,12 @@ def simulate(algorithm: str, q: np.ndarray, kv: np.ndarray, *, scale: float | No
         raise ValueError(f"algorithm: the cross-check covers {sorted(STAGES)}, got {algorithm!r}")
     if exp_mode not in MACHINE_FOR_MODE:
         raise ValueError(f"exp_mode: expected one of {sorted(MACHINE_FOR_MODE)}, got {exp_mode!r}")
-    res = ALGORITHMS[algorithm](q, kv, machine=MACHINE_FOR_MODE[exp_mode], scale=scale, trace=True)
+    return run_stages(algorithm, q, kv, machine=MACHINE_FOR_MODE[exp_mode], scale=scale)
+
+
+def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine, scale: float | None = None) -> dict:
+    """Run `algorithm` on any machine with its trace on; the stages stacked per block, and the output."""
+    res = ALGORITHMS[algorithm](q, kv, machine=machine, scale=scale, trace=True)
     stages = {k: np.stack(v) for k, v in res.trace.items() if k in STAGES[algorithm]}
     if "N" in stages:  # the first block adds no N
         stages["N"] = np.concatenate([np.zeros_like(stages["N"][:1]), stages["N"]]).astype(np.int32)
