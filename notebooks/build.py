@@ -103,8 +103,7 @@ SnapMLA quantizes the latent cache to FP8 per token, keeps the RoPE part in BF16
 scale), and fuses the scales into P. The paper's Table 2 defines four alternatives; its Figure 4 shows config A
 (RoPE quantized with the content) exploding. We compare all five on FlashMLA's test inputs and on inputs whose
 RoPE part has outliers of about 1e3."""),
-        ("code", """import numpy as np
-from amla_sim.algorithms import golden, snapmla
+        ("code", """from amla_sim.algorithms import golden, snapmla
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.experiments.metrics import cos_diff, rel_frobenius, rmse
 
@@ -125,8 +124,7 @@ and the FP8 RoPE terms lose the precision the scores need; keeping RoPE in BF16 
 FlashMLA-ETAP reports an FP16 RMSE of 1.25e-5 against FP64, beside 1.9e-4 for FlashAttention-3. The FA3
 figure is the FA3 paper's own (inputs N(0,1) + N(0,100) Bernoulli(0.001)); ETAP's setup for its own number is
 not documented. Here both computations run on the same inputs, at a reduced context."""),
-        ("code", """import numpy as np
-from amla_sim.algorithms import base, etap, golden
+        ("code", """from amla_sim.algorithms import base, etap, golden
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.experiments.metrics import rmse
 

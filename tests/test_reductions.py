@@ -1,6 +1,5 @@
 """Row reductions: stated orders against a Fraction oracle, Triton's order against H200 captures."""
 
-import itertools
 from fractions import Fraction
 from pathlib import Path
 

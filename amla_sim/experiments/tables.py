@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,13 +82,16 @@ def _bf16_golden(q: np.ndarray, kv: np.ndarray) -> np.ndarray:
     return golden(round_to(q, "bf16"), round_to(kv, "bf16")).out
 
 
+def _snapmla_out(q: np.ndarray, kv: np.ndarray, mc: Machine, blk: int, *, config: str) -> np.ndarray:
+    return snapmla(q, kv, machine=mc, block=blk, config=config).out
+
+
 RUNNERS: dict[str, Callable[..., np.ndarray]] = {
     "base": lambda q, kv, mc, blk: base(q, kv, machine=mc, block=blk).out,
     "amla": lambda q, kv, mc, blk: amla(q, kv, machine=mc, block=blk).out,
     "fa3-base": lambda q, kv, mc, blk: base(q, kv, machine=mc, block=blk, p_format="fp16", io_format="fp16").out,
     "etap": lambda q, kv, mc, blk: etap(q, kv, machine=mc, block=blk, p_format="fp16", io_format="fp16").out,
-    **{name: (lambda cfg: lambda q, kv, mc, blk: snapmla(q, kv, machine=mc, block=blk, config=cfg).out)(cfg)
-       for name, cfg in (("snapmla", "snapmla"), ("A", "A"), ("B", "B"), ("C", "C"), ("D", "D"))},
+    **{cfg: partial(_snapmla_out, config=cfg) for cfg in ("snapmla", "A", "B", "C", "D")},
 }
 
 
