@@ -138,7 +138,7 @@ def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
         odd = (s.view(np.uint64) & np.uint64(1)) == 1
         fix = (err != 0) & ~odd & np.isfinite(s)
         s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)  # round to odd
-    return s.astype(np.float32)
+        return s.astype(np.float32)  # overflow to Inf, as an FP32 FMA
 
 
 # exp_poly: a software exp both the kernels (amla_sim.gpu, exact mode) and NumPy compute bit for bit alike
