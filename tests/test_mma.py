@@ -95,6 +95,21 @@ def test_sm90_reproduces_triton_dot_captures(triton_dots, fmt):
         assert seen_k >= {32, 8192} and seen_bk == {32, 64, 128}
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_per_instruction_adds_do_not_explain_wider_tl_dots(triton_dots, fmt):
+    """The rule for tl.dot extent 32 (each k32 result added in FP32) misses the captures at extents 64 and 128:
+    there the k32 instructions of one tl.dot chain through the 14-bit accumulator first."""
+    z, meta = triton_dots
+    a = dot_operand(fmt, "normal", (meta["M"], meta["K_MAX"]), _seed("a", fmt, "normal"))
+    b = dot_operand(fmt, "normal", (meta["K_MAX"], meta["N"]), _seed("b", fmt, "normal"))
+    for BK in (64, 128):
+        key = f"{fmt}/normal/K2048/BK{BK}"
+        per_instruction = mma.matmul(a[:, :2048], b[:2048], model="sm90", dot_k=32)
+        agree = np.mean(per_instruction.view(np.uint32) == z[key])
+        assert agree < 0.2, (key, agree)
+        assert_bitwise_equal(mma.matmul(a[:, :2048], b[:2048], model="sm90", dot_k=BK), z[key].view(np.float32))
+
+
 def test_fp8_chaining_is_not_fused_across_tl_dot():
     """The FP8 rule matters: chaining the 14-bit accumulator through every block would differ."""
     a = dot_operand("e4m3", "normal", (64, 512), 1)

@@ -18,7 +18,7 @@ the models with the device (fraction of bit-identical outputs, max ulp):
 - ``ex2.approx.ftz`` modelled as 2^x correctly rounded: 61.1% on every FP32 in [1, 2) (the rest differ by one
   ulp, 99.9% of them upward), 51.0% (max 2 ulp) on 32768 random x in [-140, 130]. The device's rounding error
   is a smooth function of x to about 4%: a per-interval bias table fitted to [1, 2) reaches only 95.8%, so the
-  unit's internal fixed-point steps are not captured by any table of 2^14 entries.
+  unit's internal fixed-point steps are not captured by any table of 2^14 entries (scripts/analyze_ex2.py).
 - ``tl.exp`` with that ex2 model after the fl32(x * log2 e) product: 40.4% (max 2 ulp); a correctly rounded exp
   agrees with only 10.7% (max 62 ulp), because the product's rounding error is amplified.
 - ``div.full`` modelled as ``fl32(a * fl32(1 / b))``: 87.7% (max 2 ulp); IEEE division: 71.4%.
