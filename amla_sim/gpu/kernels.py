@@ -67,6 +67,15 @@ def _div(a, b, DIV_MODE: tl.constexpr):
 
 
 @triton.jit
+def _load_q(q_base, offs_m, row_ok, offs_dn, offs_dr, D: tl.constexpr):
+    """A program's query rows, split into the content (q_nope) and RoPE (q_pe) parts."""
+    rows = q_base + offs_m[:, None] * D
+    q_nope = tl.load(rows + offs_dn[None, :], mask=row_ok[:, None], other=0.0)
+    q_pe = tl.load(rows + offs_dr[None, :], mask=row_ok[:, None], other=0.0)
+    return q_nope, q_pe
+
+
+@triton.jit
 def _scores(q_nope, q_pe, kv_base, offs_n, S, limit, scale, offs_dn, offs_dr, D: tl.constexpr):
     """Masked, scaled scores of one KV block: (q_nope k_nope^T, then + q_pe k_pe^T) * scale."""
     kmask = offs_n < S
@@ -96,10 +105,8 @@ def mla_decode_kernel(
     offs_dn = tl.arange(0, DV)
     offs_dr = DV + tl.arange(0, D - DV)
     offs_v = half * DVH + tl.arange(0, DVH)
-    q_base = q_ptr + bid * R * D
     kv_base = kv_ptr + bid * S * D
-    q_nope = tl.load(q_base + offs_m[:, None] * D + offs_dn[None, :], mask=row_ok[:, None], other=0.0)
-    q_pe = tl.load(q_base + offs_m[:, None] * D + offs_dr[None, :], mask=row_ok[:, None], other=0.0)
+    q_nope, q_pe = _load_q(q_ptr + bid * R * D, offs_m, row_ok, offs_dn, offs_dr, D)
     limit = S - SQ + 1 + offs_m // G  # causal within the MTP step: keys < limit are visible
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -277,10 +284,8 @@ def etap_decode_kernel(
     offs_dn = tl.arange(0, DV)
     offs_dr = DV + tl.arange(0, D - DV)
     offs_v = half * DVH + tl.arange(0, DVH)
-    q_base = q_ptr + bid * R * D
     kv_base = kv_ptr + bid * S * D
-    q_nope = tl.load(q_base + offs_m[:, None] * D + offs_dn[None, :], mask=row_ok[:, None], other=0.0)
-    q_pe = tl.load(q_base + offs_m[:, None] * D + offs_dr[None, :], mask=row_ok[:, None], other=0.0)
+    q_nope, q_pe = _load_q(q_ptr + bid * R * D, offs_m, row_ok, offs_dn, offs_dr, D)
     limit = S - SQ + 1 + offs_m // G
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)

@@ -77,30 +77,35 @@ def run_kernel(
                               ("div_mode", div_mode, DIV_MODES)):
         if val not in allowed:
             raise ValueError(f"{arg}: expected one of {sorted(allowed)}, got {val!r}")
-    if algorithm == "snapmla":
-        return _run_snapmla(q, kv, scale=scale, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
-    if algorithm == "etap":
-        return _run_etap(q, kv, scale=scale, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
     b, s_q, G, D = q.shape
     S = kv.shape[1]
     if D != 576 or kv.shape != (b, S, 576):
         raise ValueError(f"q and kv: expected (b, s_q, G, 576) and (b, S, 576), got {q.shape} and {kv.shape}")
+    if algorithm == "snapmla":
+        return _run_snapmla(q, kv, scale=scale, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
     R, DV = s_q * G, 512
     nblk = -(-S // BLOCK_N)
     scale = 1.0 / math.sqrt(576) if scale is None else float(scale)
     qt = _to_torch(q.reshape(b, R, D), torch, device)
     kvt = _to_torch(kv, torch, device)
     out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
+    grid = (triton_cdiv(R, BLOCK_M), b, 2)
+    modes = dict(EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug, num_warps=4, num_stages=1,
+                 enable_fp_fusion=False)
+    if algorithm == "etap":
+        from .kernels import etap_decode_kernel
+
+        dbg = _debug_buffers("SPmO", b, nblk, R, debug, torch, device)
+        etap_decode_kernel[grid](qt, kvt, out, dbg["S"], dbg["P"], dbg["m"], dbg["O"], R, S, G, s_q, nblk, scale,
+                                 D=576, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **modes)
+        return _collect(out, dbg, debug, (b, s_q, G, DV))
     obuf = torch.zeros((b, R, DV), device=device, dtype=torch.float32)
     dbg = _debug_buffers("SPmlnNO", b, nblk, R, debug, torch, device)
-    grid = (triton_cdiv(R, BLOCK_M), b, 2)
     mla_decode_kernel[grid](
         qt, kvt, out, obuf, obuf.view(torch.int32),
         dbg["S"], dbg["P"], dbg["m"], dbg["l"], dbg["n"], dbg["N"], dbg["O"],
         R, S, G, s_q, nblk, scale,
-        D=576, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        ALGO=ALGOS[algorithm], EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
-        num_warps=4, num_stages=1, enable_fp_fusion=False,
+        D=576, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, ALGO=ALGOS[algorithm], **modes,
     )
     return _collect(out, dbg, debug, (b, s_q, G, DV))
 
@@ -134,29 +139,6 @@ def _run_snapmla(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str
     snapmla_decode_kernel[(triton_cdiv(R, BLOCK_M), b, 2)](
         *args, out, dbg["S"], dbg["P"], dbg["m"], dbg["l"], dbg["O"], R, S, S_pad, G, s_q, nblk,
         DV=DV, DR=64, DVH=DV // 2, TILE=128, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
-        num_warps=4, num_stages=1, enable_fp_fusion=False,
-    )
-    return _collect(out, dbg, debug, (b, s_q, G, DV))
-
-
-def _run_etap(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str, np.ndarray]:
-    import torch
-
-    from .kernels import etap_decode_kernel
-
-    b, s_q, G, D = q.shape
-    S = kv.shape[1]
-    R, DV = s_q * G, 512
-    nblk = -(-S // BLOCK_N)
-    scale = 1.0 / math.sqrt(576) if scale is None else float(scale)
-    qt = _to_torch(q.reshape(b, R, D), torch, device)
-    kvt = _to_torch(kv, torch, device)
-    out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
-    dbg = _debug_buffers("SPmO", b, nblk, R, debug, torch, device)
-    etap_decode_kernel[(triton_cdiv(R, BLOCK_M), b, 2)](
-        qt, kvt, out, dbg["S"], dbg["P"], dbg["m"], dbg["O"], R, S, G, s_q, nblk, scale,
-        D=576, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         EXP_MODE=EXP_MODES[exp_mode], DIV_MODE=DIV_MODES[div_mode], DEBUG=debug,
         num_warps=4, num_stages=1, enable_fp_fusion=False,
     )
