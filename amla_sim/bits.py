@@ -70,9 +70,12 @@ def as_float(i: npt.ArrayLike, fmt: FormatLike | None = None) -> np.ndarray:
 
 def exponent_field(x: npt.ArrayLike) -> np.ndarray:
     """The biased exponent field E of each element, as int64."""
-    arr, fmt = _float_array(x, "x")
-    u = np.array(arr, order="C").view(fmt.uint_dtype).astype(np.int64)
-    return (u >> fmt.mantissa_bits) & ((1 << fmt.exponent_bits) - 1)
+    return _exponent_field(*_float_array(x, "x")).astype(np.int64)
+
+
+def _exponent_field(arr: np.ndarray, fmt: Format) -> np.ndarray:
+    u = np.asarray(arr, order="C").view(fmt.uint_dtype)  # (ascontiguousarray would make 0-d arrays 1-d)
+    return (u >> fmt.uint_dtype.type(fmt.mantissa_bits)) & fmt.uint_dtype.type((1 << fmt.exponent_bits) - 1)
 
 
 def int_add(x: npt.ArrayLike, k: npt.ArrayLike) -> np.ndarray:
@@ -116,8 +119,12 @@ def lemma_domain(x: npt.ArrayLike, n: npt.ArrayLike) -> np.ndarray:
     except ValueError:
         raise ValueError(f"x and n: shapes {arr.shape} and {nn.shape} do not broadcast") from None
     e_max = (1 << fmt.exponent_bits) - 1
-    e = exponent_field(arr)
-    return (e > 0) & (e < e_max) & (e + nn > 0) & (e + nn < e_max)
+    narrow = fmt.dtype.itemsize <= 4 and -(2**30) < nn.min(initial=0) and nn.max(initial=0) < 2**30  # then e + n fits in int32
+    signed, unsigned = (np.int32, np.uint32) if narrow else (np.int64, np.uint64)
+    e = _exponent_field(arr, fmt).astype(signed)
+    # 0 < v < e_max  <=>  (v - 1) as unsigned < e_max - 1: one comparison per condition
+    inside = (e - 1).astype(unsigned) < e_max - 1
+    return inside & ((e + nn.astype(signed) - 1).astype(unsigned) < e_max - 1)
 
 
 def mul_one_plus_eps_via_int_add(

@@ -74,11 +74,19 @@ class Machine:
 
     # --- arithmetic --------------------------------------------------------------------------------------
 
+    def operand(self, x: npt.ArrayLike) -> np.ndarray:
+        """`x` as the matrix unit reads it: float32 for the ``blas`` model (every storage format converts exactly,
+        so converting once ahead changes nothing), `x` itself for the bit-level models, which need its format."""
+        if not self.golden and self.mma_model == "blas":
+            return np.asarray(x, dtype=np.float32)
+        return np.asarray(x)
+
     def matmul(self, a: npt.ArrayLike, b: npt.ArrayLike, acc: npt.ArrayLike | None = None) -> np.ndarray:
         """``acc + a @ b`` on the machine's matrix unit."""
         if self.golden:
             out = _blas_clock.matmul(self.f(a), self.f(b))
             return out if acc is None else out + self.f(acc)
+        a, b = self.operand(a), self.operand(b)
         return _mma.matmul(a, b, None if acc is None else self.f(acc), model=self.mma_model, dot_k=self.dot_k)
 
     def exp(self, x: npt.ArrayLike) -> np.ndarray:

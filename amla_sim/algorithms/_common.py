@@ -46,10 +46,21 @@ class Problem:
     shape: tuple[int, int, int]  # (b, s_q, G)
     trace: dict[str, list[np.ndarray]] | None
     out_format: str = "bf16"
+    Qm: np.ndarray | None = None  # Q and K as the matrix unit takes them (None: Q and K themselves)
+    Km: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.Qm = self.Q if self.Qm is None else self.Qm
+        self.Km = self.K if self.Km is None else self.Km
 
     @property
     def d_v(self) -> int:
         return self.V.shape[-1]
+
+    @property
+    def Vm(self) -> np.ndarray:
+        """V as the matrix unit takes it."""
+        return self.Km[..., : self.d_v]
 
     @property
     def n_blocks(self) -> int:
@@ -66,9 +77,11 @@ class Problem:
     def scores(self, blk: slice) -> np.ndarray:
         """S = (Q K_blk^T) * scale on the machine, masked keys at -inf (Alg. 1 lines 4-5)."""
         mc = self.machine
-        kt = np.swapaxes(self.K[:, blk], -1, -2)
-        S = mc.f(mc.matmul(self.Q, kt)) * mc.f(self.scale)
-        return np.where(self.valid[None, :, blk], S, -np.inf).astype(mc.dtype)
+        kt = np.swapaxes(self.Km[:, blk], -1, -2)
+        S = mc.f(mc.matmul(self.Qm, kt)) * mc.f(self.scale)
+        if not self.valid[:, blk].all():
+            S = np.where(self.valid[None, :, blk], S, -np.inf)
+        return S.astype(mc.dtype, copy=False)
 
     def finish(self, O: np.ndarray, l: np.ndarray, m: np.ndarray, hazards: Counter) -> AttentionResult:
         """Output in its storage format (golden: float64), shaped (b, s_q, G, d_v), and lse = m + log(l)."""
@@ -137,8 +150,9 @@ def make_problem(
     if pad:  # a kernel's last block is full size: zero keys, masked out
         K = np.concatenate([K, np.zeros((b, pad, d_k), K.dtype)], axis=1)
         valid = np.concatenate([valid, np.zeros((valid.shape[0], pad), bool)], axis=1)
+    Qm, Km = mc.operand(Q), mc.operand(K)  # converted once here, not once per block
     return Problem(mc, Q, K, K[..., :d_v], valid, float(scale), int(block), (b, s_q, G), {} if trace else None,
-                   out_format)
+                   out_format, Qm, Km)
 
 
 def safe_max(m: np.ndarray) -> np.ndarray:

@@ -108,11 +108,10 @@ def amla(
             dn = np.maximum(n - n_prev, mc.f(-30.0))
             N = dn + mc.f(1.5) * eps + mc.f(mc.amla_guard)  # line 11
             N_int = np.rint(mc.f(N) * mc.f(int_unit)).astype(np.int64)  # line 12: Cast_to_int32(N 2^23)
-            before = mem.fp32
-            hazards["lemma_domain"] += int((~lemma_domain(before, dn.astype(np.int64)[..., None])).sum())
+            hazards["lemma_domain"] += int((~lemma_domain(mem.view, dn.astype(np.int64)[..., None])).sum())
             mem.atomic_add_int32(N_int[..., None])  # line 14: AtomicAdd(INT32) in GM
             p.record("N", N_int)
-        PV = mc.matmul(P_tilde, p.V[:, blk])  # line 17
+        PV = mc.matmul(P_tilde, p.Vm[:, blk])  # line 17
         if scaling == "post":
             PV = mc.f(PV) * c[..., None]
         if j == 0:
@@ -120,8 +119,9 @@ def amla(
         else:
             mem.atomic_add_fp32(PV)  # line 18: AtomicAdd(FP32) in GM
         m, n_prev, cof_prev = m_new, n, cof
-        for name, val in (("S", S), ("m", m), ("l", l), ("P", P), ("n", n), ("c", c), ("O", mem.fp32)):
-            p.record(name, val)
+        if p.trace is not None:
+            for name, val in (("S", S), ("m", m), ("l", l), ("P", P), ("n", n), ("c", c), ("O", mem.fp32)):
+                p.record(name, val)
     O = mem.fp32
     big = np.abs(O) > CLEANUP_THRESHOLD
     if cleanup:

@@ -46,7 +46,7 @@ def base(
         alpha = mc.exp(m - safe_max(m_new))  # exp(m_{i-1} - m_i); 0 on the first block
         P = mc.exp(S - safe_max(m_new)[..., None])  # line 6
         l = mc.mul_add(l, alpha, mc.rowsum(P))  # line 6: l_i = l_{i-1} exp(..) + rowsum(P_i)
-        O = mc.matmul(mc.cast(P, p_format), p.V[:, blk], acc=O * alpha[..., None])  # lines 7-8
+        O = mc.matmul(mc.cast(P, p_format), p.Vm[:, blk], acc=O * alpha[..., None])  # lines 7-8
         m = m_new
         for name, val in (("S", S), ("m", m), ("l", l), ("P", P), ("O", O)):
             p.record(name, val)

@@ -48,10 +48,10 @@ def etap(
     m = np.full((b, R), -np.inf, mc.dtype)
     l_part = np.zeros((b, R, lanes), mc.dtype)
     OT = np.zeros((b, p.d_v, R), mc.dtype)
-    QT = np.swapaxes(p.Q, -1, -2)
+    QT = np.swapaxes(p.Qm, -1, -2)
     for blk in p.blocks("backward"):
         n = blk.stop - blk.start
-        ST = mc.f(mc.matmul(p.K[:, blk], QT)) * mc.f(p.scale)  # S^T = K Q^T: (b, n, R)
+        ST = mc.f(mc.matmul(p.Km[:, blk], QT)) * mc.f(p.scale)  # S^T = K Q^T: (b, n, R)
         S = np.where(p.valid[None, :, blk], np.swapaxes(ST, -1, -2), -np.inf).astype(mc.dtype)
         m_new = np.maximum(m, mc.rowmax(S))
         alpha = mc.exp(m - safe_max(m_new))
@@ -61,7 +61,7 @@ def etap(
         for chunk in padded.reshape(b, R, -1, lanes).transpose(2, 0, 1, 3):  # each thread's keys, in order
             l_part = l_part + chunk
         PT = mc.cast(np.swapaxes(P, -1, -2), p_format)  # (b, n, R)
-        OT = mc.matmul(np.swapaxes(p.V[:, blk], -1, -2), PT, acc=OT * alpha[:, None, :])  # O^T = V^T P^T
+        OT = mc.matmul(np.swapaxes(p.Vm[:, blk], -1, -2), PT, acc=OT * alpha[:, None, :])  # O^T = V^T P^T
         m = m_new
         for name, val in (("S", S), ("m", m), ("P", P), ("O", np.swapaxes(OT, -1, -2))):
             p.record(name, val)

@@ -27,13 +27,15 @@ def golden(
         raise ValueError(f"precision: expected 'fp64' or 'fp32', got {precision!r}")
     p = make_problem(q, kv, machine="golden", d_v=d_v, scale=scale, block=1)
     dt = np.float64 if precision == "fp64" else np.float32
-    Q, K, V = (x.astype(dt) for x in (p.Q, p.K, p.V))
-    S = _blas_clock.matmul(Q, np.swapaxes(K, -1, -2)) * dt(p.scale)
-    S = np.where(p.valid[None], S, -np.inf)
+    Q, K = np.asarray(p.Q, dtype=dt), np.asarray(p.K, dtype=dt)  # no copies: make_problem made float64
+    S = _blas_clock.matmul(Q, np.swapaxes(K, -1, -2))
+    S *= dt(p.scale)
+    if not p.valid.all():
+        S = np.where(p.valid[None], S, -np.inf)
     m = S.max(axis=-1, keepdims=True)
-    E = np.exp(S - m)
+    E = np.exp(np.subtract(S, m, out=S), out=S)
     l = E.sum(axis=-1, keepdims=True)
-    out = _blas_clock.matmul(E, V) / l
+    out = _blas_clock.matmul(E, K[..., : p.d_v]) / l
     b, s_q, G = p.shape
     lse = (m + np.log(l))[..., 0]
     return AttentionResult(out.reshape(b, s_q, G, p.d_v), lse.reshape(b, s_q, G))

@@ -39,7 +39,7 @@ def naive(
         hazards["overflow"] += int(np.isinf(e).sum())
         with np.errstate(invalid="ignore", over="ignore"):
             l = l + e * mc.rowsum(P)
-            O = O + e[..., None] * mc.f(mc.matmul(mc.cast(P, "bf16"), p.V[:, blk]))
+            O = O + e[..., None] * mc.f(mc.matmul(mc.cast(P, "bf16"), p.Vm[:, blk]))
         for name, val in (("S", S), ("m", m_i), ("P", P), ("O", O)):
             p.record(name, val)
     out = mc.div(O, l[..., None])

@@ -51,7 +51,7 @@ def seesaw(
     blocks = p.blocks()
     for i in range(0, len(blocks), 2):
         b0 = blocks[i]
-        V0 = p.V[:, b0]
+        V0 = p.Vm[:, b0]
         p0 = p.scores(b0)  # step 1
         m, scale0, p0 = softmax_step(p0, m)  # steps 3-4
         l = mc.mul_add(l, scale0, mc.rowsum(p0))
@@ -60,7 +60,7 @@ def seesaw(
             oR = mc.matmul(mc.cast(p0, "bf16"), V0[..., h:], acc=oR * scale0[..., None])
             break
         b1 = blocks[i + 1]
-        V1 = p.V[:, b1]
+        V1 = p.Vm[:, b1]
         p1 = p.scores(b1)  # step 2
         m, scale1, p1 = softmax_step(p1, m)  # steps 6-7
         l = mc.mul_add(l, scale1, mc.rowsum(p1))

@@ -20,7 +20,6 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..bits import int_add
 from .elementwise import as_f32
 
 __all__ = ["GlobalMemory", "TraceEntry", "ORDER_POLICIES"]
@@ -41,7 +40,9 @@ class TraceEntry:
 
 
 def _ftz(x: np.ndarray) -> np.ndarray:
-    return np.where(np.abs(x) < _MIN_NORMAL, np.float32(0.0), x).astype(np.float32)
+    """x with subnormals replaced by +0 (x itself when it has none: they are rare, the test is cheap)."""
+    tiny = np.abs(x) < _MIN_NORMAL
+    return np.where(tiny, np.float32(0.0), x).astype(np.float32) if tiny.any() else x
 
 
 class GlobalMemory:
@@ -78,6 +79,13 @@ class GlobalMemory:
     def fp32(self) -> np.ndarray:
         """The contents as floats (a copy; float64 for an FP64 buffer)."""
         return self._buf.copy()
+
+    @property
+    def view(self) -> np.ndarray:
+        """The contents, read-only and without a copy (valid until the next atomic)."""
+        v = self._buf.view()
+        v.flags.writeable = False
+        return v
 
     @property
     def int32(self) -> np.ndarray:
@@ -120,8 +128,10 @@ class GlobalMemory:
         """Each writer adds its integers to the int32 view, with wrap-around (one writer: pass one array)."""
         writers = self._writers(values, "int32")
         order = self._arrival(len(writers))
+        bits = self._buf.view(np.uint32 if self._ftz else np.uint64)
         for w in order:
-            self._buf = np.broadcast_to(int_add(self._buf, writers[w]), self._buf.shape).copy()
+            # int64 -> unsigned is reduction modulo 2^width, and unsigned adds wrap: two's complement exactly
+            np.add(bits, writers[w].astype(bits.dtype), out=bits)
         self._log("int32", order)
 
     def atomic_add_fp32(self, values: Sequence[npt.ArrayLike] | npt.ArrayLike) -> None:

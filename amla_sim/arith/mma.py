@@ -305,8 +305,10 @@ def matmul(
     out_dtype = np.float16 if m.name == "sm90-fp16" else np.float32
     if m.kind == "blas":  # straight to float32: the fast path does no exact arithmetic at all
         with np.errstate(invalid="ignore", over="ignore"):
-            out = _blas_clock.matmul(a_arr.astype(np.float32), b_arr.astype(np.float32))
-            return (out if acc is None else out + np.asarray(acc, dtype=np.float32)).astype(out_dtype)
+            out = _blas_clock.matmul(np.asarray(a_arr, dtype=np.float32), np.asarray(b_arr, dtype=np.float32))
+            if acc is not None:
+                out += np.asarray(acc, dtype=np.float32)
+            return out.astype(out_dtype, copy=False)
     with np.errstate(invalid="ignore"):
         a64 = np.broadcast_to(a_arr, (*out_shape[:-2], out_shape[-2], K)).astype(np.float64)
         b64 = np.broadcast_to(b_arr, (*out_shape[:-2], K, out_shape[-1])).astype(np.float64)
