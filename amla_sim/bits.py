@@ -23,6 +23,7 @@ __all__ = [
     "int_add",
     "mul_pow2_via_int_add",
     "lemma_domain",
+    "count_outside_lemma_domain",
     "mul_one_plus_eps_via_int_add",
     "CompensationError",
     "compensation_error",
@@ -125,6 +126,25 @@ def lemma_domain(x: npt.ArrayLike, n: npt.ArrayLike) -> np.ndarray:
     # 0 < v < e_max  <=>  (v - 1) as unsigned < e_max - 1: one comparison per condition
     inside = (e - 1).astype(unsigned) < e_max - 1
     return inside & ((e + nn.astype(signed) - 1).astype(unsigned) < e_max - 1)
+
+
+def count_outside_lemma_domain(x: npt.ArrayLike, n: npt.ArrayLike, *, axis: int = -1) -> int:
+    """How many elements of x violate :func:`lemma_domain` for n, with n constant along `axis` (one shift per
+    row, as AMLA's rows have): the per-row exponent range settles most rows without an elementwise test."""
+    arr, fmt = _float_array(x, "x")
+    nn = np.asarray(_int_array(n, "n"), dtype=np.int64)
+    if arr.size == 0:
+        return 0
+    e = _exponent_field(arr, fmt)
+    lo, hi = e.min(axis=axis, keepdims=True).astype(np.int64), e.max(axis=axis, keepdims=True).astype(np.int64)
+    e_max = (1 << fmt.exponent_bits) - 1
+    try:
+        clear = (lo > 0) & (hi < e_max) & (lo + nn > 0) & (hi + nn < e_max)
+    except ValueError:
+        raise ValueError(f"x and n: n of shape {nn.shape} is not one value per row of x {arr.shape}") from None
+    if clear.all():
+        return 0
+    return int((~lemma_domain(arr, np.broadcast_to(nn, clear.shape))).sum())
 
 
 def mul_one_plus_eps_via_int_add(

@@ -61,6 +61,8 @@ class Machine:
 
     def f(self, x: npt.ArrayLike) -> np.ndarray:
         """`x` in the working float type (exact for every storage format)."""
+        if isinstance(x, np.ndarray) and x.dtype == self.dtype:
+            return x
         with np.errstate(invalid="ignore"):
             return np.asarray(x, dtype=self.dtype)  # no copy when it already is
 

@@ -14,6 +14,7 @@ from amla_sim.bits import (
     compensation_error,
     exponent_field,
     int_add,
+    count_outside_lemma_domain,
     lemma_domain,
     mul_one_plus_eps_via_int_add,
     mul_pow2_via_int_add,
@@ -82,6 +83,18 @@ def test_lemma_domain_definition(name, data):
     top = (1 << f.exponent_bits) - 1
     e = [(int(b) >> f.mantissa_bits) & top for b in bits_of(x)]
     assert lemma_domain(x, n).tolist() == [0 < ei < top and 0 < ei + n < top for ei in e]
+
+
+@pytest.mark.parametrize("name", LEMMA_FORMATS)
+@given(data=st.data())
+def test_count_outside_lemma_domain_counts_the_mask(name, data):
+    f = get_format(name)
+    x = data.draw(float_arrays(name, (3, 5), allow_nan=True, allow_infinity=True))
+    n = np.array([[data.draw(st.integers(-40, 40))] for _ in range(3)])
+    top = (1 << f.exponent_bits) - 1
+    want = sum(not (0 < (int(b) >> f.mantissa_bits) & top < top and 0 < ((int(b) >> f.mantissa_bits) & top) + int(k) < top)
+               for row, k in zip(bits_of(x).reshape(3, 5), n[:, 0], strict=True) for b in row)
+    assert count_outside_lemma_domain(x, n) == want == int((~lemma_domain(x, n)).sum())
 
 
 @pytest.mark.parametrize(

@@ -155,6 +155,33 @@ def test_exact_model_rounds_once(data):
             assert got[i, j] == np.float32(to_fp32(s)), (i, j)
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp32"])
+@given(data=st.data())
+def test_exact_model_breaks_ties_to_even(fmt, data):
+    """Integer-valued products and accumulators: exact sums land on FP32 midpoints often; ties go to even."""
+    f = get_format(fmt)
+    ints = st.integers(-255, 255)
+    shifts = st.integers(0, 7)
+    a = np.array([[data.draw(ints) * 2 ** data.draw(shifts) for _ in range(8)] for _ in range(3)]).astype(f.dtype)
+    b = np.array([[data.draw(ints) * 2 ** data.draw(shifts) for _ in range(4)] for _ in range(8)]).astype(f.dtype)
+    acc = np.array([[data.draw(st.integers(-(2**24), 2**24)) * 4 + 2**25 for _ in range(4)] for _ in range(3)],
+                   dtype=np.float32)
+    got = mma.matmul(a, b, acc, model="exact")
+    for i in range(3):
+        for j in range(4):
+            s = Fraction(float(acc[i, j])) + sum(Fraction(float(a[i, k])) * Fraction(float(b[k, j])) for k in range(8))
+            assert got[i, j] == np.float32(to_fp32(s)), (i, j, s)
+
+
+def test_exact_model_tie_cases():
+    a = np.array([[1.0, 2.0]], ml_dtypes.bfloat16)
+    b = np.array([[1.0], [1.0]], ml_dtypes.bfloat16)
+    acc = np.array([[2.0**24]], np.float32)  # 2^24 + 3: a tie between 2^24 + 2 and 2^24 + 4 (even)
+    assert mma.matmul(a, b, acc, model="exact")[0, 0] == np.float32(2**24 + 4)
+    acc = np.array([[2.0**24 + 2]], np.float32)  # 2^24 + 5: between 2^24 + 4 (even) and 2^24 + 6
+    assert mma.matmul(a, b, acc, model="exact")[0, 0] == np.float32(2**24 + 4)
+
+
 @given(data=st.data())
 def test_fp32_model_is_sequential_fma(data):
     a = data.draw(float_arrays("bf16", (1, 8), max_value=1e6, min_value=-1e6))

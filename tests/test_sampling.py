@@ -16,9 +16,10 @@ from amla_sim.formats import get_format, round_to
 def _table_probabilities(name, arg, fmt_name):
     """Probability of each magnitude code that the alias table realises (in units of 2^-31, as integers)."""
     table, bits = _alias_table(name, arg, fmt_name)
-    thr = (table & ((2 << bits) - 1)).astype(np.int64)
+    thr = (table & ((2 << bits) - 1)).astype(np.int64) >> 1
     alias = (table >> (bits + 1)).astype(np.int64)
     cap = 1 << bits
+    assert (thr < cap).all()
     got = np.zeros(table.size, np.int64)
     np.add.at(got, np.arange(table.size), thr)
     np.add.at(got, alias, cap - thr)
@@ -68,7 +69,7 @@ def test_draws_decode_the_bits_as_documented():
     for w, got in zip(words.tolist(), x.view(np.uint16).tolist(), strict=True):
         bucket, u, sign = w >> (bits + 1), (w >> 1) & ((1 << bits) - 1), w & 1
         entry = int(table[bucket])
-        code = bucket if u < entry & ((2 << bits) - 1) else entry >> (bits + 1)
+        code = bucket if u < (entry & ((2 << bits) - 1)) >> 1 else entry >> (bits + 1)
         assert got == code | sign << 15
 
 

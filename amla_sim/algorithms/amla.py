@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..bits import lemma_domain
+from ..bits import count_outside_lemma_domain
 from ..machines import Machine
 from ._common import D_V, AttentionResult, make_problem, safe_max
 
@@ -108,7 +108,7 @@ def amla(
             dn = np.maximum(n - n_prev, mc.f(-30.0))
             N = dn + mc.f(1.5) * eps + mc.f(mc.amla_guard)  # line 11
             N_int = np.rint(mc.f(N) * mc.f(int_unit)).astype(np.int64)  # line 12: Cast_to_int32(N 2^23)
-            hazards["lemma_domain"] += int((~lemma_domain(mem.view, dn.astype(np.int64)[..., None])).sum())
+            hazards["lemma_domain"] += count_outside_lemma_domain(mem.view, dn.astype(np.int64)[..., None])
             mem.atomic_add_int32(N_int[..., None])  # line 14: AtomicAdd(INT32) in GM
             p.record("N", N_int)
         PV = mc.matmul(P_tilde, p.Vm[:, blk])  # line 17

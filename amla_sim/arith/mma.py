@@ -219,13 +219,20 @@ def _exact_rne_fp32(terms: list[float]) -> float:
     return r
 
 
-def _matmul_exact(a64: np.ndarray, b64: np.ndarray, c64: np.ndarray) -> np.ndarray:
+def _grid(x: np.ndarray, mantissa_bits: int) -> np.ndarray:
+    """An exponent q with x a multiple of 2^q (inf for zeros): x's exponent minus its format's fraction bits."""
+    return np.where(x == 0, np.inf, np.frexp(x)[1] - 1 - mantissa_bits)
+
+
+def _matmul_exact(a64: np.ndarray, b64: np.ndarray, c64: np.ndarray, mantissa_bits: int) -> np.ndarray:
     """Exact sum of products plus c, rounded once to FP32 (nearest even), at BLAS speed.
 
     A float64 matmul (any summation order) is within gamma_K sum|a b| of the exact sum (the products of formats
     up to FP32 are exact in float64). Where the whole error interval rounds to one FP32 value, that value is
-    the answer; elsewhere (near a rounding midpoint, or non-finite) each element is recomputed exactly with
-    :func:`math.fsum`. The answer never depends on the BLAS.
+    the answer. The rest are mostly sums that land exactly on a rounding midpoint (products of narrow formats
+    have few bits): there, if every product and c lie on a common grid 2^q and sum|a b| + |c| < 2^(q + 53),
+    every partial sum was exact and the float64 sum rounds correctly, ties to even. What is left (and non-finite
+    values) is recomputed with :func:`math.fsum`. The answer never depends on the BLAS.
     """
     with np.errstate(invalid="ignore", over="ignore"):
         s = np.matmul(a64, b64) + c64
@@ -235,11 +242,21 @@ def _matmul_exact(a64: np.ndarray, b64: np.ndarray, c64: np.ndarray) -> np.ndarr
         bound = (k * u / (1 - k * u)) * mag * (1 + 2.0**-40) + 2.0**-1074  # widened for the bound's own rounding
         lo, hi = (s - bound).astype(np.float32), (s + bound).astype(np.float32)
         out = s.astype(np.float32).astype(np.float64)
-    unsure = (lo != hi) | ~np.isfinite(s) | ~np.isfinite(bound)
-    for idx in zip(*np.nonzero(unsure)):
-        *batch, i, j = idx
-        row = a64[(*batch, i, slice(None))] if batch else a64[i]
-        col = b64[(*batch, slice(None), j)] if batch else b64[:, j]
+    unsure = np.nonzero((lo != hi) | ~np.isfinite(s) | ~np.isfinite(bound))
+    if not unsure[0].size:
+        return out
+    *batch, i, j = unsure
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ga = _grid(a64, mantissa_bits)  # (..., M, K): computed once, gathered per unsure element
+        gbt = np.swapaxes(_grid(b64, mantissa_bits), -1, -2)  # (..., N, K)
+        row_g, col_g = (ga[(*batch, i)], gbt[(*batch, j)]) if batch else (ga[i], gbt[j])  # (n, K) each
+        q = np.minimum(np.min(row_g + col_g, axis=-1), _grid(c64[unsure], 23))  # all terms are multiples of 2^q
+        q = np.where(np.isfinite(q), q, 0)
+        exact = np.isfinite(s[unsure]) & (mag[unsure] * (1 + 2 * k * u) < np.ldexp(1.0, (q + 53).astype(np.int64)))
+    for n in np.flatnonzero(~exact):
+        idx = tuple(int(x[n]) for x in unsure)
+        *bi, ii, jj = idx
+        row, col = a64[(*bi, ii, slice(None))], b64[(*bi, slice(None), jj)]
         out[idx] = _exact_rne_fp32([*(row * col).tolist(), float(c64[idx])])
     return out
 
@@ -317,7 +334,7 @@ def matmul(
     if m.kind == "exact":
         if fmt.name == "fp64":
             raise ValueError("a: the exact model takes formats up to FP32 (their products are exact in float64)")
-        return _matmul_exact(a64, b64, c64).astype(out_dtype)
+        return _matmul_exact(a64, b64, c64, fmt.mantissa_bits).astype(out_dtype)
     if m.kind == "fp32":
         return _matmul_fp32(a64, b64, c64).astype(out_dtype)
 

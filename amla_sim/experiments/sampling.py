@@ -4,9 +4,9 @@ Rounding a float64 draw of X to BF16 costs a float64 normal per value plus a rou
 tables spends most of its non-BLAS time there. The rounded value has a discrete distribution on the format's
 codes: a code gets the probability of the interval of reals that round to it (nearest-even; the ties have
 probability zero), which the closed-form tail function of |X| gives. Walker's alias method then turns 32 random
-bits into one code: 1 sign bit, B - 1 bits that pick a bucket, and 32 - B bits compared with the bucket's
-threshold. Probabilities are quantised to multiples of 2^-(32 - B + B - 1) = 2^-31 (a code's probability is off
-by less than 2^-31); everything else is exact.
+bits into one code: the top B - 1 bits pick a bucket (one per magnitude code), the next 32 - B bits are compared
+with the bucket's threshold, and the lowest bit is the sign. Probabilities are quantised to multiples of 2^-31;
+everything else is exact.
 """
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ def _magnitudes(fmt: Format) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def _alias_table(name: str, arg: float | None, fmt_name: str) -> tuple[np.ndarray, int]:
-    """(table, threshold bits): table[bucket] = threshold | alias << (bits + 1), Walker's alias method in integers.
+    """(table, threshold bits): Walker's alias method in integers, one uint32 per bucket.
 
-    The threshold (0 ... 2^bits, bits + 1 bits) and the alias (bits - 1 of the format) fill 32 bits exactly.
+    table[bucket] = (threshold << 1) | (alias << (bits + 1)): a draw keeps the bucket's own code when its
+    threshold bits (with the sign bit below them) compare below ``threshold << 1``, else takes the alias. A full
+    bucket is its own alias, so a threshold below 2^bits (bits + 1 bits with the shift) always suffices.
     """
     fmt = get_format(fmt_name)
     mags = _magnitudes(fmt)
@@ -68,13 +70,13 @@ def _alias_table(name: str, arg: float | None, fmt_name: str) -> tuple[np.ndarra
         prob[np.flatnonzero(np.isinf(mags))[0]] = t_hi[-1]
     else:  # e4m3fn has no Inf: the tail would round to NaN; no table distribution reaches it
         prob[ranked[-1]] += t_hi[-1]
-    bits = 32 - fmt.bits  # threshold bits: 1 sign + (bits - 1) bucket bits + these = 32
+    bits = 32 - fmt.bits  # threshold bits: (bits - 1) bucket bits + these + 1 sign bit = 32
     total = n << bits  # each of the n buckets holds 2^bits
     w = np.floor(prob / prob.sum() * total).astype(np.int64)
     short = total - int(w.sum())  # largest remainders first: integer weights that sum to total exactly
     w[np.argsort(-(prob / prob.sum() * total - w), kind="stable")[:short]] += 1
     cap = 1 << bits
-    thr = np.full(n, cap, np.int64)
+    thr = np.zeros(n, np.int64)  # with alias = itself, a full bucket keeps its code whatever the threshold
     alias = np.arange(n, dtype=np.int64)
     small = [int(i) for i in np.flatnonzero(w < cap)]
     large = [int(i) for i in np.flatnonzero(w > cap)]
@@ -87,7 +89,7 @@ def _alias_table(name: str, arg: float | None, fmt_name: str) -> tuple[np.ndarra
             small.append(large.pop())
         elif w[g] == cap:
             large.pop()
-    return (thr | (alias << (bits + 1))).astype(np.uint32), bits
+    return ((thr << 1) | (alias << (bits + 1))).astype(np.uint32), bits
 
 
 def sample_rounded(name: str, arg: float | None, shape: tuple[int, ...], rng: np.random.Generator,
@@ -103,8 +105,8 @@ def sample_rounded(name: str, arg: float | None, shape: tuple[int, ...], rng: np
     size = math.prod(shape)
     r = rng.bit_generator.random_raw((size + 1) // 2).view(np.uint32)[:size]
     bucket = r >> np.uint32(bits + 1)
-    entry = table[bucket]
-    u = (r >> np.uint32(1)) & np.uint32((1 << bits) - 1)
-    code = np.where(u < (entry & np.uint32((2 << bits) - 1)), bucket, entry >> np.uint32(bits + 1))
+    entry = np.take(table, bucket)
+    low = np.uint32((2 << bits) - 1)  # threshold bits and the sign bit
+    code = np.where((r & low) < (entry & low), bucket, entry >> np.uint32(bits + 1))
     code |= (r & np.uint32(1)) << np.uint32(f.bits - 1)  # the sign bit
     return code.astype(f.uint_dtype).view(f.dtype).reshape(shape)
