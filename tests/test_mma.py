@@ -15,7 +15,8 @@ from _oracles import t_fdpa as oracle_t_fdpa
 from _oracles import to_fp32
 from amla_sim import mma
 from amla_sim.captures import dot_operand, input_crc
-from amla_sim.formats import get_format
+from amla_sim.arith import mma as mma_impl
+from amla_sim.formats import FORMATS, get_format, round_to
 from amla_sim.testing import assert_bitwise_equal, float_arrays
 
 DATA = Path(__file__).parent / "data"
@@ -135,6 +136,46 @@ def test_one_block_matches_fraction_oracle(fmt, L, F, out, data):
     got = mma.matmul(a[None, :], b[:, None], np.full((1, 1), c, np.float32), model=model)[0, 0]
     want = oracle_t_fdpa(a.astype(float).tolist(), b.astype(float).tolist(), float(c), f.emin, F, out)
     assert_bitwise_equal(got, np.float32(want), err_msg=f"a={a!r} b={b!r} c={c!r}")
+
+
+_BLAS_ROWS = [("sm90", "bf16"), ("sm90", "fp16"), ("sm90", "tf32"), ("sm90", "e4m3"), ("sm90", "e5m2"),
+              ("sm90-fp16", "fp16"), ("sm80", "bf16"), ("ascend910", "bf16")]
+
+
+@st.composite
+def _operands(draw, fmt, shape, narrow):
+    """Bit patterns of the whole format, or values within a few binades with zeros sprinkled in."""
+    if not narrow:
+        return draw(float_arrays(fmt, shape)).astype(np.float64)
+    n = int(np.prod(shape))
+    sig = np.array(draw(st.lists(st.integers(-255, 255), min_size=n, max_size=n)), dtype=np.float64)
+    exp = np.array(draw(st.lists(st.integers(-12, 6), min_size=n, max_size=n)))
+    x = np.ldexp(sig, exp - 7).reshape(shape)
+    return round_to(x, "fp32" if fmt == "tf32" else fmt).astype(np.float64)
+
+
+@pytest.mark.parametrize("model, fmt", _BLAS_ROWS)
+@given(data=st.data())
+def test_blas_block_path_equals_the_per_product_path(model, fmt, data):
+    """The BLAS-frame evaluation of a block (e_max from a product of exponent weights, integer sums) against
+    :func:`t_fdpa`, which the Fraction oracle and the hardware captures check: every bit, every branch."""
+    row = mma.MODEL_TABLE[model].rows[fmt]
+    f = FORMATS[fmt]
+    narrow = data.draw(st.booleans())
+    a = data.draw(_operands(fmt, (3, row.L), narrow))
+    b = data.draw(_operands(fmt, (row.L, 4), narrow))
+    if fmt == "tf32":
+        a, b = (round_to(x, "tf32").astype(np.float64) for x in (a, b))
+    if data.draw(st.booleans()):
+        a[data.draw(st.integers(0, 2))] = 0.0  # an all-zero row
+    c_fmt = "fp16" if row.output == "fp16-rne" else "fp32"
+    c = data.draw(float_arrays(c_fmt, (3, 4), allow_infinity=True, allow_nan=True)).astype(np.float64)
+    if data.draw(st.booleans()):
+        c[:, :2] = 0.0
+    ea, eb = mma_impl._exponents(a, f), mma_impl._exponents(b, f)
+    fast = mma_impl._t_fdpa_blas(a, b, c, row, ea, eb)
+    ref = mma_impl.t_fdpa(a[:, None, :], b.T[None, :, :], c, row, ea[:, None, :], eb.T[None, :, :])
+    assert_bitwise_equal(fast.astype(np.float32), ref.astype(np.float32))
 
 
 def test_specials_follow_the_fp64_sum():

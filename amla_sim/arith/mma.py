@@ -194,6 +194,77 @@ def t_fdpa(
     return d
 
 
+_FLOOR5 = (np.arange(256, dtype=np.int32) - 127) // 5  # floor((biased FP32 exponent - 127) / 5)
+
+
+def _t_fdpa_blas(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, row: TFDPA, ea: np.ndarray, eb: np.ndarray
+) -> np.ndarray:
+    """:func:`t_fdpa` for every element of a matrix product at once: a (..., M, L), b (..., L, n) finite
+    float64 operands, c (..., M, n) float64; returns float64, bit for bit what :func:`t_fdpa` gives.
+
+    e_max without a per-product pass: with row and column maxima A_i, B_j of the operand exponents, the BLAS
+    product T = sum_k 2^(5 (ea_ik - A_i)) 2^(5 (eb_kj - B_j)) lies in [2^(5 d), 16 * 2^(5 d)] for
+    d = max_k(ea_ik + eb_kj) - A_i - B_j (every term is a power of two, so rounding never takes T below its
+    largest term), hence d = floor(log2 T) // 5. The products then go one k at a time in a frame scaled by
+    2^-(A_i + B_j): an FP32 product (at most 22 significant bits: exact), an FP32 scaling by 2^(F - d') (exact),
+    truncation by the cast to an integer, an integer sum. Elements outside the frame's safe ranges (all-zero or
+    underflowing T, tiny or huge e_max, non-finite c) take :func:`t_fdpa`.
+    """
+    nz_a, nz_b = ea > _ZERO // 2, eb > _ZERO // 2
+    low = np.int32(-30000)
+    amax = np.max(np.where(nz_a, ea, low), axis=-1).astype(np.int32)  # (..., M)
+    bmax = np.max(np.where(nz_b, eb, low), axis=-2).astype(np.int32)  # (..., n)
+    alpha = np.where(nz_a, amax[..., None] - ea, 1000)  # exponent deficits within the row / column
+    beta = np.where(nz_b, bmax[..., None, :] - eb, 1000)
+    with np.errstate(under="ignore"):  # FP32 weights: deficits beyond 25 vanish, and T < 2^-120 goes the slow way
+        T = np.matmul(np.ldexp(np.float32(1), -5 * np.minimum(alpha, 30)).astype(np.float32),
+                      np.ldexp(np.float32(1), -5 * np.minimum(beta, 30)).astype(np.float32))
+    t_field = T.view(np.int32) >> 23  # biased exponent of T >= 0
+    ab = amax[..., :, None] + bmax[..., None, :]  # (..., M, n)
+    e_max = ab + np.take(_FLOOR5, t_field)
+    c32 = c.astype(np.float32)  # c is an FP32 (or FP16) value
+    # FP32 zeros and subnormals count as 2^-126 here: either way they cannot set e_max of an element kept below
+    e_c = np.maximum((c32.view(np.int32) >> 23) & 0xFF, 1) - 127
+    np.maximum(e_max, e_c, out=e_max)
+    d = e_max - ab
+    floor = -100 if row.e_zero is None else max(-100, row.e_zero + 1)
+    ok: np.ndarray | bool = True
+    if not (t_field.min() >= 7 and floor <= e_max.min() and e_max.max() <= 100 and d.min() >= -70
+            and d.max() <= 150 and np.isfinite(c32).all()):
+        ok = (t_field >= 7) & (e_max >= floor) & (e_max <= 100) & (d >= -70) & (d <= 150) & np.isfinite(c32)
+        e_max, d = np.where(ok, e_max, 0), np.where(ok, d, 0)
+    # the scaled frame: a * 2^-A_i and b * 2^-B_j in FP32; operands below 2^-100 there contribute products
+    # under the grid (d >= -70), so they are dropped rather than carried as FP32 subnormals
+    a_hat = np.where(alpha <= 100, np.ldexp(a, -amax[..., None]), 0.0).astype(np.float32)
+    b_hat = np.where(beta <= 100, np.ldexp(b, -bmax[..., None, :]), 0.0).astype(np.float32)
+    scale = ((row.F + 127 - d) << 23).astype(np.int32).view(np.float32)  # 2^(F - d)
+    wide = a.shape[-1] << (row.F + 2) > 2**31  # an int32 sum could overflow (not for the sm90 rows)
+    acc = np.zeros(T.shape, np.int64 if wide else np.int32)
+    t = np.empty(T.shape, np.float32)
+    ti = np.empty(T.shape, acc.dtype)
+    for k in range(a.shape[-1]):
+        np.multiply(a_hat[..., :, k, None], b_hat[..., None, k, :], out=t)
+        np.multiply(t, scale, out=t)
+        np.copyto(ti, t, casting="unsafe")  # float -> int truncates toward zero
+        np.add(acc, ti, out=acc)
+    grid = ((1023 + row.F - e_max).astype(np.int64) << 52).view(np.float64)  # 2^(F - e_max), exact
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = (acc + np.trunc(c * grid)) / grid  # an exact integer sum, scaled back exactly
+    if row.output in ("fp32-rz", "e8m13-rz"):  # |v| is 0 or in [2^-125, 2^107]: normal, no overflow
+        out = _truncate_bits(v, 13 if row.output == "e8m13-rz" else 23)
+    else:
+        out = _round_output(v, row.output)
+    if ok is not True:  # the general path, element by element
+        bad = np.nonzero(~ok)
+        *batch, i, j = bad
+        ai, ei = (a[(*batch, i)], ea[(*batch, i)]) if batch else (a[i], ea[i])
+        bt, ebt = np.swapaxes(b, -1, -2), np.swapaxes(eb, -1, -2)
+        bj, ej = (bt[(*batch, j)], ebt[(*batch, j)]) if batch else (bt[j], ebt[j])
+        out[bad] = t_fdpa(ai, bj, c[bad], row, ei, ej)
+    return out
+
+
 # --- the exact and scalar models --------------------------------------------------------------------------
 
 
@@ -366,17 +437,22 @@ def _chain(
     bt = np.swapaxes(b64, -1, -2)  # (..., N, K)
     ebt = np.swapaxes(eb, -1, -2)
 
+    fast = bool(np.isfinite(a64).all() and np.isfinite(b64).all())  # else every element takes t_fdpa
+
     def blocks(acc: np.ndarray, k_lo: int, k_hi: int) -> np.ndarray:
         for k0 in range(k_lo, k_hi, row.L):
             k1 = min(k0 + row.L, k_hi)
-            acc = t_fdpa(
-                a64[..., :, None, k0:k1], bt[..., None, :, k0:k1], acc, row, ea[..., :, None, k0:k1],
-                ebt[..., None, :, k0:k1],
-            )
+            if fast:
+                acc = _t_fdpa_blas(a64[..., :, k0:k1], b64[..., k0:k1, :], acc, row, ea[..., :, k0:k1],
+                                   eb[..., k0:k1, :])
+            else:
+                acc = t_fdpa(a64[..., :, None, k0:k1], bt[..., None, :, k0:k1], acc, row, ea[..., :, None, k0:k1],
+                             ebt[..., None, :, k0:k1])
         return acc
 
     n_cols = b64.shape[-1]
-    step = max(1, _CHUNK_ELEMENTS // max(1, a64.shape[-2] * row.L))  # keep a block's products in cache
+    # keep a block's working set in cache: (M, n) arrays for the BLAS path, (M, n, L) products otherwise
+    step = max(1, (_CHUNK_ELEMENTS // 2 if fast else _CHUNK_ELEMENTS // row.L) // max(1, a64.shape[-2]))
     if n_cols > step:  # columns are independent: do them a slice at a time
         return np.concatenate(
             [
