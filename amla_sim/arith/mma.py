@@ -194,9 +194,6 @@ def t_fdpa(
     return d
 
 
-_FLOOR5 = (np.arange(256, dtype=np.int32) - 127) // 5  # floor((biased FP32 exponent - 127) / 5)
-
-
 def _t_fdpa_blas(
     a: np.ndarray, b: np.ndarray, c: np.ndarray, row: TFDPA, ea: np.ndarray, eb: np.ndarray
 ) -> np.ndarray:
@@ -222,7 +219,9 @@ def _t_fdpa_blas(
                       np.ldexp(np.float32(1), -5 * np.minimum(beta, 30)).astype(np.float32))
     t_field = T.view(np.int32) >> 23  # biased exponent of T >= 0
     ab = amax[..., :, None] + bmax[..., None, :]  # (..., M, n)
-    e_max = ab + np.take(_FLOOR5, t_field)
+    # floor((t_field - 127) / 5) = floor((t_field + 3) / 5) - 26, the division by 5 as a multiply and shift
+    # (exact for t_field + 3 < 43690)
+    e_max = ab + (((t_field + 3) * 52429) >> 18) - 26
     c32 = c.astype(np.float32)  # c is an FP32 (or FP16) value
     # FP32 zeros and subnormals count as 2^-126 here: either way they cannot set e_max of an element kept below
     e_c = np.maximum((c32.view(np.int32) >> 23) & 0xFF, 1) - 127
@@ -249,8 +248,9 @@ def _t_fdpa_blas(
         np.copyto(ti, t, casting="unsafe")  # float -> int truncates toward zero
         np.add(acc, ti, out=acc)
     grid = ((1023 + row.F - e_max).astype(np.int64) << 52).view(np.float64)  # 2^(F - e_max), exact
+    inverse = ((1023 - row.F + e_max).astype(np.int64) << 52).view(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        v = (acc + np.trunc(c * grid)) / grid  # an exact integer sum, scaled back exactly
+        v = (acc + np.trunc(c * grid)) * inverse  # an exact integer sum, scaled back exactly
     if row.output in ("fp32-rz", "e8m13-rz"):  # |v| is 0 or in [2^-125, 2^107]: normal, no overflow
         out = _truncate_bits(v, 13 if row.output == "e8m13-rz" else 23)
     else:
