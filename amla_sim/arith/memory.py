@@ -70,6 +70,7 @@ class GlobalMemory:
         else:
             self._buf = np.array(as_f32(data, "data"), dtype=np.float32, order="C", copy=True)
         self._ftz = self._buf.dtype == np.float32
+        self._flushed = False  # the buffer holds no subnormal (known after an FP32 add)
         self.order = order
         self._rng = np.random.default_rng(seed)
         self.trace: list[TraceEntry] | None = [] if trace else None
@@ -132,6 +133,7 @@ class GlobalMemory:
         for w in order:
             # int64 -> unsigned is reduction modulo 2^width, and unsigned adds wrap: two's complement exactly
             np.add(bits, writers[w].astype(bits.dtype), out=bits)
+        self._flushed = False
         self._log("int32", order)
 
     def atomic_add_fp32(self, values: Sequence[npt.ArrayLike] | npt.ArrayLike) -> None:
@@ -141,10 +143,13 @@ class GlobalMemory:
         flush = _ftz if self._ftz else (lambda v: v)
         with np.errstate(over="ignore", invalid="ignore"):
             for w in order:
-                self._buf = flush(flush(self._buf) + flush(np.broadcast_to(writers[w], self._buf.shape)))
+                buf = self._buf if self._flushed else flush(self._buf)
+                self._buf = flush(buf + flush(np.broadcast_to(writers[w], self._buf.shape)))
+                self._flushed = True  # the next add need not flush the buffer again (an int32 add may unflush it)
         self._log("fp32", order)
 
     def store(self, values: npt.ArrayLike) -> None:
         """A plain store (AMLA writes block 1 instead of adding it)."""
         vals = as_f32(values, "values") if self._ftz else np.asarray(values, dtype=np.float64)
         self._buf = np.broadcast_to(vals, self._buf.shape).astype(self._buf.dtype).copy()
+        self._flushed = False
