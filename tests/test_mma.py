@@ -149,7 +149,8 @@ def _operands(draw, fmt, shape, narrow):
         return draw(float_arrays(fmt, shape)).astype(np.float64)
     n = int(np.prod(shape))
     sig = np.array(draw(st.lists(st.integers(-255, 255), min_size=n, max_size=n)), dtype=np.float64)
-    exp = np.array(draw(st.lists(st.integers(-12, 6), min_size=n, max_size=n)))
+    one_binade = draw(st.booleans())  # then every product shares the block's largest exponent
+    exp = np.array(draw(st.lists(st.integers(0, 0) if one_binade else st.integers(-12, 6), min_size=n, max_size=n)))
     x = np.ldexp(sig, exp - 7).reshape(shape)
     return round_to(x, "fp32" if fmt == "tf32" else fmt).astype(np.float64)
 
@@ -176,6 +177,24 @@ def test_blas_block_path_equals_the_per_product_path(model, fmt, data):
     fast = mma_impl._t_fdpa_blas(a, b, c, row, ea, eb)
     ref = mma_impl.t_fdpa(a[:, None, :], b.T[None, :, :], c, row, ea[:, None, :], eb.T[None, :, :])
     assert_bitwise_equal(fast.astype(np.float32), ref.astype(np.float32))
+
+
+@pytest.mark.parametrize("model, fmt", _BLAS_ROWS)
+def test_blas_block_path_when_every_product_sets_e_max(model, fmt):
+    """L products of one exponent put the weight sum T at L times the largest term: the exponent read from T
+    must still give e_max (a weight base of 2^5 with L = 32 read it one too high). The products cancel, so the
+    accumulator's lowest bit, which a grid one too coarse would cut, reaches the output."""
+    row = mma.MODEL_TABLE[model].rows[fmt]
+    f = FORMATS[fmt]
+    a = np.tile([1.5, -1.5], (2, row.L // 2))
+    b = np.full((row.L, 2), 1.5)
+    lsb = 2.0 ** -(13 if row.output == "e8m13-rz" else 10 if row.output == "fp16-rne" else 23)
+    c = np.array([[1 + lsb, 1 + 3 * lsb], [-1 - lsb, 1 + 5 * lsb]])
+    ea, eb = mma_impl._exponents(a, f), mma_impl._exponents(b, f)
+    fast = mma_impl._t_fdpa_blas(a, b, c, row, ea, eb)
+    ref = mma_impl.t_fdpa(a[:, None, :], b.T[None, :, :], c, row, ea[:, None, :], eb.T[None, :, :])
+    assert_bitwise_equal(fast.astype(np.float32), ref.astype(np.float32))
+    assert np.array_equal(ref, c)  # the products cancel exactly and c is on the grid
 
 
 def test_specials_follow_the_fp64_sum():

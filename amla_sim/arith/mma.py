@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -194,16 +195,27 @@ def t_fdpa(
     return d
 
 
+@lru_cache(maxsize=None)
+def _floor_div(w: int) -> tuple[int, int, int]:
+    """(mul, shift, lift) with floor((f - 127) / w) = ((f + w lift - 127) * mul >> shift) - lift for every FP32
+    exponent field f: a division by w as an integer multiply and shift, checked here over the whole range."""
+    lift, shift = -(-127 // w), 18
+    mul = -(-(1 << shift) // w)
+    f = np.arange(256)
+    assert np.array_equal(((f + w * lift - 127) * mul >> shift) - lift, (f - 127) // w), w
+    return mul, shift, lift
+
+
 def _t_fdpa_blas(
     a: np.ndarray, b: np.ndarray, c: np.ndarray, row: TFDPA, ea: np.ndarray, eb: np.ndarray
 ) -> np.ndarray:
     """:func:`t_fdpa` for every element of a matrix product at once: a (..., M, L), b (..., L, n) finite
     float64 operands, c (..., M, n) float64; returns float64, bit for bit what :func:`t_fdpa` gives.
 
-    e_max without a per-product pass: with row and column maxima A_i, B_j of the operand exponents, the BLAS
-    product T = sum_k 2^(5 (ea_ik - A_i)) 2^(5 (eb_kj - B_j)) lies in [2^(5 d), 16 * 2^(5 d)] for
-    d = max_k(ea_ik + eb_kj) - A_i - B_j (every term is a power of two, so rounding never takes T below its
-    largest term), hence d = floor(log2 T) // 5. The products then go one k at a time in a frame scaled by
+    e_max without a per-product pass: with row and column maxima A_i, B_j of the operand exponents and
+    w = bit_length(L), the BLAS product T = sum_k 2^(w (ea_ik - A_i)) 2^(w (eb_kj - B_j)) lies in
+    [2^(w d), L * 2^(w d)], below 2^(w (d + 1)), for d = max_k(ea_ik + eb_kj) - A_i - B_j (every term is a power
+    of two, so rounding never takes T below its largest term nor above L times it), hence d = floor(log2 T) // w. The products then go one k at a time in a frame scaled by
     2^-(A_i + B_j): an FP32 product (at most 22 significant bits: exact), an FP32 scaling by 2^(F - d') (exact),
     truncation by the cast to an integer, an integer sum. Elements outside the frame's safe ranges (all-zero or
     underflowing T, tiny or huge e_max, non-finite c) take :func:`t_fdpa`.
@@ -214,14 +226,14 @@ def _t_fdpa_blas(
     bmax = np.max(np.where(nz_b, eb, low), axis=-2).astype(np.int32)  # (..., n)
     alpha = np.where(nz_a, amax[..., None] - ea, 1000)  # exponent deficits within the row / column
     beta = np.where(nz_b, bmax[..., None, :] - eb, 1000)
-    with np.errstate(under="ignore"):  # FP32 weights: deficits beyond 25 vanish, and T < 2^-120 goes the slow way
-        T = np.matmul(np.ldexp(np.float32(1), -5 * np.minimum(alpha, 30)).astype(np.float32),
-                      np.ldexp(np.float32(1), -5 * np.minimum(beta, 30)).astype(np.float32))
+    w = int(a.shape[-1]).bit_length()  # L < 2^w: L terms of one power of two stay below the next one
+    cap = 150 // w + 1  # FP32 weights: 2^(-w cap) is zero; T < 2^-120 goes the slow way
+    T = np.matmul(np.ldexp(np.float32(1), -w * np.minimum(alpha, cap)).astype(np.float32),
+                  np.ldexp(np.float32(1), -w * np.minimum(beta, cap)).astype(np.float32))
     t_field = T.view(np.int32) >> 23  # biased exponent of T >= 0
     ab = amax[..., :, None] + bmax[..., None, :]  # (..., M, n)
-    # floor((t_field - 127) / 5) = floor((t_field + 3) / 5) - 26, the division by 5 as a multiply and shift
-    # (exact for t_field + 3 < 43690)
-    e_max = ab + (((t_field + 3) * 52429) >> 18) - 26
+    mul, shift, lift = _floor_div(w)
+    e_max = ab + (((t_field + (w * lift - 127)) * mul) >> shift) - lift  # + floor((t_field - 127) / w)
     c32 = c.astype(np.float32)  # c is an FP32 (or FP16) value
     # FP32 zeros and subnormals count as 2^-126 here: either way they cannot set e_max of an element kept below
     e_c = np.maximum((c32.view(np.int32) >> 23) & 0xFF, 1) - 127
