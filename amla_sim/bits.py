@@ -120,7 +120,8 @@ def lemma_domain(x: npt.ArrayLike, n: npt.ArrayLike) -> np.ndarray:
     except ValueError:
         raise ValueError(f"x and n: shapes {arr.shape} and {nn.shape} do not broadcast") from None
     e_max = (1 << fmt.exponent_bits) - 1
-    narrow = fmt.dtype.itemsize <= 4 and -(2**30) < nn.min(initial=0) and nn.max(initial=0) < 2**30  # then e + n fits in int32
+    # then e + n fits in int32
+    narrow = fmt.dtype.itemsize <= 4 and -(2**30) < nn.min(initial=0) and nn.max(initial=0) < 2**30
     signed, unsigned = (np.int32, np.uint32) if narrow else (np.int64, np.uint64)
     e = _exponent_field(arr, fmt).astype(signed)
     # 0 < v < e_max  <=>  (v - 1) as unsigned < e_max - 1: one comparison per condition

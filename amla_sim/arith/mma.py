@@ -215,8 +215,9 @@ def _t_fdpa_blas(
     e_max without a per-product pass: with row and column maxima A_i, B_j of the operand exponents and
     w = bit_length(L), the BLAS product T = sum_k 2^(w (ea_ik - A_i)) 2^(w (eb_kj - B_j)) lies in
     [2^(w d), L * 2^(w d)], below 2^(w (d + 1)), for d = max_k(ea_ik + eb_kj) - A_i - B_j (every term is a power
-    of two, so rounding never takes T below its largest term nor above L times it), hence d = floor(log2 T) // w. The products then go one k at a time in a frame scaled by
-    2^-(A_i + B_j): an FP32 product (at most 22 significant bits: exact), an FP32 scaling by 2^(F - d') (exact),
+    of two, so rounding never takes T below its largest term nor above L times it), hence d = floor(log2 T) // w.
+    The products then go one k at a time in a frame scaled by 2^-(A_i + B_j): an FP32 product (at most 22
+    significant bits: exact), an FP32 scaling by 2^(F - e_max + A_i + B_j) onto the truncation grid (exact), the
     truncation by the cast to an integer, an integer sum. Elements outside the frame's safe ranges (all-zero or
     underflowing T, tiny or huge e_max, non-finite c) take :func:`t_fdpa`.
     """
