@@ -1,4 +1,4 @@
-"""The table sampler: its alias tables hold the exact probabilities of the rounded values, and it draws them."""
+"""The table sampler: its weights hold the exact probabilities of the rounded values, and it draws them."""
 
 from __future__ import annotations
 
@@ -9,21 +9,17 @@ import numpy as np
 import pytest
 
 from amla_sim.experiments.inputs import make_inputs
-from amla_sim.experiments.sampling import _alias_table, sample_rounded
+import bisect
+
+from amla_sim.experiments.sampling import _tables, _weights, sample_rounded
 from amla_sim.formats import get_format, round_to
 
 
 def _table_probabilities(name, arg, fmt_name):
-    """Probability of each magnitude code that the alias table realises (in units of 2^-31, as integers)."""
-    table, bits = _alias_table(name, arg, fmt_name)
-    thr = (table & ((2 << bits) - 1)).astype(np.int64) >> 1
-    alias = (table >> (bits + 1)).astype(np.int64)
-    cap = 1 << bits
-    assert (thr < cap).all()
-    got = np.zeros(table.size, np.int64)
-    np.add.at(got, np.arange(table.size), thr)
-    np.add.at(got, alias, cap - thr)
-    return got, table.size * cap
+    """The integer weight the sampler gives each magnitude code, and their total (2^31)."""
+    w = _weights(name, arg, fmt_name)
+    assert (w >= 0).all()
+    return w, 1 << 31
 
 
 def _interval_probability(v_prev: float, v: float, v_next: float, tail) -> float:
@@ -36,7 +32,7 @@ def _interval_probability(v_prev: float, v: float, v_next: float, tail) -> float
     [("normal", 1.0, "bf16"), ("normal", 10.0, "bf16"), ("uniform", 60.0, "bf16"), ("uniform", 1.0, "fp16"),
      ("flashmla", None, "bf16"), ("normal", 1.0, "e4m3"), ("normal", 2.0, "e5m2")],
 )
-def test_alias_table_holds_the_rounded_distribution(name, arg, fmt):
+def test_weights_hold_the_rounded_distribution(name, arg, fmt):
     f = get_format(fmt)
     tail = {"normal": lambda t: math.erfc(t / (arg * math.sqrt(2))), "uniform": lambda t: max(0.0, 1 - t / arg),
             "flashmla": lambda t: math.erfc(10 * t / math.sqrt(2)) if t <= 1 else 0.0}[name]
@@ -60,17 +56,21 @@ def test_alias_table_holds_the_rounded_distribution(name, arg, fmt):
         assert abs(Fraction(int(got[finite][i]), total) - exact) < Fraction(1, 2**31)
 
 
-def test_draws_decode_the_bits_as_documented():
-    """Re-derive a few hundred draws from the raw random words: sign bit, bucket, threshold, alias."""
-    table, bits = _alias_table("normal", 1.0, "bf16")
-    seed = 7
-    x = sample_rounded("normal", 1.0, (333,), np.random.default_rng(seed), "bf16")
-    words = np.random.default_rng(seed).bit_generator.random_raw(167).view(np.uint32)[:333]
-    for w, got in zip(words.tolist(), x.view(np.uint16).tolist(), strict=True):
-        bucket, u, sign = w >> (bits + 1), (w >> 1) & ((1 << bits) - 1), w & 1
-        entry = int(table[bucket])
-        code = bucket if u < (entry & ((2 << bits) - 1)) >> 1 else entry >> (bits + 1)
-        assert got == code | sign << 15
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3"])
+def test_draws_decode_the_bits_as_documented(fmt):
+    """Re-derive draws from the raw random words by the documented rule alone (top bit: sign; the low 31 bits
+    u: the first code whose cumulative weight exceeds u), with no guide table: both of the sampler's paths."""
+    cum = np.cumsum(_weights("normal", 1.0, fmt)).tolist()
+    bits = get_format(fmt).bits
+    n, seed = 20_000, 7
+    x = sample_rounded("normal", 1.0, (n,), np.random.default_rng(seed), fmt)
+    words = np.random.default_rng(seed).bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+    got = x.view(np.uint16 if bits == 16 else np.uint8).tolist()
+    want = [bisect.bisect_right(cum, w & 0x7FFFFFFF) | (w >> 31) << (bits - 1) for w in words.tolist()]
+    assert got == want
+    _, guide = _tables("normal", 1.0, fmt)
+    straddled = (guide[words >> 15] == 0xFFFF).mean()
+    assert 0 < straddled < 0.1  # both paths ran
 
 
 @pytest.mark.parametrize("name, arg", [("normal", 1.0), ("normal", 10.0), ("uniform", 3.0), ("flashmla", None)])

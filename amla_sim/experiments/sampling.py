@@ -1,12 +1,13 @@
 """Draw values of a narrow format directly from the distribution of ``round(X)``, X continuous.
 
 Rounding a float64 draw of X to BF16 costs a float64 normal per value plus a rounding pass; a sweep of the AMLA
-tables spends most of its non-BLAS time there. The rounded value has a discrete distribution on the format's
+tables spent most of its non-BLAS time there. The rounded value has a discrete distribution on the format's
 codes: a code gets the probability of the interval of reals that round to it (nearest-even; the ties have
-probability zero), which the closed-form tail function of |X| gives. Walker's alias method then turns 32 random
-bits into one code: the top B - 1 bits pick a bucket (one per magnitude code), the next 32 - B bits are compared
-with the bucket's threshold, and the lowest bit is the sign. Probabilities are quantised to multiples of 2^-31;
-everything else is exact.
+probability zero), which the closed-form tail function of |X| gives. Those probabilities, as integer weights
+summing to 2^31 (each off by less than 2^-31), are sampled by inversion from 32 random bits: the top bit is the
+sign, the other 31 a uniform integer u, and the magnitude code is the first whose cumulative weight exceeds u.
+A guide table indexed by the sign and the top 16 bits of u answers directly wherever its bucket lies inside one
+code's range; the few buckets that straddle a boundary are settled by a binary search.
 """
 
 from __future__ import annotations
@@ -43,14 +44,13 @@ def _magnitudes(fmt: Format) -> np.ndarray:
         return codes.view(fmt.dtype).astype(np.float64)
 
 
-@lru_cache(maxsize=64)
-def _alias_table(name: str, arg: float | None, fmt_name: str) -> tuple[np.ndarray, int]:
-    """(table, threshold bits): Walker's alias method in integers, one uint32 per bucket.
+_STRADDLE = np.uint16(0xFFFF)  # a guide entry that straddles a boundary (no code of 8 or 16 bits is 0xFFFF)
+_GUIDE_BITS = 16  # buckets per sign: 2^16 of 2^15 values of u each
 
-    table[bucket] = (threshold << 1) | (alias << (bits + 1)): a draw keeps the bucket's own code when its
-    threshold bits (with the sign bit below them) compare below ``threshold << 1``, else takes the alias. A full
-    bucket is its own alias, so a threshold below 2^bits (bits + 1 bits with the shift) always suffices.
-    """
+
+@lru_cache(maxsize=64)
+def _weights(name: str, arg: float | None, fmt_name: str) -> np.ndarray:
+    """Integer weight of every magnitude code (sign bit clear), in units of 2^-31, summing to 2^31 exactly."""
     fmt = get_format(fmt_name)
     mags = _magnitudes(fmt)
     n = mags.size
@@ -70,26 +70,27 @@ def _alias_table(name: str, arg: float | None, fmt_name: str) -> tuple[np.ndarra
         prob[np.flatnonzero(np.isinf(mags))[0]] = t_hi[-1]
     else:  # e4m3fn has no Inf: the tail would round to NaN; no table distribution reaches it
         prob[ranked[-1]] += t_hi[-1]
-    bits = 32 - fmt.bits  # threshold bits: (bits - 1) bucket bits + these + 1 sign bit = 32
-    total = n << bits  # each of the n buckets holds 2^bits
-    w = np.floor(prob / prob.sum() * total).astype(np.int64)
-    short = total - int(w.sum())  # largest remainders first: integer weights that sum to total exactly
-    w[np.argsort(-(prob / prob.sum() * total - w), kind="stable")[:short]] += 1
-    cap = 1 << bits
-    thr = np.zeros(n, np.int64)  # with alias = itself, a full bucket keeps its code whatever the threshold
-    alias = np.arange(n, dtype=np.int64)
-    small = [int(i) for i in np.flatnonzero(w < cap)]
-    large = [int(i) for i in np.flatnonzero(w > cap)]
-    w = w.tolist()
-    while small and large:
-        s, g = small.pop(), large[-1]
-        thr[s], alias[s] = w[s], g
-        w[g] -= cap - w[s]
-        if w[g] < cap:
-            small.append(large.pop())
-        elif w[g] == cap:
-            large.pop()
-    return ((thr << 1) | (alias << (bits + 1))).astype(np.uint32), bits
+    total = 1 << 31
+    scaled = prob / prob.sum() * total
+    w = np.floor(scaled).astype(np.int64)
+    short = total - int(w.sum())  # largest remainders first: integer weights that sum to 2^31 exactly
+    w[np.argsort(-(scaled - w), kind="stable")[:short]] += 1
+    return w
+
+
+@lru_cache(maxsize=64)
+def _tables(name: str, arg: float | None, fmt_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(cumulative weights, guide): code(u) = first index with cum > u; guide[sign << 16 | u >> 15] is the signed
+    code when the whole bucket maps to one code, else :data:`_STRADDLE`."""
+    fmt = get_format(fmt_name)
+    cum = np.cumsum(_weights(name, arg, fmt_name))
+    starts = np.arange(1 << _GUIDE_BITS, dtype=np.int64) << (31 - _GUIDE_BITS)
+    first = np.searchsorted(cum, starts, side="right")
+    last = np.searchsorted(cum, starts + (1 << (31 - _GUIDE_BITS)) - 1, side="right")
+    half = np.where(first == last, first, int(_STRADDLE)).astype(np.uint16)
+    sign = np.uint16(1 << (fmt.bits - 1))
+    guide = np.concatenate([half, np.where(half == _STRADDLE, _STRADDLE, half | sign)])
+    return cum, guide
 
 
 def sample_rounded(name: str, arg: float | None, shape: tuple[int, ...], rng: np.random.Generator,
@@ -101,12 +102,13 @@ def sample_rounded(name: str, arg: float | None, shape: tuple[int, ...], rng: np
     f = get_format(fmt)
     if f.bits not in (8, 16) or f.name == "tf32":
         raise ValueError(f"fmt: the table sampler takes 8- and 16-bit formats, got {f.name}")
-    table, bits = _alias_table(name, None if arg is None else float(arg), f.name)
+    cum, guide = _tables(name, None if arg is None else float(arg), f.name)
     size = math.prod(shape)
     r = rng.bit_generator.random_raw((size + 1) // 2).view(np.uint32)[:size]
-    bucket = r >> np.uint32(bits + 1)
-    entry = np.take(table, bucket, mode="clip")  # in range by construction; clip skips the bounds check
-    low = np.uint32((2 << bits) - 1)  # threshold bits and the sign bit
-    code = np.where((r & low) < (entry & low), bucket, entry >> np.uint32(bits + 1))
-    code |= (r & np.uint32(1)) << np.uint32(f.bits - 1)  # the sign bit
+    code = np.take(guide, r >> np.uint32(31 - _GUIDE_BITS), mode="clip")  # in range by construction
+    fix = np.flatnonzero(code == _STRADDLE)
+    if fix.size:
+        rf = r[fix]
+        mag = np.searchsorted(cum, rf & np.uint32(0x7FFFFFFF), side="right").astype(np.uint16)
+        code[fix] = mag | ((rf >> np.uint32(31)).astype(np.uint16) << np.uint16(f.bits - 1))
     return code.astype(f.uint_dtype).view(f.dtype).reshape(shape)
