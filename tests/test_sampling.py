@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from fractions import Fraction
 
@@ -9,8 +10,6 @@ import numpy as np
 import pytest
 
 from amla_sim.experiments.inputs import make_inputs
-import bisect
-
 from amla_sim.experiments.sampling import _tables, _weights, sample_rounded
 from amla_sim.formats import get_format, round_to
 
