@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -46,16 +47,20 @@ class Problem:
     shape: tuple[int, int, int]  # (b, s_q, G)
     trace: dict[str, list[np.ndarray]] | None
     out_format: str = "bf16"
-    Qm: np.ndarray | None = None  # Q and K as the matrix unit takes them (None: Q and K themselves)
-    Km: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        self.Qm = self.Q if self.Qm is None else self.Qm
-        self.Km = self.K if self.Km is None else self.Km
 
     @property
     def d_v(self) -> int:
         return self.V.shape[-1]
+
+    @cached_property
+    def Qm(self) -> np.ndarray:
+        """Q as the matrix unit takes it (:meth:`Machine.operand`), converted once, not once per block."""
+        return self.machine.operand(self.Q)
+
+    @cached_property
+    def Km(self) -> np.ndarray:
+        """K as the matrix unit takes it."""
+        return self.machine.operand(self.K)
 
     @property
     def Vm(self) -> np.ndarray:
@@ -150,9 +155,8 @@ def make_problem(
     if pad:  # a kernel's last block is full size: zero keys, masked out
         K = np.concatenate([K, np.zeros((b, pad, d_k), K.dtype)], axis=1)
         valid = np.concatenate([valid, np.zeros((valid.shape[0], pad), bool)], axis=1)
-    Qm, Km = mc.operand(Q), mc.operand(K)  # converted once here, not once per block
     return Problem(mc, Q, K, K[..., :d_v], valid, float(scale), int(block), (b, s_q, G), {} if trace else None,
-                   out_format, Qm, Km)
+                   out_format)
 
 
 def safe_max(m: np.ndarray) -> np.ndarray:

@@ -303,12 +303,12 @@ def _exact_rne_fp32(terms: list[float]) -> float:
     return r
 
 
-def _grid(x: np.ndarray, mantissa_bits: int) -> np.ndarray:
-    """An exponent q with x a multiple of 2^q (inf for zeros): x's exponent minus its format's fraction bits."""
-    return np.where(x == 0, np.inf, np.frexp(x)[1] - 1 - mantissa_bits)
+def _grid(x: np.ndarray, fmt: Format) -> np.ndarray:
+    """An exponent q with x a multiple of 2^q (inf for zeros): x's exponent in `fmt` minus its fraction bits."""
+    return np.where(x == 0, np.inf, _exponents(x, fmt) - fmt.mantissa_bits)
 
 
-def _matmul_exact(a64: np.ndarray, b64: np.ndarray, c64: np.ndarray, mantissa_bits: int) -> np.ndarray:
+def _matmul_exact(a64: np.ndarray, b64: np.ndarray, c64: np.ndarray, fmt: Format) -> np.ndarray:
     """Exact sum of products plus c, rounded once to FP32 (nearest even), at BLAS speed.
 
     A float64 matmul (any summation order) is within gamma_K sum|a b| of the exact sum (the products of formats
@@ -331,10 +331,11 @@ def _matmul_exact(a64: np.ndarray, b64: np.ndarray, c64: np.ndarray, mantissa_bi
         return out
     *batch, i, j = unsure
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ga = _grid(a64, mantissa_bits)  # (..., M, K): computed once, gathered per unsure element
-        gbt = np.swapaxes(_grid(b64, mantissa_bits), -1, -2)  # (..., N, K)
+        ga = _grid(a64, fmt)  # (..., M, K): computed once, gathered per unsure element
+        gbt = np.swapaxes(_grid(b64, fmt), -1, -2)  # (..., N, K)
         row_g, col_g = (ga[(*batch, i)], gbt[(*batch, j)]) if batch else (ga[i], gbt[j])  # (n, K) each
-        q = np.minimum(np.min(row_g + col_g, axis=-1), _grid(c64[unsure], 23))  # all terms are multiples of 2^q
+        # every product and c is a multiple of 2^q
+        q = np.minimum(np.min(row_g + col_g, axis=-1), _grid(c64[unsure], FORMATS["fp32"]))
         q = np.where(np.isfinite(q), q, 0)
         exact = np.isfinite(s[unsure]) & (mag[unsure] * (1 + 2 * k * u) < np.ldexp(1.0, (q + 53).astype(np.int64)))
     for n in np.flatnonzero(~exact):
@@ -418,7 +419,7 @@ def matmul(
     if m.kind == "exact":
         if fmt.name == "fp64":
             raise ValueError("a: the exact model takes formats up to FP32 (their products are exact in float64)")
-        return _matmul_exact(a64, b64, c64, fmt.mantissa_bits).astype(out_dtype)
+        return _matmul_exact(a64, b64, c64, fmt).astype(out_dtype)
     if m.kind == "fp32":
         return _matmul_fp32(a64, b64, c64).astype(out_dtype)
 
