@@ -10,22 +10,12 @@ from __future__ import annotations
 
 import argparse
 import resource
-import statistics
-import time
 
 import ml_dtypes
 import numpy as np
 
+from _timing import median_time  # benchmarks/, the script's own folder
 from amla_sim import mma
-
-
-def median_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -9,19 +9,9 @@ run and prints the medians and their ratio.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
+from _timing import median_time  # benchmarks/, the script's own folder
 from amla_sim.experiments.inputs import make_inputs
-
-
-def median_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
