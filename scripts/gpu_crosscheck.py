@@ -49,7 +49,7 @@ def step_debug(out: str) -> None:
 
 FIDELITY_CASES = [(sq, L) for sq in (1, 2) for L in (1024, 2048, 4096, 8192)] + [(1, 3000)]
 CI_CASES = ("base/poly/sq1/L1024", "amla/poly/sq1/L1024", "amla/hw/sq1/L1024", "snapmla/poly/sq1/L1024",
-            "etap/poly/sq1/L1024")
+            "etap/poly/sq1/L1024", "base/hw/sq1/L1024", "etap/hw/sq1/L1024", "snapmla/hw/sq1/L1024")
 
 
 def _simulate_out(args: tuple) -> np.ndarray:

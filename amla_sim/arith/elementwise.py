@@ -4,23 +4,27 @@ The IEEE paths are exact: a float64 operation whose result is rounded once to FP
 correctly rounded (float64 has more than 2 * 24 + 2 bits, or round-to-odd where it has not); for exp and exp2 it
 relies on the float64 libm result being within an ulp, which makes a wrong FP32 rounding astronomically rare.
 
-The sm_90 paths model what Triton 3.6 emits (measured on an H200, ``tests/data/triton_exp_div.npz`` and
-``triton_exp2_unit.npz``):
+The sm_90 paths model what Triton 3.6 emits (measured on an H200, ``tests/data/triton_exp_div.npz``,
+``triton_exp2_unit.npz`` and ``ex2_edges.npz``):
 
 - ``tl.exp(x)``: ``t = fl32(x * fl32(log2 e))`` (0x3FB8AA3B), then ``ex2.approx.f32(t)``.
 - ``tl.exp2(x)``: ``ex2.approx.ftz.f32(x)``: subnormal inputs read as zero, subnormal results flushed to +0.
 - ``a / b``: ``div.full.f32``; ``tl.math.div_rn``: IEEE (100% of captures).
 - ``a * b + c``: contracted to one FMA (100% of captures).
 
-No bit-exact model of the MUFU ``ex2.approx`` unit is public, and none is given here. Measured agreement of
-the models with the device (fraction of bit-identical outputs, max ulp):
+``ex2.approx`` is modelled bit for bit (:func:`ex2_approx`): the MUFU.EX2 unit reads x as fixed point with 23
+fraction bits, truncated toward zero; a negative x with a nonzero fraction is negated by complementing the
+fraction's bits, which reads it 2^-23 lower; the result is 2^n times the unit's significand for the 23-bit
+fraction, a table measured on every fraction (``ex2_sm90.npz``, built by ``scripts/make_ex2_table.py``); results
+below 2^-126 are flushed. Without ``.ftz``, x < -126 is evaluated as ``fl32(EX2(x / 2)^2)``, which gives the
+subnormal results. Agreement with the device: 100% of tl.exp2 on every FP32 in [1, 2) and in (-2, -1] (8.4
+million each), on 32,768 random x in [-140, 130] and on 17,356 edge inputs (zeros, subnormals, tiny normals,
+integers, the neighbourhoods of -150, -126 and 128, infinities, NaN); 100% of tl.exp on 32,768 random and the
+17,356 edge inputs. The table's integer steps also show the unit's structure: per 64 intervals of the fraction,
+the significand is the floor of a quadratic form in the 17 remaining bits (a linear program found one for the
+first and last interval), as a truncated-multiplier interpolator gives. The correctly rounded 2^x agrees with
+only 61.1% of [1, 2) and 51.0% of the random inputs.
 
-- ``ex2.approx.ftz`` modelled as 2^x correctly rounded: 61.1% on every FP32 in [1, 2) (the rest differ by one
-  ulp, 99.9% of them upward), 51.0% (max 2 ulp) on 32768 random x in [-140, 130]. The device's rounding error
-  is a smooth function of x to about 4%: a per-interval bias table fitted to [1, 2) reaches only 95.8%, so the
-  unit's internal fixed-point steps are not captured by any table of 2^14 entries (scripts/analyze_ex2.py).
-- ``tl.exp`` with that ex2 model after the fl32(x * log2 e) product: 40.4% (max 2 ulp); a correctly rounded exp
-  agrees with only 10.7% (max 62 ulp), because the product's rounding error is amplified.
 - ``div.full`` modelled as ``fl32(a * fl32(1 / b))``: 87.7% (max 2 ulp); IEEE division: 71.4%.
 
 Where bits must match, :class:`Recorded` substitutes recorded device outputs.
@@ -29,6 +33,8 @@ Where bits must match, :class:`Recorded` substitutes recorded device outputs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -71,16 +77,40 @@ def as_f32(x: npt.ArrayLike, argname: str = "x") -> np.ndarray:
     return out
 
 
+@cache
+def _ex2_table() -> np.ndarray:
+    """MUFU.EX2's 24-bit significand of 2^(f / 2^23) for every 23-bit fraction f (uint32, units of 2^-23)."""
+    with np.load(Path(__file__).with_name("ex2_sm90.npz")) as z:
+        first, step = z["first"].astype(np.int64), z["step"].astype(np.int64)
+    return np.concatenate([first, first + np.cumsum(step)]).astype(np.uint32)
+
+
+_FRAC = (1 << 23) - 1
+
+
+def _mufu_ex2(x: np.ndarray) -> np.ndarray:
+    """The MUFU.EX2 unit on FP32 x (see the module docstring); results below 2^-126 flushed to +0."""
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        fixed = np.trunc(np.minimum(np.abs(x64), 512.0) * 2.0**23)  # toward zero; |x| >= 512 saturates anyway
+    A = np.where(np.isnan(x64), 0.0, fixed).astype(np.int64)
+    X = np.where(x64 < 0, np.where(A & _FRAC == 0, -A, ~A), A)  # ~A = -A - 1: the fraction complemented
+    y = np.ldexp(_ex2_table()[X & _FRAC].astype(np.float64), (X >> 23) - 23)
+    with np.errstate(over="ignore"):
+        y = np.where(y < 2.0**-126, 0.0, y).astype(np.float32)
+    return np.where(np.isnan(x), np.uint32(0x7FFFFFFF).view(np.float32), y)  # the canonical NaN
+
+
 def ex2_approx(x: npt.ArrayLike, *, ftz: bool = False) -> np.ndarray:
-    """Model of PTX ``ex2.approx[.ftz].f32``: 2^x rounded correctly (see the module docstring for its agreement)."""
+    """PTX ``ex2.approx[.ftz].f32`` on sm_90, bit for bit (see the module docstring for the model and its
+    measured agreement: 100% of every capture)."""
     xf = as_f32(x)
     if ftz:
-        xf = np.where(np.abs(xf) < np.float32(2.0**-126), np.float32(0.0), xf)
-    with np.errstate(over="ignore"):
-        y = np.exp2(xf.astype(np.float64)).astype(np.float32)
-    if ftz:
-        y = np.where(y < np.float32(2.0**-126), np.float32(0.0), y).astype(np.float32)
-    return y
+        return _mufu_ex2(np.where(np.abs(xf) < np.float32(2.0**-126), np.float32(0.0), xf))
+    small = xf < np.float32(-126.0)  # 2^x is subnormal or zero: square the unit's 2^(x / 2)
+    half = _mufu_ex2(np.where(small, xf * np.float32(0.5), xf))
+    with np.errstate(under="ignore", over="ignore"):
+        return np.where(small, half * half, half).astype(np.float32)
 
 
 def exp(x: npt.ArrayLike, *, mode: ExpMode = "correctly-rounded") -> np.ndarray:
