@@ -2,8 +2,8 @@
 
 A capture (``.npz``) holds the inputs, the kernel's settings and the device's per-block stages; replaying it needs
 no GPU. The simulator runs the same algorithm on the ``sm90-triton-exact`` machine (kernel exp mode ``poly``, IEEE
-division: every operation modelled bit for bit) or ``sm90-triton`` (hardware ex2.approx and div.full, modelled
-approximately), with its trace on, and each stage is compared bit for bit.
+division) or ``sm90-triton`` (hardware ex2.approx and div.full, from measured MUFU tables), both modelled bit for
+bit, with its trace on, and each stage is compared bit for bit.
 """
 
 from __future__ import annotations

@@ -142,8 +142,8 @@ size, set by the FP16 output rounding. A 15x gap needs a different setup, not a 
 
 The Triton kernels of `amla_sim.gpu` were run on an H200 in two exp modes. In the exact mode (a software exp
 of FP32 FMAs, IEEE division) the `sm90-triton-exact` machine predicts every bit of every stage; in the
-hardware mode (`tl.exp` = `ex2.approx`, `/` = `div.full`) the approximate units are modelled, not known, and
-the cross-check says where the bits part. The captures are in `tests/data`; no GPU is needed here."""),
+hardware mode (`tl.exp` = `ex2.approx`, `/` = `div.full`, both on the MUFU unit) the `sm90-triton` machine
+does too, with bit-exact models of those units. The captures are in `tests/data`; no GPU is needed here."""),
         ("code", """from pathlib import Path
 from amla_sim.crosscheck import format_report, replay
 

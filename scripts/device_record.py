@@ -2,8 +2,9 @@
 
     python scripts/device_record.py CAPTURE_DIR FIDELITY_DIR OUT.json
 
-CAPTURE_DIR holds what ``scripts/capture_device.py DIR --only dots`` wrote there (device.json, triton_dot.npz);
-FIDELITY_DIR what ``scripts/gpu_crosscheck.py DIR --steps fidelity`` wrote (fidelity.npz, fidelity_ci.npz).
+CAPTURE_DIR holds what ``scripts/capture_device.py DIR --only dots``, ``scripts/capture_ex2_edges.py DIR`` and
+``scripts/capture_div_edges.py DIR`` wrote there (device.json, triton_dot.npz, ex2_edges.npz, div_edges.npz);
+FIDELITY_DIR what ``scripts/gpu_crosscheck.py DIR --steps fidelity`` wrote (fidelity_ci.npz holds every row).
 tests/test_devices.py compares the hashes with the committed files of tests/data. Made tests/data/h100_record.json.
 """
 
@@ -24,12 +25,14 @@ def main(capture_dir: str, fidelity_dir: str, out: str) -> None:
 
     with open(os.path.join(capture_dir, "device.json")) as f:
         device = json.load(f)
-    rows = json.loads(str(np.load(os.path.join(fidelity_dir, "fidelity.npz"))["rows"]))
+    rows = json.loads(str(np.load(os.path.join(fidelity_dir, "fidelity_ci.npz"))["rows"]))
+    captures = sorted(name for name in os.listdir(capture_dir) if name.endswith(".npz"))
     record = {
         "device": device,
-        "made_by": "scripts/capture_device.py OUT --only dots; scripts/gpu_crosscheck.py OUT --steps fidelity; "
-                   "scripts/device_record.py",
-        "sha256": {"triton_dot.npz": sha256(os.path.join(capture_dir, "triton_dot.npz")),
+        "made_by": "scripts/capture_device.py C --only dots; scripts/capture_ex2_edges.py C; "
+                   "scripts/capture_div_edges.py C; scripts/gpu_crosscheck.py F --steps fidelity; "
+                   "scripts/device_record.py C F",
+        "sha256": {**{name: sha256(os.path.join(capture_dir, name)) for name in captures},
                    "fidelity_ci.npz": sha256(os.path.join(fidelity_dir, "fidelity_ci.npz"))},
         "fidelity_rows": rows,
     }

@@ -76,15 +76,32 @@ def _agreement(model, device):
     return float(ok.mean()), int(np.abs(ulp_distance(model, device)).max())
 
 
-def test_div_full_model_agreement_as_documented(cap):
-    frac, max_ulp = _agreement(ew.div(cap["div_a"], cap["div_b"], mode="sm90"), cap["div_full_y"])
-    assert frac == pytest.approx(0.877, abs=0.005) and max_ulp <= 2
-    frac_ieee, _ = _agreement(ew.div(cap["div_a"], cap["div_b"]), cap["div_full_y"])
-    assert frac > frac_ieee  # the model beats IEEE division
-
-
 def _unit(pattern: int) -> np.ndarray:
     return (np.arange(1 << 23, dtype=np.uint32) | np.uint32(pattern)).view(np.float32)
+
+
+def test_div_full_is_bit_exact_on_random_inputs(cap):
+    assert_bitwise_equal(ew.div(cap["div_a"], cap["div_b"], mode="sm90"), cap["div_full_y"])
+    ieee, _ = _agreement(ew.div(cap["div_a"], cap["div_b"]), cap["div_full_y"])
+    assert ieee == pytest.approx(0.714, abs=0.005)  # what IEEE division would reach
+
+
+def test_div_full_and_rcp_are_bit_exact_at_the_edges():
+    """Zeros, subnormals, both ends of the range, infinities and NaN, as dividend, divisor and reciprocal."""
+    z = np.load(DATA / "div_edges.npz")
+    assert_bitwise_equal(ew.div(z["a"], z["b"], mode="sm90"), z["div"])
+    assert_bitwise_equal(ew.rcp_approx(z["rcp_x"]), z["rcp"])
+    huge, tiny = np.abs(z["b"]) > 2.0**126, (np.abs(z["b"]) < 2.0**-126) & (z["b"] != 0)
+    assert huge.sum() > 1000 and tiny.sum() > 1000  # both scaled ranges are exercised
+
+
+def test_rcp_is_bit_exact_on_every_fp32_in_1_2():
+    """The capture the table was built from: a check of the table and its indexing, both signs."""
+    x = _unit(0x3F800000)
+    diff = np.load(DATA / "div_edges.npz")["unit_diff"].astype(np.int32)
+    device = ((1.0 / x.astype(np.float64)).astype(np.float32).view(np.int32) + diff).view(np.float32)
+    assert_bitwise_equal(ew.rcp_approx(x), device)
+    assert_bitwise_equal(ew.rcp_approx(-x), -device)
 
 
 def test_exp2_is_bit_exact_on_every_fp32_in_1_2_and_in_minus_2_minus_1():
@@ -140,7 +157,7 @@ def test_exp_reaches_subnormal_results_by_squaring():
 
 
 def test_ex2_table_is_the_capture(tmp_path):
-    """The packaged core table is what scripts/make_ex2_table.py builds from tests/data."""
+    """The packaged core table is what scripts/make_mufu_tables.py builds from tests/data."""
     x = _unit(0x3F800000)
     diff = np.load(DATA / "triton_exp2_unit.npz")["ulp_diff"].astype(np.int32)
     device = (ew.exp2(x).view(np.int32) + diff).view(np.int32)
