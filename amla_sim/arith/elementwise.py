@@ -85,15 +85,17 @@ def as_f32(x: npt.ArrayLike, argname: str = "x") -> np.ndarray:
 
 @cache
 def _table(name: str) -> np.ndarray:
-    """A measured MUFU table (int64, one entry per 23-bit fraction), stored as its first entry and its steps."""
+    """A measured MUFU table (int32, one entry per 23-bit fraction), stored as its first entry and its steps."""
     with np.load(Path(__file__).with_name(name)) as z:
         first, step = z["first"].astype(np.int64), z["step"].astype(np.int64)
-    return np.concatenate([first, first + np.cumsum(step)])
+    return np.concatenate([first, first + np.cumsum(step)]).astype(np.int32)
 
 
+@cache
 def _ex2_table() -> np.ndarray:
-    """MUFU.EX2's 24-bit significand of 2^(f / 2^23) for every 23-bit fraction f (units of 2^-23)."""
-    return _table("ex2_sm90.npz")
+    """MUFU.EX2's significand of 2^(f / 2^23), less its leading bit, for every 23-bit fraction f (units of 2^-23:
+    the FP32 fraction field of the result)."""
+    return _table("ex2_sm90.npz") & _FRAC
 
 
 _FRAC = (1 << 23) - 1
@@ -102,15 +104,17 @@ _NAN = np.uint32(0x7FFFFFFF).view(np.float32)  # the canonical NaN the units ret
 
 def _mufu_ex2(x: np.ndarray) -> np.ndarray:
     """The MUFU.EX2 unit on FP32 x (see the module docstring); results below 2^-126 flushed to +0."""
-    x64 = x.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        fixed = np.trunc(np.minimum(np.abs(x64), 512.0) * 2.0**23)  # toward zero; |x| >= 512 saturates anyway
-    A = np.where(np.isnan(x64), 0.0, fixed).astype(np.int64)
-    X = np.where(x64 < 0, np.where(A & _FRAC == 0, -A, ~A), A)  # ~A = -A - 1: the fraction complemented
-    y = np.ldexp(_ex2_table()[X & _FRAC].astype(np.float64), (X >> 23) - 23)
-    with np.errstate(over="ignore"):
-        y = np.where(y < 2.0**-126, 0.0, y).astype(np.float32)
-    return np.where(np.isnan(x), _NAN, y)
+    with np.errstate(invalid="ignore"):  # |x| >= 256 saturates: the result is +inf or +0 either way
+        fixed = np.trunc(np.minimum(np.abs(x), np.float32(255.99998)) * np.float32(2.0**23))  # exact, toward zero
+    A = np.nan_to_num(fixed).astype(np.int32)
+    X = np.where(x < 0, np.where(A & _FRAC == 0, -A, ~A), A)  # ~A = -A - 1: the fraction complemented
+    biased = (X >> 23) + 127  # 2^x = M 2^(n - 23): FP32 bits (n + 127) << 23 | M - 2^23
+    bits = np.take(_ex2_table(), X & _FRAC)
+    bits |= biased << 23
+    if biased.min() < 1 or biased.max() > 254:
+        bits = np.where(biased < 1, 0, np.where(biased > 254, 0x7F800000, bits))  # flushed to +0; overflow: +inf
+    y = bits.view(np.float32)
+    return np.where(np.isnan(x), _NAN, y) if np.isnan(x).any() else y
 
 
 def ex2_approx(x: npt.ArrayLike, *, ftz: bool = False) -> np.ndarray:
@@ -159,14 +163,16 @@ def exp2(x: npt.ArrayLike, *, mode: ExpMode = "correctly-rounded") -> np.ndarray
 def rcp_approx(x: npt.ArrayLike) -> np.ndarray:
     """PTX ``rcp.approx.ftz.f32`` on sm_90 (MUFU.RCP), bit for bit: subnormal inputs read as zero, 1/m from a
     table measured on every significand m (``rcp_sm90.npz``), scaled by 2^-e, results below 2^-126 flushed."""
-    xf = as_f32(x)
-    bits = xf.view(np.uint32).astype(np.int64)
-    e = ((bits >> 23) & 0xFF) - 127
-    r = _table("rcp_sm90.npz")[bits & _FRAC].astype(np.uint32).view(np.float32).astype(np.float64)
-    r = np.ldexp(r, np.clip(-e, -300, 300))
-    with np.errstate(over="ignore"):
-        r = np.where((r < 2.0**-126) | np.isinf(xf), 0.0, np.where(e == -127, np.inf, r)).astype(np.float32)
-    return np.where(np.isnan(xf), _NAN, np.copysign(r, xf))
+    bits = as_f32(x).view(np.int32)
+    field = (bits >> 23) & 0xFF
+    r = np.take(_table("rcp_sm90.npz"), bits & _FRAC)  # FP32 bits of 1/m, m in [1, 2)
+    out = (r >> 23) - (field - 127)  # the exponent field of 2^-e / m (never above 253)
+    r = (r & _FRAC) | (out << 23)
+    r = np.where(out < 1, 0, r)  # flushed to zero
+    r = np.where(field == 0, 0x7F800000, np.where(field == 255, 0, r))  # 1/(+-0 or subnormal) = inf, 1/inf = 0
+    r |= bits & np.int32(-(2**31))  # the sign of x
+    r = np.where((field == 255) & (bits & _FRAC != 0), _NAN.view(np.int32), r)
+    return r.view(np.float32)
 
 
 def div(a: npt.ArrayLike, b: npt.ArrayLike, *, mode: DivMode = "ieee") -> np.ndarray:
