@@ -14,16 +14,17 @@ The sm_90 paths model what Triton 3.6 emits (measured on an H200, ``tests/data/t
 
 ``ex2.approx`` is modelled bit for bit (:func:`ex2_approx`): the MUFU.EX2 unit reads x as fixed point with 23
 fraction bits, truncated toward zero; a negative x with a nonzero fraction is negated by complementing the
-fraction's bits, which reads it 2^-23 lower; the result is 2^n times the unit's significand for the 23-bit
-fraction, a table measured on every fraction (``ex2_sm90.npz``, built by ``scripts/make_mufu_tables.py``); results
-below 2^-126 are flushed. Without ``.ftz``, x < -126 is evaluated as ``fl32(EX2(x / 2)^2)``, which gives the
-subnormal results. Agreement with the device: 100% of tl.exp2 on every FP32 in [1, 2) and in (-2, -1] (8.4
-million each), on 32,768 random x in [-140, 130] and on 17,356 edge inputs (zeros, subnormals, tiny normals,
-integers, the neighbourhoods of -150, -126 and 128, infinities, NaN); 100% of tl.exp on 32,768 random and the
-17,356 edge inputs. The table's integer steps also show the unit's structure: per 64 intervals of the fraction,
-the significand is the floor of a quadratic form in the 17 remaining bits (a linear program found one for the
-first and last interval), as a truncated-multiplier interpolator gives. The correctly rounded 2^x agrees with
-only 61.1% of [1, 2) and 51.0% of the random inputs.
+fraction's bits, which reads it 2^-23 lower; the result is 2^n times the unit's significand for the 23-bit fraction,
+a table measured on every fraction (``ex2_sm90.npz``, built by ``scripts/make_mufu_tables.py``); results below
+2^-126 are flushed. Without ``.ftz``, x < -126 is evaluated as ``fl32(EX2(x / 2)^2)``, which gives the subnormal
+results. Agreement with the device: 100% of tl.exp2 on every FP32 in [1, 2) and in (-2, -1] (8.4 million each), on
+32,768 random x in [-140, 130] and on 17,356 edge inputs (zeros, subnormals, tiny normals, integers, the
+neighbourhoods of -150, -126 and 128, infinities, NaN); 100% of tl.exp on 32,768 random and the 17,356 edge inputs.
+The table also shows the unit's structure: per 64 intervals of the fraction, the significand is exactly the floor of
+a quadratic form in the 17 remaining bits, as a table-driven interpolator with truncated multipliers computes
+(``scripts/analyze_ex2_structure.py``, a linear program, finds one for the first and the last interval; a quadratic
+in the fraction itself misses by 0.05 ulp). The correctly rounded 2^x agrees with only 61.1% of [1, 2) and 51.0% of
+the random inputs.
 
 ``div.full.f32`` is modelled bit for bit too (:func:`div`): ``fl32(a * rcp.approx(b))`` after scaling both by
 1/4 where |b| > 2^126 and by 2^24 where |b| < 2^-126, with ``rcp.approx.ftz`` (:func:`rcp_approx`) from a
