@@ -84,6 +84,10 @@ def as_f32(x: npt.ArrayLike, argname: str = "x") -> np.ndarray:
     return out
 
 
+_FRAC = (1 << 23) - 1
+_NAN = np.uint32(0x7FFFFFFF).view(np.float32)  # the canonical NaN the units return
+
+
 @cache
 def _table(name: str) -> np.ndarray:
     """A measured MUFU table (int32, one entry per 23-bit fraction), stored as its first entry and its steps."""
@@ -99,16 +103,12 @@ def _ex2_table() -> np.ndarray:
     return _table("ex2_sm90.npz") & _FRAC
 
 
-_FRAC = (1 << 23) - 1
-_NAN = np.uint32(0x7FFFFFFF).view(np.float32)  # the canonical NaN the units return
-
-
 def _mufu_ex2(x: np.ndarray) -> np.ndarray:
     """The MUFU.EX2 unit on FP32 x (see the module docstring); results below 2^-126 flushed to +0."""
     with np.errstate(invalid="ignore"):  # |x| >= 256 saturates: the result is +inf or +0 either way
         fixed = np.trunc(np.minimum(np.abs(x), np.float32(255.99998)) * np.float32(2.0**23))  # exact, toward zero
     A = np.nan_to_num(fixed).astype(np.int32)
-    X = np.where(x < 0, np.where(A & _FRAC == 0, -A, ~A), A)  # ~A = -A - 1: the fraction complemented
+    X = np.where(x < 0, np.where((A & _FRAC) == 0, -A, ~A), A)  # ~A = -A - 1: the fraction complemented
     biased = (X >> 23) + 127  # 2^x = M 2^(n - 23): FP32 bits (n + 127) << 23 | M - 2^23
     bits = np.take(_ex2_table(), X & _FRAC)
     bits |= biased << 23
@@ -172,7 +172,7 @@ def rcp_approx(x: npt.ArrayLike) -> np.ndarray:
     r = np.where(out < 1, 0, r)  # flushed to zero
     r = np.where(field == 0, 0x7F800000, np.where(field == 255, 0, r))  # 1/(+-0 or subnormal) = inf, 1/inf = 0
     r |= bits & np.int32(-(2**31))  # the sign of x
-    r = np.where((field == 255) & (bits & _FRAC != 0), _NAN.view(np.int32), r)
+    r = np.where((field == 255) & ((bits & _FRAC) != 0), _NAN.view(np.int32), r)
     return r.view(np.float32)
 
 
