@@ -20,11 +20,11 @@ a table measured on every fraction (``ex2_sm90.npz``, built by ``scripts/make_mu
 results. Agreement with the device: 100% of tl.exp2 on every FP32 in [1, 2) and in (-2, -1] (8.4 million each), on
 32,768 random x in [-140, 130] and on 17,356 edge inputs (zeros, subnormals, tiny normals, integers, the
 neighbourhoods of -150, -126 and 128, infinities, NaN); 100% of tl.exp on 32,768 random and the 17,356 edge inputs.
-The table also shows the unit's structure: per 64 intervals of the fraction, the significand is exactly the floor of
-a quadratic form in the 17 remaining bits, as a table-driven interpolator with truncated multipliers computes
-(``scripts/analyze_ex2_structure.py``, a linear program, finds one for the first and the last interval; a quadratic
-in the fraction itself misses by 0.05 ulp). The correctly rounded 2^x agrees with only 61.1% of [1, 2) and 51.0% of
-the random inputs.
+The table also shows the unit's structure: in each of the 64 intervals of the fraction, the significand is exactly
+the floor of a quadratic form in the 17 remaining bits, as a table-driven interpolator with truncated multipliers
+computes (``scripts/analyze_ex2_structure.py``: a linear program finds one for every interval, with margins of
+0.00037-0.00057 ulp, ``docs/experiments/ex2-structure.txt``; a quadratic in the fraction itself misses by 0.04-0.10
+ulp). The correctly rounded 2^x agrees with only 61.1% of [1, 2) and 51.0% of the random inputs.
 
 ``div.full.f32`` is modelled bit for bit too (:func:`div`): ``fl32(a * rcp.approx(b))`` after scaling both by
 1/4 where |b| > 2^126 and by 2^24 where |b| < 2^-126, with ``rcp.approx.ftz`` (:func:`rcp_approx`) from a
