@@ -1,5 +1,5 @@
 """Record Triton's a / b (div.full.f32) and rcp.approx.ftz.f32 where their range handling shows: subnormal,
-tiny, huge and special divisors and dividends.
+tiny, huge and special divisors and dividends; and print the PTX Triton emits for a / b.
 
 Run on a CUDA machine with torch and triton:  python scripts/capture_div_edges.py OUTDIR
 
@@ -16,10 +16,20 @@ import sys
 import numpy as np
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
-from capture_device import run_binary  # noqa: E402
-from capture_rcp import rcp_kernel  # noqa: E402
+from capture_device import binary_kernel, run_binary  # noqa: E402
+
+
+@triton.jit
+def rcp_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=1.0)
+    y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                  pack=1)
+    tl.store(y_ptr + offs, y, mask=mask)
 
 
 def rcp(x: np.ndarray) -> np.ndarray:
@@ -62,6 +72,9 @@ def main() -> None:
     res["unit_diff"] = np.clip(diff, -127, 127).astype(np.int8)
     np.savez_compressed(os.path.join(out, "div_edges.npz"), **res)
     print("div edges:", a.size, "pairs;", rx.size, "rcp inputs; unit diff", dict(zip(*np.unique(diff, return_counts=True))))
+    ones = torch.ones(1024, device="cuda")
+    ptx = binary_kernel[(1,)](ones, ones, ones, torch.empty_like(ones), 1024, 0, 1024).asm["ptx"]
+    print("a / b in PTX:", sorted({line.split()[0] for line in ptx.splitlines() if "div" in line}))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Run on a CUDA machine with torch and triton:  python scripts/capture_ex2_edges.p
 
 Writes ex2_edges.npz: ``x`` and both results on signed zeros, subnormals, tiny normals (many fraction bits below
 2^-23), integers, the neighbourhoods of -126, -150 and 128, infinities, NaN and random values in the subnormal
-result range; and ``neg_unit_diff``: tl.exp2 on every FP32 in [-2, -1), as the ulp difference from the
+result range; and ``neg_unit_diff``: tl.exp2 on every FP32 in (-2, -1], as the ulp difference from the
 correctly rounded value (the counterpart of triton_exp2_unit.npz for negative arguments).
 """
 

@@ -188,8 +188,8 @@ def div(a: npt.ArrayLike, b: npt.ArrayLike, *, mode: DivMode = "ieee") -> np.nda
             mag = np.abs(bf)
             s = np.where(mag > np.float32(2.0**126), np.float32(0.25),
                          np.where(mag < np.float32(2.0**-126), np.float32(2.0**24), np.float32(1.0)))
-            q = (af * s).astype(np.float32) * rcp_approx((bf * s).astype(np.float32))
-            return np.where(np.isnan(q), _NAN, q).astype(np.float32)
+            q = (af * s) * rcp_approx(bf * s)  # FP32 products, rounded to nearest even
+            return np.where(np.isnan(q), _NAN, q)
     raise ValueError(f"mode: expected 'ieee' or 'sm90', got {mode!r}")
 
 
