@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from .formats import Format, FormatLike, get_format, is_float_dtype
+from .formats import Format, FormatLike, as_native, get_format, is_float_dtype
 
 __all__ = [
     "as_int",
@@ -34,7 +34,7 @@ _BIT_FORMATS = ("fp64", "fp32", "fp16", "bf16", "e4m3", "e5m2")
 
 
 def _float_array(x: npt.ArrayLike, argname: str) -> tuple[np.ndarray, Format]:
-    arr = np.asarray(x)
+    arr = as_native(x)
     if not is_float_dtype(arr.dtype):
         raise TypeError(f"{argname}: expected a float array (float64/32/16, bfloat16, float8), got dtype {arr.dtype}")
     return arr, get_format(arr.dtype, argname=argname)
@@ -44,6 +44,8 @@ def _int_array(n: npt.ArrayLike, argname: str) -> np.ndarray:
     arr = np.asarray(n)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{argname}: expected integers, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 2**63:
+        raise ValueError(f"{argname}: values must fit in int64, got {int(arr.max())}")
     return arr
 
 
@@ -224,6 +226,8 @@ def optimal_compensation_coefficient(
     def f(c: float) -> float:
         return key(compensation_error(c, eps=eps, mantissas=mantissas))
 
+    if not isinstance(tol, (int, float, np.floating)) or isinstance(tol, bool) or not 1e-12 <= tol <= 1:
+        raise ValueError(f"tol: expected a number in [1e-12, 1], got {tol!r}")  # below, [1, 2] no longer shrinks
     invphi = (np.sqrt(5.0) - 1.0) / 2.0
     a, b = 1.0, 2.0
     c, d = b - invphi * (b - a), a + invphi * (b - a)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from . import __version__
+from ._validate import DataError, dumps_strict
 from .bits import as_int, lemma_domain, mul_pow2_via_int_add
 from .formats import get_format
+
 
 def lemma_examples(fmt_name: str = "fp32") -> list[tuple[str, float, int]]:
     """(case, x, n) triples: Fig. 3, cases inside Lemma 3.1's domain, and each way out of it, for one format."""
@@ -74,7 +78,7 @@ def _lemma_rows(fmt_name: str) -> list[dict[str, object]]:
 def _cmd_lemma(args: argparse.Namespace) -> int:
     rows = _lemma_rows(args.format)
     if args.json:
-        print(json.dumps({"format": args.format, "examples": rows}, indent=2))
+        print(dumps_strict({"format": args.format, "examples": rows}, indent=2))
         return 0
     print(f"Lemma 3.1 on {args.format}: AS_FLOAT(AS_INT(x) + n * 2^m) against x * 2^n\n")
     hdr = f"{'case':40s} {'x':>12s} {'bits':>10s} {'n':>4s}   {'int add':>13s} {'bits':>10s}   {'x * 2^n':>13s}  dom  ok"
@@ -98,7 +102,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .experiments.metrics import all_metrics
     from .machines import get_machine
 
+    from .resources import check_fits, run_bytes
+
     mc = get_machine(args.machine)
+    _check_options(args)
+    need = run_bytes(batch=args.batch, sq=args.sq, heads=args.heads, context=args.context,
+                     mufu_tables=mc.exp_mode == "sm90" or mc.div_mode == "sm90")
+    check_fits(need, what=f"run (b={args.batch}, s_q={args.sq}, G={args.heads}, context={args.context})",
+               lower="--context, --heads, --batch or --sq", limit=_limit(args))
     q, kv = make_inputs(args.dist, batch=args.batch, heads=args.heads, sq=args.sq, context=args.context,
                         seed=args.seed, fmt="fp32" if args.algorithm == "snapmla" else "bf16")
     options = {k: v for k, v in (("compensation", args.compensation), ("scaling", args.scaling),
@@ -122,7 +133,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "seconds": round(seconds, 3),
     }
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(dumps_strict(report, indent=2))
         return 0
     print(f"{args.algorithm} on {mc.name} ({args.dist}, b={args.batch} s_q={args.sq} G={args.heads} "
           f"L={args.context} block={args.block}) in {seconds:.2f} s, against the FP64 golden:")
@@ -130,6 +141,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"  {key:14s} {report[key]:.4e}")
     print(f"  hazards        {report['hazards'] or 'none'}")
     return 0
+
+
+_ALGORITHM_OPTIONS = {"compensation": "amla", "scaling": "amla", "no_cleanup": "amla", "config": "snapmla"}
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Options of one algorithm given to another: an error naming the option."""
+    for opt, alg in _ALGORITHM_OPTIONS.items():
+        if getattr(args, opt) not in (None, False) and args.algorithm != alg:
+            flag = "--" + opt.replace("_", "-")
+            raise ValueError(f"{flag}: applies to --algorithm {alg} only, not {args.algorithm}")
+
+
+def _limit(args: argparse.Namespace) -> int | None:
+    return None if args.max_memory is None else int(args.max_memory * 2**30)
 
 
 def _cmd_crosscheck(args: argparse.Namespace) -> int:
@@ -171,14 +197,15 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
         import torch
 
         dev = run_kernel(args.algorithm, q, kv, exp_mode=args.exp, div_mode=div, debug=True)
-        path = args.save or tempfile.mktemp(suffix=".npz")
-        save_capture(path, algorithm=args.algorithm, q=q, kv=kv, scale=None, exp_mode=args.exp, div_mode=div,
-                     device_name=torch.cuda.get_device_name(), device=dev)
-        report = replay(path)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = args.save or os.path.join(tmp, "capture.npz")
+            save_capture(path, algorithm=args.algorithm, q=q, kv=kv, scale=None, exp_mode=args.exp,
+                         div_mode=div, device_name=torch.cuda.get_device_name(), device=dev)
+            report = replay(path)
     if args.json:
         keys = ("algorithm", "stages", "output_bit_exact", "first_difference", "responsible", "device", "exp_mode",
                 "machine")
-        print(json.dumps({k: report.get(k) for k in keys}, indent=2))
+        print(dumps_strict({k: report.get(k) for k in keys}, indent=2))
     else:
         print(format_report(report))
     return 0
@@ -195,6 +222,11 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     from .pipeline import construct_cycle, simulate
 
     cube, vector = _floats(args.cube, "cube"), _floats(args.vector, "vector")
+    if args.plot:
+        _check_output_file(args.plot, "--plot")
+    from .resources import check_fits
+
+    check_fits(600 * 2 * len(cube) * args.cycles, what=f"pipeline --cycles {args.cycles}", lower="--cycles")
     cycle = construct_cycle(cube, vector)
     tl = simulate(cube, vector, cycle, iterations=args.cycles)
     report = {
@@ -216,7 +248,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
         gantt(tl, args.plot, title=f"Preload pipeline: {cycle.describe()}")
         report["plot"] = args.plot
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(dumps_strict(report, indent=2))
         return 0
     print(f"{cycle.case} (sum C = {sum(cube):g}, sum V = {sum(vector):g}); k = {cycle.k}")
     print(f"Cycle: {cycle.describe()}")
@@ -234,7 +266,7 @@ def _cmd_roofline(args: argparse.Namespace) -> int:
     thr = compute_bound_threshold(args.peak, args.bandwidth)
     exact = compute_bound_threshold(args.peak, args.bandwidth, flashmla_approximation=False)
     if args.json:
-        print(json.dumps({"table2": rows, "threshold_hq_sq": thr, "threshold_hq_sq_exact": exact}, indent=2))
+        print(dumps_strict({"table2": rows, "threshold_hq_sq": thr, "threshold_hq_sq_exact": exact}, indent=2))
         return 0
     print("AMLA paper Table 2: arithmetic intensity (FLOPs / byte of KV cache)")
     print(f"  {'variant':20s} {'Q heads':>7s} {'KV heads':>8s} {'S_q':>4s} {'ours':>8s} {'paper':>6s}")
@@ -246,21 +278,57 @@ def _cmd_roofline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_output_file(path: str, flag: str) -> None:
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: the folder {parent} does not exist")
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from .experiments.sweep import markdown, run_table
     from .experiments.tables import TABLES
 
-    names = sorted(TABLES) if args.table == "all" else args.table.split(",")
-    for name in names:
+    names = sorted(TABLES) if args.table == "all" else [t.strip() for t in args.table.split(",")]
+    bad = [n for n in names if n not in TABLES]
+    if bad:  # every name checked before any work
+        raise ValueError(f"table: expected names from {sorted(TABLES)} or 'all', got {bad[0]!r}")
+    for name in dict.fromkeys(names):
         res = run_table(name, out_dir=args.out, samples=args.samples, context=args.context, heads=args.heads,
-                        machine=args.machine, seed=args.seed, jobs=args.jobs, progress=not args.quiet)
+                        machine=args.machine, seed=args.seed, jobs=args.jobs, progress=not args.quiet,
+                        repair=args.repair)
         print(markdown(res.summary))
         if res.computed:
+            ratio = (f"{res.seconds * args.jobs / res.blas_seconds:.2f}" if res.blas_seconds > 0.01 * res.seconds
+                     else "n/a, BLAS time too small to compare")
             print(f"{res.computed} new samples in {res.seconds:.1f} s; BLAS matmuls inside them: "
-                  f"{res.blas_seconds:.1f} s of worker time (total / BLAS = "
-                  f"{res.seconds * args.jobs / max(res.blas_seconds, 1e-9):.2f} across {args.jobs} job(s))")
+                  f"{res.blas_seconds:.1f} s of worker time (total / BLAS = {ratio} across {args.jobs} job(s))")
         print(f"files: {res.out_dir}/results.csv, summary.json, table.md, table.png\n")
     return 0
+
+
+def _int_at_least(lo: int) -> Callable[[str], int]:
+    """An argparse type: an int >= lo (argparse names the option in its message)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"expected an int >= {lo}, got {v}")
+        return v
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not np.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,19 +351,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run one algorithm on one machine and compare it with the FP64 golden")
     p.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS))
     p.add_argument("--machine", default="ieee32", choices=sorted(MACHINES))
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=128)
-    p.add_argument("--sq", type=int, default=1, help="query tokens per step (MTP), causal within the step")
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--block", type=int, default=64)
-    p.add_argument("--scale", type=float, default=None, help="softmax scale (default 576^-0.5; DeepSeek-V3: 0.1352)")
+    p.add_argument("--batch", type=_int_at_least(1), default=1)
+    p.add_argument("--heads", type=_int_at_least(1), default=128)
+    p.add_argument("--sq", type=_int_at_least(1), default=1, help="query tokens per step (MTP), causal within the step")
+    p.add_argument("--context", type=_int_at_least(1), default=1024)
+    p.add_argument("--block", type=_int_at_least(1), default=64)
+    p.add_argument("--scale", type=_positive_float, default=None, help="softmax scale (default 576^-0.5; DeepSeek-V3: 0.1352)")
     p.add_argument("--dist", default="normal:1", help="normal:SIGMA | uniform:A | flashmla | fa3-outliers | rope-outliers")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
     p.add_argument("--compensation", choices=["cann", "paper", "none"], help="amla only")
     p.add_argument("--scaling", choices=["pre", "post"], help="amla only")
     p.add_argument("--no-cleanup", action="store_true", help="amla only: skip CANN's |O| > 1e10 clean-up")
     p.add_argument("--config", choices=["snapmla", "A", "B", "C", "D"], help="snapmla only")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--max-memory", type=_positive_float, metavar="GIB",
+                   help="memory to allow, GiB (default: what the machine has available); larger runs are refused")
+    p.add_argument("--json", action="store_true", help="print JSON (non-finite numbers as \"inf\", \"nan\")")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("crosscheck", help="Triton kernel against the simulator, stage by stage (or replay a capture)")
@@ -306,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", default="1,1,64,1024", help="b,s_q,G,context")
     p.add_argument("--exp", default="poly", choices=["poly", "hw"], help="kernel exp mode (poly: modelled exactly)")
     p.add_argument("--dist", default="normal:1")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
     p.add_argument("--save", help="write inputs and device stages to this .npz")
     p.add_argument("--replay", help="compare a saved capture on the CPU (no GPU needed)")
     p.add_argument("--json", action="store_true")
@@ -314,43 +384,75 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reproduce", help="reproduce a paper's accuracy table (resumable; CSV, JSON, Markdown, PNG)")
     p.add_argument("table", help="amla-table3 | amla-table4 | etap-table1 | snapmla-configs | all (or a,b)")
-    p.add_argument("--samples", type=int, default=None, help="samples per distribution (default 100)")
-    p.add_argument("--context", type=int, default=None, help="context length (default: the paper's)")
-    p.add_argument("--heads", type=int, default=None, help="query heads G (default: the paper's)")
+    p.add_argument("--samples", type=_int_at_least(1), default=None, help="samples per distribution (default 100)")
+    p.add_argument("--context", type=_int_at_least(1), default=None, help="context length (default: the paper's)")
+    p.add_argument("--heads", type=_int_at_least(1), default=None, help="query heads G (default: the paper's)")
     p.add_argument("--machine", default="ieee32-fast", choices=sorted(MACHINES))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel processes")
     p.add_argument("--out", default="results", help="output folder (one subfolder per table)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--repair", action="store_true",
+                   help="keep every valid row of a damaged results.csv, set the other lines aside in results.rejected")
     p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("pipeline", help="the Preload pipeline of Theorem 4.1 for given stage durations")
     p.add_argument("--cube", required=True, help="Cube stage durations C1,...,Cn")
     p.add_argument("--vector", required=True, help="Vector stage durations V1,...,Vn")
-    p.add_argument("--cycles", type=int, default=8, help="iterations to simulate")
+    p.add_argument("--cycles", type=_int_at_least(1), default=8, help="iterations to simulate")
     p.add_argument("--plot", help="write a Gantt chart PNG (needs matplotlib)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_pipeline)
 
     p = sub.add_parser("roofline", help="arithmetic intensity (AMLA Table 2) and the compute-bound threshold")
-    p.add_argument("--peak", type=float, default=865.0, help="peak TFLOP/s (default: H800 throttled, 865)")
-    p.add_argument("--bandwidth", type=float, default=3.35, help="memory bandwidth TB/s (default: H800, 3.35)")
+    p.add_argument("--peak", type=_positive_float, default=865.0, help="peak TFLOP/s (default: H800 throttled, 865)")
+    p.add_argument("--bandwidth", type=_positive_float, default=3.35, help="memory bandwidth TB/s (default: H800, 3.35)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_roofline)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``amla-sim`` console script."""
+    """Entry point of the ``amla-sim`` console script.
+
+    Exit codes: 0 success; 2 a usage error (bad arguments, a request that will not fit); 1 a failure (a damaged
+    or locked results folder, an unreadable file, no GPU, out of memory); 130 interrupted. Never a traceback for
+    any of these.
+    """
+    from .experiments.store import StoreLocked
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
+        parser.print_usage(sys.stderr)
+        parser.exit(2, "amla-sim: error: a command is required (amla-sim --help lists them)\n")
     try:
-        return int(args.func(args))
-    except (ValueError, TypeError, RuntimeError) as e:  # bad input or no GPU: a clear message, no traceback
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            code = int(args.func(args))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # the reader (head, less) went away: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        parser.exit(130, "amla-sim: interrupted\n")
+    except (DataError, StoreLocked, RuntimeError, OSError) as e:
+        parser.exit(1, f"amla-sim: error: {_oserror_text(e)}\n")
+    except MemoryError:
+        parser.exit(1, "amla-sim: error: out of memory; lower --context, --heads or --batch\n")
+    except (ValueError, TypeError) as e:  # bad input: a clear message, no traceback
         parser.exit(2, f"amla-sim: error: {e}\n")
+
+
+def _oserror_text(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    return str(e)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"amla-sim: warning: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,16 @@ bit, with its trace on, and each stage is compared bit for bit.
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
+from ._validate import DataError, quiet_fp
 from .algorithms import ALGORITHMS
+from .algorithms._common import D_V
+from .resources import check_fits, run_bytes
 from .testing import ulp_distance
 
 STAGES = {
@@ -46,6 +50,7 @@ def simulate(algorithm: str, q: np.ndarray, kv: np.ndarray, *, scale: float | No
     return run_stages(algorithm, q, kv, machine=MACHINE_FOR_MODE[exp_mode], scale=scale)
 
 
+@quiet_fp
 def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine, scale: float | None = None) -> dict:
     """Run `algorithm` on any machine with its trace on; the stages stacked per block, and the output."""
     res = ALGORITHMS[algorithm](q, kv, machine=machine, scale=scale, trace=True)
@@ -66,6 +71,7 @@ def _histogram(d: np.ndarray) -> dict[str, int]:
     return hist
 
 
+@quiet_fp
 def compare(algorithm: str, device: dict, sim: dict) -> dict:
     """Per stage: fraction of bit-identical elements, max ULP, an ULP histogram; the first stage that differs
     and the model responsible for it."""
@@ -106,18 +112,88 @@ def save_capture(path: str | Path, *, algorithm: str, q: np.ndarray, kv: np.ndar
                         **arrays)
 
 
+class CaptureError(DataError):
+    """A capture file that is missing, unreadable or not what the capture format says."""
+
+
+MAX_CAPTURE_BYTES = 1 << 30  # uncompressed arrays of one capture; the committed ones hold under 10 MB
+
+
+def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
+    """(meta, q, kv, device stages) of a capture, every array checked against the format before any work:
+    q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), device_out (b, s_q, G, d_v) BF16 bits, each
+    stage (n_blocks, b, s_q G, ...) FP32 (N: int32), the arrays at most MAX_CAPTURE_BYTES uncompressed."""
+    path = Path(path)
+    if not path.is_file():
+        raise CaptureError(f"replay: {path} is not a file")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            size = sum(i.file_size for i in zf.infolist())
+    except (zipfile.BadZipFile, OSError) as e:
+        raise CaptureError(f"replay: {path} is not a capture (.npz): {e}") from None
+    if size > MAX_CAPTURE_BYTES:
+        raise CaptureError(f"replay: {path} holds {size / 2**20:.0f} MiB of arrays, more than a capture may "
+                           f"({MAX_CAPTURE_BYTES >> 20} MiB)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise CaptureError(f"replay: {path} is not a readable capture: {e}") from None
+    for key in ("meta", "q", "kv", "device_out"):
+        if key not in arrays:
+            raise CaptureError(f"replay: {path} has no {key!r} array")
+    try:
+        meta = json.loads(str(arrays["meta"]))
+    except json.JSONDecodeError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise CaptureError(f"replay: {path}: 'meta' is not a JSON object")
+    alg, mode, scale = meta.get("algorithm"), meta.get("exp_mode"), meta.get("scale")
+    if alg not in STAGES:
+        raise CaptureError(f"replay: {path}: algorithm {alg!r} is not one of {sorted(STAGES)}")
+    if mode not in MACHINE_FOR_MODE:
+        raise CaptureError(f"replay: {path}: exp_mode {mode!r} is not one of {sorted(MACHINE_FOR_MODE)}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0
+                              or not np.isfinite(scale)):
+        raise CaptureError(f"replay: {path}: scale {scale!r} is not a positive number")
+    q, kv = arrays["q"], arrays["kv"]
+    if q.dtype != np.uint16 or q.ndim != 4 or kv.dtype != np.uint16 or kv.ndim != 3:
+        raise CaptureError(f"replay: {path}: q and kv must be BF16 bits (uint16) of shapes (b, s_q, G, d_k) and "
+                           f"(b, S, d_k), got {q.dtype} {q.shape} and {kv.dtype} {kv.shape}")
+    b, sq, G, d_k = q.shape
+    L = kv.shape[1]
+    if min(q.shape) < 1 or L < sq or kv.shape[0] != b or kv.shape[2] != d_k or d_k <= D_V:
+        raise CaptureError(f"replay: {path}: q {q.shape} and kv {kv.shape} do not describe an MLA decode")
+    nb, R = -(-L // 64), sq * G
+    expected = {"out": ((b, sq, G, D_V), np.uint16)}
+    for name in dict.fromkeys(n for stages in STAGES.values() for n in stages[:-1]):  # the kernels share a layout
+        tail = {"S": (64,), "P": (64,), "O": (D_V,)}.get(name, ())
+        expected[name] = ((nb, b, R, *tail), np.int32 if name == "N" else np.float32)
+    device = {}
+    for key, arr in arrays.items():
+        if not key.startswith("device_"):
+            continue
+        name = key[len("device_"):]
+        if name not in expected:
+            raise CaptureError(f"replay: {path}: {key} is not a stage of the capture format")
+        shape, dtype = expected[name]
+        if arr.shape != shape or arr.dtype != dtype:
+            raise CaptureError(f"replay: {path}: {key} should be {np.dtype(dtype)} {shape}, got {arr.dtype} "
+                               f"{arr.shape}")
+        device[name] = arr
+    check_fits(run_bytes(batch=b, sq=sq, heads=G, context=L, d_k=d_k, mufu_tables=True),
+               what=f"replaying {path}", lower="the capture's size")
+    return meta, q.view(ml_dtypes.bfloat16), kv.view(ml_dtypes.bfloat16), device
+
+
 def replay(path: str | Path) -> dict:
     """Redo the comparison of a saved capture on the CPU."""
-    z = np.load(path)
-    meta = json.loads(str(z["meta"]))
-    q = z["q"].view(ml_dtypes.bfloat16)
-    kv = z["kv"].view(ml_dtypes.bfloat16)
-    device = {k[len("device_"):]: z[k] for k in z.files if k.startswith("device_")}
+    meta, q, kv, device = load_capture(path)
     device["out"] = device["out"].view(ml_dtypes.bfloat16)
     sim = simulate(meta["algorithm"], q, kv, scale=meta["scale"], exp_mode=meta["exp_mode"])
     report = compare(meta["algorithm"], device, sim)
-    report.update({"device": meta["device"], "exp_mode": meta["exp_mode"], "machine": MACHINE_FOR_MODE[meta["exp_mode"]],
-                   "shape": list(q.shape), "context": int(kv.shape[1])})
+    report.update({"device": str(meta.get("device", "unknown")), "exp_mode": meta["exp_mode"],
+                   "machine": MACHINE_FOR_MODE[meta["exp_mode"]], "shape": list(q.shape), "context": int(kv.shape[1])})
     return report
 
 

@@ -158,6 +158,8 @@ def get_format(fmt: FormatLike, *, argname: str = "fmt") -> Format:
     """Look a format up by `Format`, name (``"bf16"``, ``"e4m3"``, ``"float8_e4m3fn"``...) or dtype."""
     if isinstance(fmt, Format):
         return fmt
+    if fmt is None:  # np.dtype(None) would silently mean float64
+        raise TypeError(f"{argname}: expected a Format, a format name or a float dtype, got None")
     if isinstance(fmt, str):
         key = _ALIASES.get(fmt.lower(), fmt.lower())
         if key in FORMATS:
@@ -175,7 +177,15 @@ def get_format(fmt: FormatLike, *, argname: str = "fmt") -> Format:
 def is_float_dtype(dtype: npt.DTypeLike) -> bool:
     """True for NumPy's float16/32/64 and ml_dtypes' bfloat16 and FP8 types."""
     dt = np.dtype(dtype)
+    if not dt.isnative:  # big-endian data is the same numbers: callers convert it with as_native
+        dt = dt.newbyteorder("=")
     return dt in _ML_FLOAT_DTYPES or dt in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def as_native(x: npt.ArrayLike) -> np.ndarray:
+    """`x` as an array in this machine's byte order (a copy only when it is not), so that bit views are right."""
+    arr = np.asarray(x)
+    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
 
 
 def _as_float64(x: npt.ArrayLike, argname: str) -> np.ndarray:
@@ -284,7 +294,14 @@ def round_to(
     f = get_format(fmt)
     _check_mode(mode, overflow)
     rng = _make_rng(seed, mode)
-    arr = np.asarray(x)
+    if isinstance(x, (float, int)) and not isinstance(x, bool):
+        x = float(x)
+    arr = as_native(x)
+    # every path returns an array of x's shape, 0-d for a scalar
+    return np.asarray(_round_to(arr, f, mode, overflow, rng)).reshape(arr.shape)
+
+
+def _round_to(arr: np.ndarray, f: Format, mode: str, overflow: str, rng) -> np.ndarray:
     if _BY_DTYPE.get(arr.dtype) is f and overflow == "ieee" and mode != "stochastic":
         return arr.copy()  # already on the grid: every deterministic mode is the identity
     if mode == "nearest-even" and arr.dtype in _FAST_SOURCES and f.name in _FAST_TARGETS:
@@ -295,7 +312,7 @@ def round_to(
             if overflow == "satfinite":
                 src = np.clip(src, np.float32(-f.max_finite), np.float32(f.max_finite))
             return src.astype(f.dtype)
-    x64 = _as_float64(x, "x")
+    x64 = _as_float64(arr, "x")
     with np.errstate(invalid="ignore", over="ignore"):
         if mode == "nearest-even" and f.name != "fp64":
             return _round_float64_rne(x64, f, overflow).astype(f.dtype)

@@ -16,6 +16,7 @@ they all finish within the Cycle (Eq. 20). The Vector-dominated case is the same
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -173,7 +174,7 @@ def simulate(cube: Sequence[float], vector: Sequence[float], cycle: Cycle, *, it
     # Two phases (Fig. 5): the Preload runs first; the Steady Loop (and the drain after it) starts once the
     # Preload has resolved its dependencies.
     for phase in (lambda cyc: cyc < D, lambda cyc: cyc >= D):
-        pending = {u: [j for j in q if phase(j[0])] for u, q in queues.items()}
+        pending = {u: deque(j for j in q if phase(j[0])) for u, q in queues.items()}
         _list_schedule(pending, c, v, end, free, tl)
         barrier = max(free.values())
         free = {"cube": barrier, "vector": barrier}
@@ -186,7 +187,8 @@ def simulate(cube: Sequence[float], vector: Sequence[float], cycle: Cycle, *, it
 
 
 def _list_schedule(queues: dict, c: list[float], v: list[float], end: dict, free: dict, tl: Timeline) -> None:
-    """Run each unit's queue in order; an instance starts when its unit is free and its predecessor has ended."""
+    """Run each unit's queue (a deque) in order; an instance starts when its unit is free and its predecessor has
+    ended. Linear in the number of instances."""
     while queues["cube"] or queues["vector"]:
         best = None
         for unit in ("cube", "vector"):
@@ -201,7 +203,7 @@ def _list_schedule(queues: dict, c: list[float], v: list[float], end: dict, free
         if best is None:
             raise RuntimeError("cycle: the unit orders deadlock on the chain's dependencies")
         start, unit = best
-        cyc, _, t, p = queues[unit].pop(0)
+        cyc, _, t, p = queues[unit].popleft()
         dur = (c if unit == "cube" else v)[p // 2]
         end[(t, p)] = free[unit] = start + dur
         tl.intervals.append((unit, f"{'CV'[p % 2]}{p // 2 + 1}", t, cyc, start, start + dur))

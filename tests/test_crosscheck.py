@@ -65,7 +65,7 @@ def test_missing_gpu_is_a_clear_message(capsys):
         require_gpu()
     with pytest.raises(SystemExit) as e:
         main(["crosscheck", "--algorithm", "base"])
-    assert e.value.code == 2 and "replay" in capsys.readouterr().err
+    assert e.value.code == 1 and "replay" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(gpu_status() is not None, reason="needs torch, triton and a CUDA device")

@@ -10,7 +10,8 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
-from ..formats import is_float_dtype
+from .._validate import check_int
+from ..formats import as_native, is_float_dtype
 from ..machines import Machine, get_machine
 
 D_K, D_V, D_ROPE = 576, 512, 64
@@ -102,7 +103,7 @@ class Problem:
 
 
 def _check_float(x: npt.ArrayLike, argname: str) -> np.ndarray:
-    arr = np.asarray(x)
+    arr = as_native(x)
     if not is_float_dtype(arr.dtype):
         raise TypeError(f"{argname}: expected a float array (bf16, fp16, fp32, fp64), got dtype {arr.dtype}")
     return arr
@@ -136,17 +137,18 @@ def make_problem(
     if kva.shape[0] != b or kva.shape[2] != d_k:
         raise ValueError(f"q and kv: batch and d_k must agree, got q {qa.shape} and kv {kva.shape}")
     S = kva.shape[1]
+    if b == 0 or G == 0 or d_k == 0:
+        raise ValueError(f"q: batch, heads and d_k must be >= 1, got shape {qa.shape}")
     if S == 0:
         raise ValueError("kv: empty context (S = 0)")
     if not 1 <= s_q <= S:
         raise ValueError(f"q: s_q must be in 1..S (S = {S}), got {s_q}")
-    if not isinstance(d_v, (int, np.integer)) or not 0 < d_v <= d_k:
-        raise ValueError(f"d_v: expected an int in 1..d_k ({d_k}), got {d_v!r}")
+    check_int(d_v, "d_v", lo=1, hi=d_k)
     scale = DEFAULT_SCALE if scale is None else scale
-    if not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale) or scale <= 0:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale) \
+            or scale <= 0:
         raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
-    if not isinstance(block, (int, np.integer)) or block < 1:
-        raise ValueError(f"block: expected a positive int, got {block!r}")
+    check_block(block, mc)
     Q = mc.cast(qa, input_format).reshape(b, s_q * G, d_k)
     K = mc.cast(kva, input_format)
     t = np.repeat(np.arange(s_q), G)  # query position of each row
@@ -157,6 +159,17 @@ def make_problem(
         valid = np.concatenate([valid, np.zeros((valid.shape[0], pad), bool)], axis=1)
     return Problem(mc, Q, K, K[..., :d_v], valid, float(scale), int(block), (b, s_q, G), {} if trace else None,
                    out_format)
+
+
+def check_block(block: int, machine: Machine) -> int:
+    """`block` as an int, or an error naming it: positive, and a multiple of the machine's reduction tile."""
+    check_int(block, "block", lo=1)
+    if machine.reduce_layout is not None:
+        span = int(np.prod(machine.reduce_layout))
+        if block % span:
+            raise ValueError(f"block: {machine.name} reduces P in a layout of {span} columns "
+                             f"{machine.reduce_layout}, so block must be a multiple of {span}; got {block}")
+    return int(block)
 
 
 def safe_max(m: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from .._validate import quiet_fp
 from ..bits import count_outside_lemma_domain
 from ..machines import Machine
 from ._common import D_V, AttentionResult, make_problem, safe_max
@@ -40,6 +41,7 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
     return (np.sign(x) * np.floor(np.abs(x) + 0.5)).astype(x.dtype)
 
 
+@quiet_fp
 def amla(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,

@@ -8,10 +8,12 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from .._validate import quiet_fp
 from ..machines import Machine
 from ._common import D_V, AttentionResult, make_problem, safe_max
 
 
+@quiet_fp
 def base(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,

@@ -14,10 +14,12 @@ from collections import Counter
 import numpy as np
 import numpy.typing as npt
 
+from .._validate import quiet_fp
 from ..machines import Machine, get_machine
-from ._common import D_V, AttentionResult, make_problem, safe_max
+from ._common import D_V, AttentionResult, check_block, make_problem, safe_max
 
 
+@quiet_fp
 def etap(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,
@@ -36,7 +38,9 @@ def etap(
 
     p_format: the format of P before PV (bf16 or fp16); io_format: the inputs' and the output's format.
     """
-    kernel = get_machine(machine).pad_blocks
+    mc = get_machine(machine)
+    check_block(block, mc)
+    kernel = mc.pad_blocks
     if lanes is None:
         lanes = block if kernel else 4
     if not isinstance(lanes, (int, np.integer)) or lanes < 1 or block % lanes:

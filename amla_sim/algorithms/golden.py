@@ -7,10 +7,12 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from .._validate import quiet_fp
 from .. import _blas_clock
 from ._common import D_V, AttentionResult, make_problem
 
 
+@quiet_fp
 def golden(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,

@@ -11,6 +11,7 @@ from typing import Literal
 
 import numpy as np
 
+from .._validate import quiet_fp
 from ..machines import Machine
 
 Granularity = Literal["per-token", "per-tensor-static", "per-tensor-dynamic", "per-block"]
@@ -19,6 +20,7 @@ E4M3_MAX = 448.0
 SCALE_FLOOR = 1e-26
 
 
+@quiet_fp
 def scales(x: np.ndarray, granularity: Granularity, machine: Machine, *, block: int = 64) -> np.ndarray:
     """Scales of shape broadcastable to x (..., tokens, dims): the group is a token, the tensor, or a block of
     `block` tokens (per batch element); static: 1.0."""
@@ -43,6 +45,7 @@ def scales(x: np.ndarray, granularity: Granularity, machine: Machine, *, block: 
     return (np.maximum(amax, mc.f(SCALE_FLOOR)) / mc.f(E4M3_MAX)).astype(mc.dtype)
 
 
+@quiet_fp
 def quantize(
     x: np.ndarray, granularity: Granularity, machine: Machine, *, block: int = 64
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from .._validate import quiet_fp
 from ..machines import Machine
 from ._common import D_V, AttentionResult, Problem, make_problem, safe_max
 from .quantizers import E4M3_MAX, SCALE_FLOOR, quantize
@@ -35,6 +36,7 @@ SATURATION = 464.0  # the E4M3 midpoint above 448: larger values would round to 
 LOG2E = 1.0 / math.log(2.0)
 
 
+@quiet_fp
 def snapmla(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,

@@ -6,6 +6,7 @@ from typing import Literal
 
 import numpy as np
 
+from .._validate import check_int, check_positive_int, quiet_fp
 from ..formats import round_to
 from .sampling import TABLE_DISTRIBUTIONS, sample_rounded
 
@@ -46,6 +47,7 @@ def _draw(name: str, arg: float | None, shape: tuple[int, ...], rng: np.random.G
     return x
 
 
+@quiet_fp
 def make_inputs(
     dist: str, *, batch: int = 1, heads: int = 128, sq: int = 1, context: int = 8192, d_k: int = 576,
     d_v: int = 512, seed: int = 0, fmt: str = "bf16", sampler: Literal["round", "table"] = "round",
@@ -57,9 +59,10 @@ def make_inputs(
     for sweeps; normal, uniform and flashmla into 8- and 16-bit formats). The two give different draws of the
     same distribution.
     """
-    for arg, v in (("batch", batch), ("heads", heads), ("sq", sq), ("context", context)):
-        if not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{arg}: expected a positive int, got {v!r}")
+    for arg, v in (("batch", batch), ("heads", heads), ("sq", sq), ("context", context), ("d_k", d_k)):
+        check_positive_int(v, arg)
+    check_int(d_v, "d_v", lo=1, hi=d_k)
+    check_int(seed, "seed", lo=0)
     if sampler not in ("round", "table"):
         raise ValueError(f"sampler: expected 'round' or 'table', got {sampler!r}")
     name, a = parse_dist(dist)

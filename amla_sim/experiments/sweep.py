@@ -1,28 +1,35 @@
-"""Resumable sweeps: one task per (distribution, sample), results appended atomically, final files rebuilt.
+"""Resumable sweeps: one task per (distribution, sample), results kept in a checked store, final files rebuilt.
 
-DIR/results.csv gets one line per (distribution, sample, algorithm), written task by task with one append and an
-fsync, so an interrupted run loses at most the tasks in flight. A re-run reads the file, drops any incomplete task
-(a torn last line), and computes only what is missing. Every task draws its inputs from a seed derived from
-(seed, table, distribution, sample), so the numbers do not depend on the order, the number of jobs, or
-interruptions; the final files are rebuilt from the sorted CSV and are identical either way.
+DIR/results.csv (:mod:`amla_sim.experiments.store`) gets one line per (distribution, sample, algorithm), each with
+its own CRC, written task by task with one checked append and an fsync, so an interrupted run loses at most the
+tasks in flight and a torn line is never read as a number. A re-run computes only what is missing and never
+deletes rows. Every task draws its inputs from a seed derived from (seed, table, distribution, sample), so the
+numbers do not depend on the order, the number of jobs, or interruptions; the final files are rebuilt from the
+sorted store and are identical either way.
 """
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import statistics
+import threading
 import time
+import warnings
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .. import _blas_clock
+from .._validate import check_positive_int, dumps_strict
 from ..machines import get_machine
+from .store import ResultStore, StoreCorrupt, atomic_write, read_json
 from .tables import TABLES, Table, run_sample
 
 FIELDS = ("distribution", "sample", "algorithm", "rel_frobenius", "rmse", "cos_diff")
@@ -46,56 +53,34 @@ def _task(args: tuple) -> tuple[list[dict], float]:
     return rows, _blas_clock.elapsed() - t0
 
 
-def _format_row(r: dict) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(
-        [r["distribution"], r["sample"], r["algorithm"]] + [repr(float(r[k])) for k in FIELDS[3:]])
-    return buf.getvalue()
+def _fields(r: dict) -> tuple[str, ...]:
+    return (r["distribution"], str(r["sample"]), r["algorithm"], *(repr(float(r[k])) for k in FIELDS[3:]))
 
 
-def _append(path: Path, rows: list[dict]) -> None:
-    """Append one task's rows in a single write, then fsync: a crash leaves whole tasks or a torn last line."""
-    data = "".join(_format_row(r) for r in rows).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def _row(values: tuple[str, ...]) -> dict:
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return {"distribution": values[0], "sample": int(values[1]), "algorithm": values[2],
+                **{k: float(v) for k, v in zip(FIELDS[3:], values[3:], strict=True)}}
+    except ValueError:
+        raise StoreCorrupt(f"results.csv: a row with a valid checksum does not parse: {values}") from None
 
 
-def _atomic_write(path: Path, text: str | bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(text.encode() if isinstance(text, str) else text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _load(path: Path, table: Table) -> dict[tuple[str, int], list[dict]]:
-    """Complete tasks already on disk (a task is complete when every algorithm of the table has its row)."""
+def _tasks(store: ResultStore, table: Table) -> dict[tuple[str, int], list[dict]]:
+    """Complete tasks in the store (a task is complete when every algorithm of the table has its row)."""
     tasks: dict[tuple[str, int], list[dict]] = {}
-    if not path.exists():
-        return tasks
-    for line in path.read_text().splitlines()[1:]:
-        try:
-            vals = next(csv.reader([line]))
-            row = {"distribution": vals[0], "sample": int(vals[1]), "algorithm": vals[2],
-                   **{k: float(v) for k, v in zip(FIELDS[3:], vals[3:], strict=True)}}
-        except (ValueError, StopIteration):
-            continue  # a torn line from an interrupted append
+    for values in store.rows.values():
+        row = _row(values)
         tasks.setdefault((row["distribution"], row["sample"]), []).append(row)
     algs = set(table.algorithms)
     return {k: v for k, v in tasks.items() if {r["algorithm"] for r in v} == algs and len(v) == len(algs)}
 
 
-def _write_csv(path: Path, tasks: dict[tuple[str, int], list[dict]], table: Table) -> None:
-    order = {d: i for i, (d, _) in enumerate(table.distributions)}
-    alg_order = {a: i for i, a in enumerate(table.algorithms)}
-    rows = sorted((r for rs in tasks.values() for r in rs),
-                  key=lambda r: (order.get(r["distribution"], 99), r["sample"], alg_order[r["algorithm"]]))
-    _atomic_write(path, ",".join(FIELDS) + "\n" + "".join(_format_row(r) for r in rows))
+def _order(store: ResultStore, table: Table) -> list[tuple[str, ...]]:
+    """Keys in the table's order: distribution, then sample, then algorithm."""
+    dists = {d: i for i, (d, _) in enumerate(table.distributions)}
+    algs = {a: i for i, a in enumerate(table.algorithms)}
+    return sorted(store.rows, key=lambda k: (dists.get(k[0], len(dists)), k[0], int(k[1]) if k[1].isdigit() else -1,
+                                             algs.get(k[2], len(algs)), k[2]))
 
 
 def summarize(table: Table, tasks: dict[tuple[str, int], list[dict]], *, samples: int, context: int, heads: int,
@@ -163,7 +148,7 @@ def plot(summary: dict, path: Path) -> bool:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
     plt.close(fig)
-    _atomic_write(path, buf.getvalue())
+    atomic_write(path, buf.getvalue())
     return True
 
 
@@ -179,9 +164,12 @@ def run_table(
     jobs: int = 1,
     progress: bool = True,
     max_tasks: int | None = None,
+    repair: bool = False,
 ) -> SweepResult:
     """Reproduce one table into out_dir (results.csv, summary.json, table.md, table.png), resuming if there.
 
+    Rows already in the folder are kept, whatever `samples` asks for now: a smaller request summarises a subset.
+    repair: keep every valid row of a damaged results.csv and set the other lines aside (``results.rejected``).
     max_tasks: stop after computing this many new tasks (as an interruption would; for tests).
     """
     if name not in TABLES:
@@ -192,45 +180,63 @@ def run_table(
     context = table.context if context is None else context
     heads = table.heads if heads is None else heads
     for arg, v in (("samples", samples), ("context", context), ("heads", heads), ("jobs", jobs)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{arg}: expected a positive int, got {v!r}")
+        check_positive_int(v, arg)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed: expected an int in [0, 2^63), got {seed!r}")
+    jobs = cap_jobs(jobs)
     out = Path(out_dir) / name
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"table": name, "samples": samples, "context": context, "heads": heads, "machine": machine, "seed": seed}
-    meta_path = out / "run.json"
-    if meta_path.exists():
-        old = json.loads(meta_path.read_text())
-        if {k: old.get(k) for k in meta if k != "samples"} != {k: v for k, v in meta.items() if k != "samples"}:
-            raise ValueError(f"out: {out} holds a run with other settings ({old}); choose another --out")
-    _atomic_write(meta_path, json.dumps(meta, indent=1))
-    csv_path = out / "results.csv"
-    done = _load(csv_path, table)
-    _write_csv(csv_path, done, table)  # drop torn lines and incomplete tasks before appending
-    todo = [(name, d, s, machine, context, heads, seed) for d, _ in table.distributions for s in range(samples)
-            if (d, s) not in done]
-    if max_tasks is not None:
-        todo = todo[:max_tasks]
-    t0 = time.perf_counter()
-    blas = 0.0
-    bar = _progress(len(todo), name, progress)
-    for rows, blas_s in _execute(todo, jobs):
-        _append(csv_path, rows)
-        done[(rows[0]["distribution"], rows[0]["sample"])] = rows
-        blas += blas_s
-        bar.update(1)
-    bar.close()
-    seconds = time.perf_counter() - t0
-    _write_csv(csv_path, {k: v for k, v in done.items() if k[1] < samples}, table)
-    summary = summarize(table, {k: v for k, v in done.items() if k[1] < samples}, samples=samples,
-                        context=context, heads=heads, machine=machine, seed=seed)
-    _atomic_write(out / "summary.json", json.dumps(summary, indent=1))
-    _atomic_write(out / "table.md", markdown(summary))
-    plot(summary, out / "table.png")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} is a file, not a folder")
+    meta = {"table": name, "context": context, "heads": heads, "machine": machine, "seed": seed}
+    with ResultStore(out, FIELDS, 3) as store:
+        meta_path = out / "run.json"
+        if meta_path.exists():
+            old = read_json(meta_path, "the run record")
+            if {k: old.get(k) for k in meta} != meta:
+                raise ValueError(f"out: {out} holds a run with other settings ({old}); choose another --out")
+        atomic_write(meta_path, json.dumps(meta, indent=1))
+        if repair:
+            store.repair()
+        store.compact(_order(store, table))  # drop a torn last line before appending
+        done = _tasks(store, table)
+        todo = [(name, d, s, machine, context, heads, seed) for d, _ in table.distributions for s in range(samples)
+                if (d, s) not in done]
+        if max_tasks is not None:
+            todo = todo[:max_tasks]
+        t0 = time.perf_counter()
+        blas = 0.0
+        bar = _progress(len(todo), name, progress)
+        for rows, blas_s in _execute(todo, jobs):
+            store.append(_fields(r) for r in rows)
+            done[(rows[0]["distribution"], rows[0]["sample"])] = rows
+            blas += blas_s
+            bar.update(1)
+        bar.close()
+        seconds = time.perf_counter() - t0
+        store.compact(_order(store, table))
+        wanted = {k: v for k, v in done.items() if k[1] < samples}
+        summary = summarize(table, wanted, samples=samples, context=context, heads=heads, machine=machine,
+                            seed=seed)
+        atomic_write(out / "summary.json", dumps_strict(summary, indent=1))
+        atomic_write(out / "table.md", markdown(summary))
+        plot(summary, out / "table.png")
     return SweepResult(table, out, summary, len(todo), seconds, blas)
 
 
+def cap_jobs(jobs: int) -> int:
+    """`jobs`, capped at the CPUs this process may use (with a warning): more processes only share them."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    if jobs > cpus:
+        warnings.warn(f"jobs: {jobs} asked, {cpus} CPU(s) available; using {cpus}", stacklevel=3)
+        return cpus
+    return jobs
+
+
 def _execute(todo: list[tuple], jobs: int) -> Iterable[tuple[list[dict], float]]:
-    if jobs == 1:
+    if jobs == 1 or len(todo) <= 1:
         for t in todo:
             yield _task(t)
         return
@@ -238,16 +244,35 @@ def _execute(todo: list[tuple], jobs: int) -> Iterable[tuple[list[dict], float]]
     saved = {k: os.environ.get(k) for k in _THREAD_VARS}
     os.environ.update({k: "1" for k in _THREAD_VARS})
     try:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=die_with_parent) as ex:
             futures = [ex.submit(_task, t) for t in todo]
-            for f in as_completed(futures):
-                yield f.result()
+            try:
+                for f in as_completed(futures):
+                    yield f.result()
+            finally:
+                for f in futures:
+                    f.cancel()
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def die_with_parent() -> None:
+    """Worker initializer: exit as soon as the parent process ends (even by SIGKILL), instead of waiting on a pipe
+    that no one will write to."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -1,0 +1,65 @@
+"""Resource bounds: what a simulation will need, and what this machine has, checked before any work starts.
+
+The estimate of :func:`run_bytes` is calibrated on measured peaks (``tests/test_resources.py`` holds it above the
+tracemalloc peak of the whole ``amla-sim run`` path, and within 3x of it): drawing the inputs in float64 and
+rounding them costs about 42 bytes per element of the latent cache (24 KB per token), the golden's FP64 scores
+about 24 bytes per score, and the sm90 machines' MUFU tables a fixed 0.3 GB once loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["run_bytes", "available_bytes", "check_fits", "ResourceError"]
+
+_PER_CACHE_ELEMENT = 44  # bytes per element of kv (b * context * d_k): float64 draw, rounding, widened copies
+_PER_SCORE = 32  # bytes per score (b * s_q * heads * context): the golden's FP64 S and exp(S)
+_BASE = 64 << 20
+_MUFU_TABLES = 320 << 20
+
+
+class ResourceError(ValueError):
+    """A request that will not fit in this machine's memory."""
+
+
+def run_bytes(*, batch: int, sq: int, heads: int, context: int, d_k: int = 576, mufu_tables: bool = False) -> int:
+    """Peak bytes of one simulated decode step with its golden reference (the ``amla-sim run`` path)."""
+    cache = batch * context * d_k
+    scores = batch * sq * heads * context
+    return _BASE + _PER_CACHE_ELEMENT * cache + _PER_SCORE * scores + (_MUFU_TABLES if mufu_tables else 0)
+
+
+def available_bytes() -> int:
+    """Memory this process may use: MemAvailable, bounded by a cgroup limit where one is set."""
+    candidates = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                candidates.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for f in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(f).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            candidates.append(int(text))
+    if not candidates:
+        try:
+            candidates.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf
+            return 1 << 62
+    return min(candidates)
+
+
+def check_fits(need: int, *, what: str, lower: str, limit: int | None = None) -> None:
+    """Raise :class:`ResourceError` when `need` bytes exceed `limit` (default: :func:`available_bytes`).
+
+    lower: the arguments that lower the need, named in the message.
+    """
+    have = available_bytes() if limit is None else limit
+    if need > have:
+        raise ResourceError(f"{what} needs about {need / 2**30:.1f} GiB of memory and {have / 2**30:.1f} GiB is "
+                            f"available; lower {lower} (or set --max-memory GIB if the estimate is wrong for you)")
