@@ -440,6 +440,8 @@ def matmul(
         fmt = FORMATS["tf32"]
     if m.name == "sm90-fp16" and acc is not None:
         c64 = round_to(c64, "fp16").astype(np.float64)
+    if 0 in out_shape:  # nothing to compute: an empty result, as NumPy's matmul gives
+        return np.zeros(out_shape, out_dtype)
     ea, eb = _exponents(a64, fmt), _exponents(b64, fmt)
     return _chain(a64, b64, c64, ea, eb, row, dot_k or K).astype(out_dtype)
 

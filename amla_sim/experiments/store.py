@@ -179,7 +179,7 @@ class ResultStore:
         else:
             raise StoreCorrupt(f"{self.path}: the header is {head[:80]!r}, expected {self.header.strip()!r}; "
                                "this is not a results file of this sweep (choose another --out)")
-        parsed = [(i + 1, raw, self._parse(raw, checked)) for i, raw in enumerate(lines[1:], start=1)]
+        parsed = [(i + 1, raw, self._parse(raw, checked)) for i, raw in enumerate(lines[1:], start=1)]  # 1-based
         return checked, parsed, ended
 
     def load(self) -> None:
@@ -198,9 +198,9 @@ class ResultStore:
                 if k == len(parsed) - 1 and not ended:
                     self.torn += 1  # an append cut off by a kill
                     continue
-                raise StoreCorrupt(f"{self.path}: line {lineno + 1} fails its checksum ({raw[:60]!r}); run again "
+                raise StoreCorrupt(f"{self.path}: line {lineno} fails its checksum ({raw[:60]!r}); run again "
                                    "with --repair to keep every valid row and set the others aside")
-            self._add(values, where=f"{self.path}: line {lineno + 1}")
+            self._add(values, where=f"{self.path}: line {lineno}")
 
     def _add(self, values: tuple[str, ...], *, where: str) -> bool:
         key = values[: self.key_fields]
