@@ -428,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, "amla-sim: error: a command is required (amla-sim --help lists them)\n")
     try:
         with warnings.catch_warnings():
+            warnings.filterwarnings("default", category=UserWarning)  # notes for the user, on stderr
             warnings.showwarning = _show_warning
             code = int(args.func(args))
         sys.stdout.flush()
