@@ -21,8 +21,8 @@ def parse_dist(spec: str) -> tuple[str, float | None]:
             value = float(arg)
         except ValueError:
             raise ValueError(f"dist: {name} needs a number, as in {name}:2, got {spec!r}") from None
-        if not np.isfinite(value) or value <= 0:
-            raise ValueError(f"dist: {name}'s parameter must be positive and finite, got {spec!r}")
+        if not np.isfinite(2 * value) or value <= 0:  # uniform draws from a range of width 2a
+            raise ValueError(f"dist: {name}'s parameter must be positive and below 8e307, got {spec!r}")
         return name, value
     if name in ("flashmla", "fa3-outliers", "rope-outliers") and not arg:
         return name, None
