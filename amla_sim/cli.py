@@ -158,9 +158,33 @@ def _limit(args: argparse.Namespace) -> int | None:
     return None if args.max_memory is None else int(args.max_memory * 2**30)
 
 
+def _cmd_thirdparty(args: argparse.Namespace) -> int:
+    from . import thirdparty
+
+    if args.replay:
+        report = thirdparty.replay(args.replay, kernel=args.kernel)
+    else:
+        from .gpu import GPUUnavailable, gpu_status
+
+        why = gpu_status()
+        if why is not None:
+            raise GPUUnavailable(f"crosscheck --kernel {args.kernel} needs a GPU ({why}); replay a capture with "
+                                 "--replay FILE (tests/data/sglang_decode.npz is one)")
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = args.save or os.path.join(tmp, "capture.npz")
+            thirdparty.capture(args.kernel, path, source=args.sglang_file)
+            report = thirdparty.replay(path, kernel=args.kernel)
+    print(dumps_strict(report, indent=2) if args.json else thirdparty.format_report(report))
+    return 0
+
+
 def _cmd_crosscheck(args: argparse.Namespace) -> int:
     from .crosscheck import format_report, replay, save_capture
 
+    if args.kernel != "amla-sim":
+        return _cmd_thirdparty(args)
     if args.replay:
         report = replay(args.replay)
     elif args.backend == "torch":
@@ -369,6 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("crosscheck", help="Triton kernel against the simulator, stage by stage (or replay a capture)")
+    p.add_argument("--kernel", default="amla-sim", choices=["amla-sim", "sglang-triton", "flashmla"],
+                   help="amla-sim: this project's Triton kernels; sglang-triton: SGLang's MLA decode (sglang 0.5.23); "
+                        "flashmla: FlashMLA's dense decode (captured, not modelled yet)")
+    p.add_argument("--sglang-file", help="--kernel sglang-triton: the kernel file of the sglang wheel "
+                                         "(default: the installed sglang package)")
     p.add_argument("--algorithm", default="amla", choices=["base", "amla", "snapmla", "etap"])
     p.add_argument("--backend", default="triton", choices=["triton", "torch"],
                    help="triton: the kernels against sm90-triton; torch: the algorithm as torch ops against ieee32")

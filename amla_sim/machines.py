@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from . import _blas_clock
 from .arith import elementwise as ew
+from .arith import logarithm as _log
 from .arith import mma as _mma
 from .arith.memory import GlobalMemory
 from .arith.reductions import row_sum
@@ -41,6 +42,7 @@ class Machine:
     mma_model: str = "exact"
     exp_mode: Literal["correctly-rounded", "sm90", "poly", "numpy-fast"] = "correctly-rounded"
     div_mode: Literal["ieee", "sm90"] = "ieee"
+    log_mode: Literal["correctly-rounded", "sm90", "numpy-fast"] = "correctly-rounded"
     contraction: bool = False
     reduce_order: Literal["sequential", "pairwise", "triton", "numpy"] = "sequential"
     reduce_layout: tuple[int, int, int] | None = None
@@ -101,6 +103,13 @@ class Machine:
             return np.exp2(self.f(x))
         return ew.exp2(self.f(x), mode=self.exp_mode)
 
+    def log(self, x: npt.ArrayLike) -> np.ndarray:
+        """Natural log (Triton's ``tl.log``)."""
+        if self.golden:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.log(self.f(x))
+        return _log.log(self.f(x), mode=self.log_mode)
+
     def div(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         if self.golden:
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -144,13 +153,14 @@ MACHINES: dict[str, Machine] = {
     "golden": Machine("golden", golden=True, amla_guard=0.0, source="FP64 mathematics, no storage rounding"),
     "ieee32": Machine("ieee32", mma_model="exact", source="IEEE FP32, BF16 matmul inputs, exact MMA, correctly rounded exp"),
     "ieee32-fast": Machine(
-        "ieee32-fast", mma_model="blas", exp_mode="numpy-fast", reduce_order="numpy", source="ieee32 with BLAS and NumPy exp, for sweeps"
+        "ieee32-fast", mma_model="blas", exp_mode="numpy-fast", log_mode="numpy-fast", reduce_order="numpy", source="ieee32 with BLAS and NumPy exp, for sweeps"
     ),
     "sm90-triton": Machine(
         "sm90-triton",
         mma_model="sm90",
         exp_mode="sm90",
         div_mode="sm90",
+        log_mode="sm90",
         contraction=True,
         reduce_order="triton",
         reduce_layout=(2, 4, 1),  # P in the wgmma accumulator layout: 2 adjacent columns a thread, 4 a row
@@ -162,6 +172,7 @@ MACHINES: dict[str, Machine] = {
         mma_model="sm90",
         exp_mode="poly",
         div_mode="ieee",
+        log_mode="sm90",  # tl.log is libdevice's logf, FP32 FMAs, in both kernel modes
         contraction=True,
         reduce_order="triton",
         reduce_layout=(2, 4, 1),

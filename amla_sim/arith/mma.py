@@ -59,6 +59,7 @@ class MMAModel:
     bit_exact: bool = True
     verified: bool = True
     doc: str = ""
+    nan_bits: int | None = None  # the one NaN the unit writes (FP32 bits), None: IEEE propagation as NumPy does
 
 
 _SM90 = "MMA-Sim nv.py (WGMMASim); MATLAB-tensor-core H100/H200 dumps (tests/data); our Triton captures"
@@ -79,6 +80,9 @@ MODEL_TABLE: dict[str, MMAModel] = {
             "e5m2": TFDPA(32, 13, "e8m13-rz", "fp32-add", -133, _SM90_FP8),
         },
         doc="Hopper wgmma as Triton 3.x issues it, FP32 accumulator",
+        # every NaN is written as 0x7FFFFFFF, whatever the inputs' payloads and signs or an Inf - Inf: measured on
+        # an H100, bf16 wgmma (M = 64) and mma.sync (M = 16) and e4m3 tl.dot (tests/data/nan_dot.npz)
+        nan_bits=0x7FFFFFFF,
     ),
     "sm90-fp16": MMAModel(
         "sm90-fp16",
@@ -443,7 +447,10 @@ def matmul(
     if 0 in out_shape:  # nothing to compute: an empty result, as NumPy's matmul gives
         return np.zeros(out_shape, out_dtype)
     ea, eb = _exponents(a64, fmt), _exponents(b64, fmt)
-    return _chain(a64, b64, c64, ea, eb, row, dot_k or K).astype(out_dtype)
+    out = _chain(a64, b64, c64, ea, eb, row, dot_k or K).astype(out_dtype)
+    if m.nan_bits is not None and out_dtype == np.float32:
+        out = np.where(np.isnan(out), np.uint32(m.nan_bits).view(np.float32), out)
+    return out
 
 
 def _chain(

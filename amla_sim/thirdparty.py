@@ -1,0 +1,152 @@
+"""The cross-check for kernels people deploy: SGLang's Triton MLA decode (and FlashMLA's, as far as it is modelled).
+
+A capture (``.npz``) holds, per case, the device's output bits and the case's recipe: shapes, seqlens, splits,
+the distribution and seed that :func:`amla_sim.experiments.inputs.make_inputs` rebuilds the inputs from, and the
+inputs' CRC to prove it did. :func:`replay` simulates every case on the CPU and compares bit for bit;
+:func:`capture` runs the kernel on a GPU (:mod:`amla_sim.gpu.thirdparty`) and writes such a file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from ._validate import DataError
+from .algorithms.splitkv_decode import SGLANG_VERSION, splitkv_decode
+from .captures import input_crc
+from .experiments.inputs import make_inputs
+from .testing import ulp_distance
+
+__all__ = ["KERNELS", "SGLANG_CASES", "capture", "replay", "format_report"]
+
+KERNELS = ("sglang-triton", "flashmla")
+
+# (batch, heads, seqlens, num_kv_splits, max_kv_splits, dist, seed, scale): what scripts/capture_thirdparty.py ran
+SGLANG_CASES = [
+    (1, 128, (4096,), (8,), 8, "flashmla", 1, None),
+    (1, 128, (4096,), (8,), 8, "normal:1", 2, None),
+    (1, 128, (1000,), (4,), 8, "normal:1", 3, 0.1352),
+    (2, 128, (64, 3001), (1, 8), 8, "flashmla", 4, None),
+    (3, 64, (8192, 77, 5000), (16, 2, 7), 16, "normal:1", 5, None),
+    (4, 128, (513, 2048, 4097, 129), (3, 8, 8, 1), 8, "flashmla", 6, None),
+    (1, 64, (8192,), (32,), 32, "flashmla", 7, 0.1352),
+    (2, 128, (2000, 6000), (5, 11), 16, "uniform:3", 8, None),
+]
+_SGLANG_LAUNCH = {"block_n": 32, "block_h": 16, "num_warps": 4, "num_stages": 2, "min_block_kv": 32,
+                  "page_size": 1, "logit_cap": 0.0}
+
+
+class CaptureError(DataError):
+    """A third-party capture that is missing, unreadable or not what the format says."""
+
+
+def _case_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
+    q, kv = make_inputs(case["dist"], batch=case["batch"], heads=case["heads"], sq=case.get("sq", 1),
+                        context=max(case["seqlens"]), seed=case["seed"])
+    if "input_crc" in case and input_crc(q, kv) != case["input_crc"]:
+        raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
+    return q, kv
+
+
+def _compare(name: str, device: np.ndarray, sim: np.ndarray, fmt: type) -> dict:
+    d, s = device.view(fmt), sim.view(fmt)
+    live = ~(np.isnan(d) & np.isnan(s))  # both NaN: a split that wrote nothing
+    dist = ulp_distance(d[live], s[live])
+    return {"name": name, "bit_exact": float(np.mean(dist == 0)) if dist.size else 1.0,
+            "max_ulp": int(dist.max()) if dist.size else 0}
+
+
+def _kernel_of(meta: dict) -> str:
+    kernel = meta.get("kernel") or ("sglang-triton" if "sglang" in meta else
+                                    "flashmla" if "flashmla_commit" in meta else None)
+    if kernel not in KERNELS:
+        raise CaptureError(f"replay: the capture names no kernel of {KERNELS}")
+    return kernel
+
+
+def _load(path: str | Path) -> tuple[dict, dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise CaptureError(f"replay: {path} is not a file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(str(arrays.pop("meta")))
+    except (ValueError, OSError, EOFError, KeyError, json.JSONDecodeError) as e:
+        raise CaptureError(f"replay: {path} is not a readable capture: {e}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("cases"), list):
+        raise CaptureError(f"replay: {path}: 'meta' has no list of cases")
+    return meta, arrays
+
+
+def replay(path: str | Path, *, cases: list[int] | None = None, kernel: str | None = None) -> dict:
+    """Simulate every case (or those listed) of a capture; per case and stage, the bit-exact fraction.
+
+    kernel: the kernel the caller expects the capture to hold (checked before any work)."""
+    meta, arrays = _load(path)
+    found = _kernel_of(meta)
+    if kernel is not None and kernel != found:
+        raise ValueError(f"--kernel: the capture holds {found}, not {kernel}")
+    kernel = found
+    if kernel != "sglang-triton":
+        raise CaptureError(f"replay: {kernel} is not modelled yet (issue 12); captures are kept for when it is")
+    rows = []
+    for i in range(len(meta["cases"])) if cases is None else cases:
+        case = meta["cases"][i]
+        q, kv = _case_inputs(case)
+        t0 = time.perf_counter()
+        res = splitkv_decode(q, kv, seqlens=np.array(case["seqlens"]), num_kv_splits=np.array(case["num_kv_splits"]),
+                             max_kv_splits=case["max_kv_splits"], scale=case["scale"])
+        seconds = time.perf_counter() - t0
+        stages = []
+        if f"c{i}_mid" in arrays:
+            stages.append(_compare("mid", arrays[f"c{i}_mid"], res.mid.view(np.uint32), np.float32))
+        stages.append(_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32))
+        stages.append(_compare("out", arrays[f"c{i}_o"], res.out[:, 0].view(np.uint16), ml_dtypes.bfloat16))
+        first = next((s["name"] for s in stages if s["bit_exact"] < 1), None)
+        rows.append({"case": i, "batch": case["batch"], "heads": case["heads"], "seqlens": case["seqlens"],
+                     "num_kv_splits": case["num_kv_splits"], "dist": case["dist"], "stages": stages,
+                     "first_difference": first, "seconds": round(seconds, 2)})
+    return {"kernel": kernel, "version": meta.get("sglang"), "device": meta.get("device"), "cases": rows}
+
+
+def format_report(report: dict) -> str:
+    lines = [f"{report['kernel']} {report.get('version') or ''} on {report.get('device')} against the simulator:"]
+    for r in report["cases"]:
+        stages = "  ".join(f"{s['name']} {100 * s['bit_exact']:.3f}% (max {s['max_ulp']} ulp)" for s in r["stages"])
+        tail = f"first difference: {r['first_difference']}" if r["first_difference"] else "bit-identical"
+        lines.append(f"  case {r['case']}: b={r['batch']} H={r['heads']} seqlens={r['seqlens']} "
+                     f"splits={r['num_kv_splits']}  {stages}  {tail}  ({r['seconds']} s)")
+    return "\n".join(lines)
+
+
+def capture(kernel: str, path: str | Path, *, source: str | None = None, cases=None) -> None:
+    """Run `kernel` on this machine's GPU over `cases` (default: SGLANG_CASES) and write a capture to `path`.
+
+    source: the sglang kernel file (default: the installed sglang package)."""
+    if kernel != "sglang-triton":
+        raise ValueError(f"kernel: capture runs {KERNELS[0]!r} from the CLI; FlashMLA's captures come from "
+                         "scripts/capture_thirdparty.py (it builds the kernel)")
+    import torch
+
+    from .gpu.thirdparty import load_sglang, run_sglang
+
+    mod = load_sglang(source)
+    arrays, recipes = {}, []
+    for i, (b, H, seqlens, splits, max_splits, dist, seed, scale) in enumerate(cases or SGLANG_CASES):
+        q, kv = make_inputs(dist, batch=b, heads=H, context=max(seqlens), seed=seed)
+        got = run_sglang(mod, np.ascontiguousarray(q[:, 0]).view(np.uint16), kv.view(np.uint16), list(seqlens),
+                         np.array(splits), max_splits, 576**-0.5 if scale is None else scale)
+        arrays[f"c{i}_o"], arrays[f"c{i}_lse"] = got["o"], got["lse"]
+        if i < 3:
+            arrays[f"c{i}_mid"] = got["mid"]
+        recipes.append({"batch": b, "heads": H, "seqlens": list(seqlens), "num_kv_splits": list(splits),
+                        "max_kv_splits": max_splits, "dist": dist, "seed": seed, "scale": scale,
+                        "input_crc": input_crc(q, kv)})
+    meta = {"kernel": kernel, "sglang": SGLANG_VERSION, "device": torch.cuda.get_device_name(), "cases": recipes,
+            **_SGLANG_LAUNCH}
+    np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)

@@ -1,0 +1,164 @@
+"""The kernels people deploy (issue 12): SGLang's Triton MLA decode bit for bit, the units it and FlashMLA use
+(tl.log, lg2.approx), the tensor cores' NaN, against H200 captures that an H100 wrote byte for byte too."""
+
+import hashlib
+import json
+from dataclasses import replace
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from amla_sim import mma, thirdparty
+from amla_sim.algorithms import golden
+from amla_sim.algorithms.splitkv_decode import split_ranges, splitkv_decode
+from amla_sim.arith.logarithm import lg2_approx, log
+from amla_sim.experiments.inputs import make_inputs
+from amla_sim.machines import get_machine
+
+DATA = "tests/data/"
+
+
+@pytest.fixture(scope="module")
+def units():
+    with np.load(DATA + "log_units.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.mark.parametrize("rows", [16, 64])  # mma.sync (SGLang's M = 16) and wgmma
+def test_tensor_cores_write_one_nan(rows):
+    with np.load(DATA + "nan_dot.npz") as z:
+        a, b, c = z[f"a{rows}"].view(ml_dtypes.bfloat16), z[f"b{rows}"].view(ml_dtypes.bfloat16), z[f"c{rows}"]
+        assert str(z[f"instr{rows}"]) == ("mma.sync" if rows == 16 else "wgmma")
+    got = mma.matmul(a, b, model="sm90").view(np.uint32)
+    assert np.isnan(c.view(np.float32)).sum() > rows  # NaN payloads of both signs, and Inf - Inf
+    np.testing.assert_array_equal(got, c)
+
+
+@pytest.mark.parametrize("ftz", [False, True])
+def test_lg2_approx_bit_exact(units, ftz):
+    x = units["x"].view(np.float32)
+    np.testing.assert_array_equal(lg2_approx(x, ftz=ftz).view(np.uint32), units["lg2_ftz" if ftz else "lg2"])
+    np.testing.assert_array_equal(lg2_approx(units["xb"].view(np.float32)).view(np.uint32), units["xb_lg2"])
+
+
+def test_lg2_approx_edges(units):
+    x = np.array([1.0, 2.0, 0.5, 0.25, 2.0**-126, 0.0, -0.0, np.inf, -1.0, 2.0**-149], np.float32)
+    y = lg2_approx(x)
+    assert y[0] == 0 and y[1] == 1 and y[7] == np.inf and np.isneginf(y[5]) and np.isneginf(y[6])
+    assert y[2].view(np.uint32) == 0xBF7FFFFE and y[3].view(np.uint32) == 0xBFFFFFFF  # -1 + 2^-23, -2 + 2^-23
+    assert y[8].view(np.uint32) == 0x7FFFFFFF and y[9] == -149.0
+    assert np.isneginf(lg2_approx(np.float32(2.0**-149), ftz=True))
+
+
+def test_tl_log_is_libdevice_logf(units):
+    np.testing.assert_array_equal(log(units["x"].view(np.float32), mode="sm90").view(np.uint32), units["log"])
+    np.testing.assert_array_equal(log(units["xb"].view(np.float32), mode="sm90").view(np.uint32), units["xb_log"])
+    one = (np.uint32(0x3F800000) | np.arange(0, 1 << 23, 64, dtype=np.uint32)).view(np.float32)
+    np.testing.assert_array_equal(log(one, mode="sm90").view(np.uint32), units["log_one_every64"])
+    cr = log(units["x"].view(np.float32))  # correctly rounded: a different function, so the test can fail
+    assert np.mean(cr.view(np.uint32) == units["log"]) < 0.95
+
+
+def test_h100_wrote_the_same_bytes_as_the_h200():
+    with open(DATA + "thirdparty_h100_record.json") as f:
+        record = json.load(f)["files"]
+    checked = 0
+    for ours, theirs in (("sglang_decode.npz", "sglang.npz"), ("flashmla_decode.npz", "flashmla.npz"),
+                         ("nan_dot.npz", "nan_dot.npz")):
+        with np.load(DATA + ours) as z:
+            for k in z.files:
+                if k != "meta":
+                    digest = hashlib.sha256(np.ascontiguousarray(z[k]).tobytes()).hexdigest()[:16]
+                    assert record[theirs][k] == digest, (ours, k)
+                    checked += 1
+    assert checked > 40
+
+
+@pytest.mark.parametrize("case", range(len(thirdparty.SGLANG_CASES)))
+def test_sglang_decode_bit_exact(case):
+    report = thirdparty.replay(DATA + "sglang_decode.npz", cases=[case])
+    row = report["cases"][0]
+    assert report["version"] == "0.5.23"
+    assert row["first_difference"] is None, thirdparty.format_report(report)
+    assert [s["name"] for s in row["stages"]][-2:] == ["lse", "out"]
+
+
+@pytest.mark.parametrize("change", ["no-fma", "wgmma-layout", "ieee-exp", "correct-log"])
+def test_each_modelled_choice_matters(change):
+    """The replay fails when one of the model's measured choices is replaced by a plausible other."""
+    mc = get_machine("sm90-triton")
+    mc = {"no-fma": replace(mc, contraction=False), "wgmma-layout": mc, "ieee-exp": replace(mc, exp_mode="correctly-rounded"),
+          "correct-log": replace(mc, log_mode="correctly-rounded")}[change]
+    with np.load(DATA + "sglang_decode.npz") as z:
+        meta = json.loads(str(z["meta"]))
+        out, lse = z["c2_o"], z["c2_lse"]
+    c = meta["cases"][2]
+    q, kv = make_inputs(c["dist"], batch=1, heads=128, context=c["seqlens"][0], seed=c["seed"])
+    res = splitkv_decode(q, kv, num_kv_splits=c["num_kv_splits"][0], max_kv_splits=c["max_kv_splits"],
+                         scale=c["scale"], machine=mc, num_warps=1 if change == "wgmma-layout" else 4)
+    ran = ~np.isnan(res.lse)
+    same = np.mean(res.out[:, 0].view(np.uint16) == out), np.mean(res.lse.view(np.uint32)[ran] == lse[ran])
+    assert min(same) < 1, same
+
+
+def test_split_ranges_follow_the_kernel():
+    r = split_ranges([4096, 77, 1000, 64], [8, 2, 4, 1], 8)
+    assert r[0, :, 0].tolist() == [512 * i for i in range(8)] and r[0, -1, 1] == 4096
+    assert r[1, :3].tolist() == [[0, 64], [64, 77], [128, 77]]  # cdiv(77, 2) = 39 -> 64; the third is empty
+    assert r[2, :4, 1].tolist() == [256, 512, 768, 1000]
+    assert (r[3, 1:, 0] >= r[3, 1:, 1]).all()
+
+
+@pytest.mark.parametrize("machine", ["golden", "ieee32", "sm90-triton"])
+def test_splitkv_decode_on_other_machines(machine):
+    q, kv = make_inputs("flashmla", batch=2, heads=16, context=300, seed=4)
+    res = splitkv_decode(q, kv, seqlens=np.array([300, 97]), num_kv_splits=[3, 2], machine=machine)
+    ref = np.concatenate([golden(q[i:i + 1], kv[i:i + 1, :n]).out for i, n in enumerate((300, 97))])
+    err = np.linalg.norm(res.out.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert err < (1e-12 if machine == "golden" else 8e-3), err  # split and merge are exact mathematics
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"seqlens": [0]}, "seqlens"), ({"seqlens": [10**6]}, "seqlens"), ({"num_kv_splits": 0}, "num_kv_splits"),
+    ({"num_kv_splits": 9, "max_kv_splits": 8}, "max_kv_splits"), ({"block_h": 64}, "block_h"),
+    ({"block_n": 12}, "block_n"), ({"logit_cap": 30.0}, "logit_cap"), ({"scale": -1.0}, "scale"),
+    ({"machine": "h100"}, "machine"), ({"page_size": 0}, "page_size"), ({"num_kv_splits": True}, "num_kv_splits"),
+])
+def test_bad_input_names_the_argument(kwargs, name):
+    q, kv = make_inputs("normal:1", heads=16, context=64)
+    with pytest.raises((ValueError, TypeError), match=name):
+        splitkv_decode(q, kv, **kwargs)
+
+
+@pytest.mark.parametrize("q_shape, kv_shape, name", [((1, 2, 16, 576), (1, 64, 576), "q"),
+                                                     ((1, 1, 16, 512), (1, 64, 576), "q"),
+                                                     ((1, 1, 16, 576), (2, 64, 576), "kv")])
+def test_bad_shapes(q_shape, kv_shape, name):
+    with pytest.raises(ValueError, match=name):
+        splitkv_decode(np.zeros(q_shape, ml_dtypes.bfloat16), np.zeros(kv_shape, ml_dtypes.bfloat16))
+    with pytest.raises(TypeError, match="q"):
+        splitkv_decode(np.zeros((1, 1, 16, 576), np.int16), np.zeros((1, 64, 576), ml_dtypes.bfloat16))
+
+
+def test_flashmla_captures_are_kept_and_named(capsys):
+    from amla_sim.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["crosscheck", "--kernel", "flashmla", "--replay", DATA + "flashmla_decode.npz"])
+    assert e.value.code == 1 and "not modelled yet" in capsys.readouterr().err
+
+
+def test_cli_replays_sglang(capsys, tmp_path):
+    from amla_sim.cli import main
+
+    with np.load(DATA + "sglang_decode.npz") as z:  # one case of the capture, the fastest
+        meta = json.loads(str(z["meta"]))
+        meta["cases"] = meta["cases"][6:7]
+        np.savez(tmp_path / "one.npz", meta=np.array(json.dumps(meta)), c0_o=z["c6_o"], c0_lse=z["c6_lse"])
+    assert main(["crosscheck", "--kernel", "sglang-triton", "--replay", str(tmp_path / "one.npz"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cases"][0]["first_difference"] is None and report["cases"][0]["stages"][-1]["bit_exact"] == 1
+    with pytest.raises(SystemExit) as e:
+        main(["crosscheck", "--kernel", "flashmla", "--replay", str(tmp_path / "one.npz")])
+    assert e.value.code == 2 and "--kernel" in capsys.readouterr().err
