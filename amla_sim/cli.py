@@ -174,7 +174,7 @@ def _cmd_thirdparty(args: argparse.Namespace) -> int:
 
         with tempfile.TemporaryDirectory() as tmp:
             path = args.save or os.path.join(tmp, "capture.npz")
-            thirdparty.capture(args.kernel, path, source=args.sglang_file)
+            thirdparty.capture(args.kernel, path, source=args.sglang_file, seed=args.seed)
             report = thirdparty.replay(path, kernel=args.kernel)
     print(dumps_strict(report, indent=2) if args.json else thirdparty.format_report(report))
     return 0

@@ -124,10 +124,11 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def capture(kernel: str, path: str | Path, *, source: str | None = None, cases=None) -> None:
+def capture(kernel: str, path: str | Path, *, source: str | None = None, cases=None, seed: int = 0) -> None:
     """Run `kernel` on this machine's GPU over `cases` (default: SGLANG_CASES) and write a capture to `path`.
 
-    source: the sglang kernel file (default: the installed sglang package)."""
+    source: the sglang kernel file (default: the installed sglang package). seed: added to every case's seed, for
+    inputs no committed capture used."""
     if kernel != "sglang-triton":
         raise ValueError(f"kernel: capture runs {KERNELS[0]!r} from the CLI; FlashMLA's captures come from "
                          "scripts/capture_thirdparty.py (it builds the kernel)")
@@ -137,15 +138,15 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, cases=N
 
     mod = load_sglang(source)
     arrays, recipes = {}, []
-    for i, (b, H, seqlens, splits, max_splits, dist, seed, scale) in enumerate(cases or SGLANG_CASES):
-        q, kv = make_inputs(dist, batch=b, heads=H, context=max(seqlens), seed=seed)
+    for i, (b, H, seqlens, splits, max_splits, dist, case_seed, scale) in enumerate(cases or SGLANG_CASES):
+        q, kv = make_inputs(dist, batch=b, heads=H, context=max(seqlens), seed=case_seed + seed)
         got = run_sglang(mod, np.ascontiguousarray(q[:, 0]).view(np.uint16), kv.view(np.uint16), list(seqlens),
                          np.array(splits), max_splits, 576**-0.5 if scale is None else scale)
         arrays[f"c{i}_o"], arrays[f"c{i}_lse"] = got["o"], got["lse"]
         if i < 3:
             arrays[f"c{i}_mid"] = got["mid"]
         recipes.append({"batch": b, "heads": H, "seqlens": list(seqlens), "num_kv_splits": list(splits),
-                        "max_kv_splits": max_splits, "dist": dist, "seed": seed, "scale": scale,
+                        "max_kv_splits": max_splits, "dist": dist, "seed": case_seed + seed, "scale": scale,
                         "input_crc": input_crc(q, kv)})
     meta = {"kernel": kernel, "sglang": SGLANG_VERSION, "device": torch.cuda.get_device_name(), "cases": recipes,
             **_SGLANG_LAUNCH}
