@@ -162,3 +162,19 @@ def test_cli_replays_sglang(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["crosscheck", "--kernel", "flashmla", "--replay", str(tmp_path / "one.npz")])
     assert e.value.code == 2 and "--kernel" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_flashmla_scheduler_cuts_where_the_kernel_does(case):
+    from amla_sim.algorithms.flashmla_sched import decoding_schedule, num_sm_parts, request_splits
+
+    with np.load(DATA + "flashmla_decode.npz") as z:
+        c = json.loads(str(z["meta"]))["cases"][case]
+        sched, num_splits = z[f"c{case}_sched"], z[f"c{case}_num_splits"]
+    parts = num_sm_parts(s_q=c["sq"], heads_q=c["heads"])
+    assert parts == sched.shape[0]  # 132 SMs: 66 parts at 128 heads, 33 with s_q = 2, 132 at 64 heads
+    ours, ours_splits = decoding_schedule(c["seqlens"], parts)
+    np.testing.assert_array_equal(np.array([p.as_ints() for p in ours])[:, :7], sched[:, :7])  # the 8th is padding
+    np.testing.assert_array_equal(ours_splits, num_splits)
+    for n, splits in zip(c["seqlens"], request_splits(c["seqlens"], parts)):
+        assert splits[0][0] == 0 and splits[-1][1] == n and all(a[1] == b[0] for a, b in zip(splits, splits[1:]))

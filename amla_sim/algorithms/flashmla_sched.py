@@ -1,0 +1,97 @@
+"""FlashMLA's split-KV scheduler (``get_decoding_sched_meta``, commit 9241ae3), on the host: how each request's KV
+blocks of 64 tokens are cut into splits over the SMs, so that a simulation cuts at the same tokens.
+
+``num_sm_parts = max(num_sms / h_k / cdiv(s_q h_q / h_k, 64), 1)`` parts share the total work, each request
+costing its blocks plus a fixed overhead of 5; part i takes ``cdiv(total, num_sm_parts) + 5`` units, whole
+requests while they fit and the rest of one request as a split. Checked against the schedules FlashMLA returned
+on an H100 and an H200 (``tests/data/flashmla_decode.npz``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["SchedPart", "decoding_schedule", "num_sm_parts", "request_splits"]
+
+BLOCK_SIZE_N = 64
+FIXED_OVERHEAD_BLOCKS = 5
+
+
+@dataclass(frozen=True)
+class SchedPart:
+    """One SM part's work: requests begin..end (inclusive), blocks [begin_block of the first, end_block of the
+    last), the first request's split index, and whether the first / last request is split."""
+
+    begin_req: int
+    end_req: int
+    begin_block: int
+    end_block: int
+    begin_split: int
+    first_split: bool
+    last_split: bool
+
+    def as_ints(self) -> list[int]:
+        """The 8 int32 of FlashMLA's DecodingSchedMeta (the last is padding)."""
+        return [self.begin_req, self.end_req, self.begin_block, self.end_block, self.begin_split,
+                int(self.first_split), int(self.last_split), 0]
+
+
+def num_sm_parts(*, s_q: int, heads_q: int, heads_k: int = 1, num_sms: int = 132) -> int:
+    return max(num_sms // heads_k // -(-(s_q * heads_q // heads_k) // 64), 1)
+
+
+def decoding_schedule(seqlens: npt.ArrayLike, parts: int) -> tuple[list[SchedPart], np.ndarray]:
+    """The parts and the cumulative split counts (b + 1 ints, as FlashMLA's num_splits)."""
+    lens = [int(v) for v in np.asarray(seqlens).ravel()]
+    b = len(lens)
+    blocks = [max(n - 1, 0) // BLOCK_SIZE_N + 1 for n in lens]
+    last_block = [max(n - 1, 0) // BLOCK_SIZE_N for n in lens]
+    total = sum(blocks) + FIXED_OVERHEAD_BLOCKS * b
+    payload = -(-total // parts) + FIXED_OVERHEAD_BLOCKS
+    req, block, split, cum = 0, 0, 0, 0
+    num_splits = [0] * (b + 1)
+    out = []
+    for _ in range(parts):
+        # past the last request the kernel reads first_block_idx[b], which in its shared memory is last_block_idx[0]
+        begin = (req, block + (0 if req < b else last_block[0]), split, block != 0)
+        remain = payload
+        while req < b:
+            left = blocks[req] - block
+            if remain >= left + FIXED_OVERHEAD_BLOCKS:
+                cum += split + 1
+                num_splits[req + 1] = cum
+                remain -= left + FIXED_OVERHEAD_BLOCKS
+                req, block, split = req + 1, 0, 0
+            else:
+                if remain - FIXED_OVERHEAD_BLOCKS > 0:
+                    block += remain - FIXED_OVERHEAD_BLOCKS
+                    split += 1
+                    remain = 0
+                break
+        end_req = req if block > 0 else req - 1
+        end_block = block if block > 0 else (0 if lens[req - 1] == 0 else last_block[req - 1] + 1)
+        last_split = end_block != last_block[end_req] + 1 and lens[end_req] != 0
+        first_split = begin[3]
+        if begin[0] == end_req:
+            first_split = last_split = first_split or last_split
+        out.append(SchedPart(begin[0], end_req, begin[1], end_block, begin[2], first_split, last_split))
+    return out, np.array(num_splits, np.int32)
+
+
+def request_splits(seqlens: npt.ArrayLike, parts: int) -> list[list[tuple[int, int]]]:
+    """Per request, its splits as token ranges [start, end), in split order."""
+    sched, _ = decoding_schedule(seqlens, parts)
+    lens = [int(v) for v in np.asarray(seqlens).ravel()]
+    splits: list[list[tuple[int, int]]] = [[] for _ in lens]
+    for p in sched:
+        for r in range(p.begin_req, p.end_req + 1):
+            if r >= len(lens):
+                continue
+            lo = p.begin_block if r == p.begin_req else 0
+            hi = p.end_block if r == p.end_req else (max(lens[r] - 1, 0) // BLOCK_SIZE_N + 1)
+            if hi > lo:
+                splits[r].append((lo * BLOCK_SIZE_N, min(hi * BLOCK_SIZE_N, lens[r])))
+    return splits
