@@ -42,7 +42,8 @@ class Machine:
     mma_model: str = "exact"
     exp_mode: Literal["correctly-rounded", "sm90", "poly", "numpy-fast"] = "correctly-rounded"
     div_mode: Literal["ieee", "sm90"] = "ieee"
-    log_mode: Literal["correctly-rounded", "sm90", "numpy-fast"] = "correctly-rounded"
+    log_mode: Literal["correctly-rounded", "sm90", "numpy-fast"] | None = "correctly-rounded"
+    log2_mode: Literal["correctly-rounded", "sm90"] | None = "correctly-rounded"
     contraction: bool = False
     reduce_order: Literal["sequential", "pairwise", "triton", "numpy"] = "sequential"
     reduce_layout: tuple[int, int, int] | None = None
@@ -108,7 +109,20 @@ class Machine:
         if self.golden:
             with np.errstate(divide="ignore", invalid="ignore"):
                 return np.log(self.f(x))
+        if self.log_mode is None:
+            raise ValueError(f"machine: {self.name} has no model of its natural log")
         return _log.log(self.f(x), mode=self.log_mode)
+
+    def log2(self, x: npt.ArrayLike) -> np.ndarray:
+        """log2 (CUDA's ``log2f``; under ``--use_fast_math``: ``lg2.approx.ftz``)."""
+        xf = self.f(x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if self.golden or self.log2_mode == "correctly-rounded":
+                return np.log2(xf.astype(np.float64)).astype(self.dtype)
+        if self.log2_mode == "sm90":
+            return _log.lg2_approx(xf, ftz=True)
+        raise ValueError(f"machine: {self.name} has no model of its log2 (Triton's tl.log2 is libdevice's log2f, "
+                         "not modelled)")
 
     def div(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         if self.golden:
@@ -161,6 +175,7 @@ MACHINES: dict[str, Machine] = {
         exp_mode="sm90",
         div_mode="sm90",
         log_mode="sm90",
+        log2_mode=None,
         contraction=True,
         reduce_order="triton",
         reduce_layout=(2, 4, 1),  # P in the wgmma accumulator layout: 2 adjacent columns a thread, 4 a row
@@ -173,11 +188,23 @@ MACHINES: dict[str, Machine] = {
         exp_mode="poly",
         div_mode="ieee",
         log_mode="sm90",  # tl.log is libdevice's logf, FP32 FMAs, in both kernel modes
+        log2_mode=None,
         contraction=True,
         reduce_order="triton",
         reduce_layout=(2, 4, 1),
         pad_blocks=True,
         source="amla_sim.gpu kernels in exact mode: software exp (FP32 FMA polynomial) and div_rn; " + _SM90,
+    ),
+    "sm90-cuda": Machine(
+        "sm90-cuda",
+        mma_model="sm90",
+        exp_mode="sm90",  # exp2f under --use_fast_math: ex2.approx.ftz
+        div_mode="sm90",  # '/' under --use_fast_math: x * MUFU.RCP(y), the same bits as div.full for normal y
+        log_mode=None,
+        log2_mode="sm90",  # log2f under --use_fast_math: lg2.approx.ftz
+        contraction=True,
+        source="CUDA C++ built with nvcc --use_fast_math for sm_90a (FlashMLA): wgmma as the sm90 row, MUFU exp2, "
+               "log2 and reciprocal, FMA contraction; 100% of FlashMLA's out and LSE bits (tests/data/flashmla_decode.npz)",
     ),
     "ascend910": Machine(
         "ascend910", mma_model="ascend910", verified=False, source="parametric, UNVERIFIED: no public bit-level model"

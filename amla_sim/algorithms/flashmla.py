@@ -1,0 +1,208 @@
+"""FlashMLA's sm90 dense decode (commit 9241ae3: ``splitkv_mla.cuh``, ``combine.cu``, ``get_decoding_sched_meta``),
+written against a machine. On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit.
+
+Rows are the (query position, head) pairs of a request, 64 to an m-block; every row is independent. The scheduler
+(:mod:`.flashmla_sched`) cuts each request's 64-token blocks into splits. A split runs its blocks in pairs, the
+seesaw of two warpgroups sharing one running max ``m`` (log2 units, from -1e30):
+
+- warpgroup 0 takes block 0: ``S0 = Q K0^T`` on the tensor cores, k in order 0..575; masked keys get -1e33;
+  ``m' = max(m, rowmax(S0) * c)`` with ``c = fl32(scale log2 e)``, ``s0 = exp2(m - m')``, ``P0 = exp2(fma(S0, c,
+  -m'))``; its half of O (columns 0..255) ``O_L = O_L s0 + bf16(P0) V0_L``; its partial row sums (one per lane of
+  the four that share a row: pairs of adjacent columns added, then summed over the row's eight column groups)
+  ``l0 = fma(l0, s0, sum)``;
+- warpgroup 1 takes block 1: ``S1`` with k in order 256..575 then 0..255; ``m'' = max(m', rowmax(S1) c)``,
+  ``s1 = exp2(m' - m'')``; its half ``O_R = O_R fl(s1 s0) + bf16(P1) V1_R + bf16(P0 s1) V0_R`` (P0 rescaled by
+  warpgroup 0 before it is shared); ``l1 = fma(l1, fl(s1 s0), sum)``;
+- then warpgroup 0 finishes: ``O_L = O_L s1 + bf16(P1) V1_L``, ``l0 = l0 s1``.
+
+At the end the four lanes' sums meet in a butterfly, ``L = l0 + l1`` (1 where it is 0 or NaN), ``O = O / L``
+(``div.approx``: O times MUFU.RCP of L). A request with one split writes ``bf16(O)`` and
+``fma(log2(L), ln 2, m ln 2)``; otherwise each split writes O and ``log2(L) + m``, and the combine kernel
+computes ``M = max lse_s``, ``g = log2(sum_s exp2(lse_s - M)) + M`` (each lane summing its splits, then an xor
+butterfly over 32 lanes), LSE ``g ln 2`` and ``bf16(sum_s fma(exp2(lse_s - g), O_s, .))``. exp2 and log2 are
+``ex2.approx.ftz`` and ``lg2.approx.ftz`` (``--use_fast_math``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import numpy.typing as npt
+
+from .._validate import check_int, quiet_fp
+from ..arith.reductions import _xor_tree
+from ..machines import Machine, get_machine
+from ._common import D_K, D_V, DEFAULT_SCALE, AttentionResult, _check_float
+from .flashmla_sched import BLOCK_SIZE_N, num_sm_parts, request_splits
+
+__all__ = ["flashmla", "FLASHMLA_COMMIT"]
+
+FLASHMLA_COMMIT = "9241ae3"
+_MAX_INIT_SM = -1e30  # the running max before the first block
+_MAX_INIT = -1e33  # a masked score
+
+
+class _Units:
+    """The machine's operations as the kernel uses them (log2 units; golden: exact constants)."""
+
+    def __init__(self, mc: Machine):
+        self.mc = mc
+        self.dt = mc.dtype
+        self.ln2 = mc.f(math.log(2.0))  # fl32(ln 2) = 0x3F317218 on FP32 machines
+
+    def c(self, x: float) -> np.ndarray:
+        return self.mc.f(x)
+
+    def lane_sums(self, p: np.ndarray) -> np.ndarray:
+        """(..., 64) -> (..., 4): lane t adds its column pairs (8j + 2t, 8j + 2t + 1), then the 8 pairs in order."""
+        q = p.reshape(*p.shape[:-1], 8, 4, 2)
+        pair = (q[..., 0] + q[..., 1]).astype(self.dt)
+        s = np.zeros(pair.shape[:-2] + (4,), self.dt)
+        for j in range(8):
+            s = (s + pair[..., j, :]).astype(self.dt)
+        return s
+
+
+def _check(q, kv, seqlens, scale, num_sms):
+    qa, kva = _check_float(q, "q"), _check_float(kv, "kv")
+    if qa.ndim != 4 or qa.shape[-1] != D_K or min(qa.shape) < 1:
+        raise ValueError(f"q: expected shape (b, s_q, h_q, {D_K}), got {qa.shape}")
+    b = qa.shape[0]
+    if kva.ndim != 3 or kva.shape[0] != b or kva.shape[2] != D_K or kva.shape[1] < 1:
+        raise ValueError(f"kv: expected shape ({b}, S_max, {D_K}), got {kva.shape}")
+    lens = np.asarray(seqlens)
+    if lens.shape != (b,) or lens.dtype.kind not in "iu" or lens.min() < 1 or lens.max() > kva.shape[1]:
+        raise ValueError(f"seqlens: expected {b} ints in 1..{kva.shape[1]}, got {seqlens!r}")
+    sm = DEFAULT_SCALE if scale is None else scale
+    if isinstance(sm, bool) or not isinstance(sm, (int, float, np.floating)) or not 0 < sm < np.inf:
+        raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
+    check_int(num_sms, "num_sms", lo=1)
+    return qa, kva, [int(n) for n in lens], float(sm)
+
+
+@quiet_fp
+def flashmla(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    seqlens: npt.ArrayLike,
+    scale: float | None = None,
+    num_sms: int = 132,
+    machine: str | Machine = "sm90-cuda",
+    trace: bool = False,
+) -> AttentionResult:
+    """FlashMLA's dense decode on `machine` (see the module docstring).
+
+    q: (b, s_q, h_q, 576) BF16; kv: (b, S_max, 576) BF16, rows past ``seqlens[i]`` ignored, V its first 512
+    columns. No causal mask (FlashMLA's ``is_causal=False``; with s_q = 1 it never applies). Returns ``.out``
+    (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q) natural log, FlashMLA's layouts; with `trace`, per request
+    the splits' token ranges, partial outputs and LSEs (``split_ranges``, ``split_out``, ``split_lse``).
+    """
+    mc = get_machine(machine)
+    qa, kva, lens, sm = _check(q, kv, seqlens, scale, num_sms)
+    b, s_q, H, _ = qa.shape
+    u = _Units(mc)
+    c = mc.f(np.float64(sm) * math.log2(math.e))  # params.scale_softmax_log2 = float(scale * M_LOG2E)
+    parts = num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
+    max_splits = min(-(-parts // 32) * 32, 160)  # the combine kernel's MAX_SPLITS
+    Q, K = mc.cast(qa, "bf16"), mc.cast(kva, "bf16")
+    out = np.zeros((b, s_q * H, D_V), mc.dtype)
+    lse = np.zeros((b, s_q * H), mc.dtype)
+    tr: dict[str, list] = {}
+    for i, ranges in enumerate(request_splits(lens, parts)):
+        rows = Q[i].reshape(s_q * H, D_K)
+        res = [_split(u, rows, K[i], lens[i], lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N), c) for lo, hi in ranges]
+        if len(res) == 1:
+            O, L, m = res[0]
+            out[i] = O
+            lse[i] = mc.mul_add(mc.log2(L), u.ln2, mc.f(m * u.ln2))
+        else:
+            out[i], lse[i] = _combine(u, res, max_splits)
+        if trace:
+            tr.setdefault("split_ranges", []).append(np.array(ranges))
+            tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]))
+            tr.setdefault("split_lse", []).append(np.stack([mc.f(mc.log2(r[1]) + r[2]) for r in res]))
+    hazards = Counter()
+    if np.isnan(out).any():
+        hazards["nan_outputs"] += int(np.isnan(out).sum())
+    out = mc.cast(out.reshape(b, s_q, H, D_V), "bf16")
+    return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
+
+
+def _block(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, blk: int, first_half: bool):
+    """Scores of one 64-token block (masked keys: -1e33) and its V (masked rows zero)."""
+    mc = u.mc
+    t = blk * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)
+    ok = t < seqlen
+    Kb = np.where(ok[:, None], K[np.minimum(t, seqlen - 1)], 0).astype(K.dtype)
+    KT = np.ascontiguousarray(Kb.T)
+    if first_half:  # warpgroup 0: k tiles 0..8
+        S = mc.matmul(mc.operand(Q), mc.operand(KT))
+    else:  # warpgroup 1: tiles 4..8, then 0..3
+        S = mc.matmul(mc.operand(Q[:, :256]), mc.operand(KT[:256]), mc.matmul(mc.operand(Q[:, 256:]), mc.operand(KT[256:])))
+    return np.where(ok[None, :], mc.f(S), u.c(_MAX_INIT)).astype(u.dt), Kb[:, :D_V]
+
+
+def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: int, c: np.ndarray):
+    """One split over blocks [b0, b1): (O / L, L, m) per row."""
+    mc, dt = u.mc, u.dt
+    R = Q.shape[0]
+    m = np.full(R, u.c(_MAX_INIT_SM), dt)
+    OL, OR = np.zeros((R, 256), dt), np.zeros((R, 256), dt)
+    l0, l1 = np.zeros((R, 4), dt), np.zeros((R, 4), dt)
+
+    def softmax(S):
+        m_new = np.maximum(m, mc.f(np.max(S, axis=1) * c))
+        return m_new, mc.exp2(m - m_new), mc.exp2(mc.mul_add(S, c, -m_new[:, None]))
+
+    for blk in range(b0, b1, 2):
+        S0, V0 = _block(u, Q, K, seqlen, blk, True)
+        m, s0, P0 = softmax(S0)
+        OL = mc.matmul(mc.operand(mc.cast(P0, "bf16")), mc.operand(V0[:, :256]), mc.f(OL * s0[:, None]))
+        l0 = mc.mul_add(l0, s0[:, None], u.lane_sums(P0))
+        if blk + 1 < b1:
+            S1, V1 = _block(u, Q, K, seqlen, blk + 1, False)
+            m, s1, P1 = softmax(S1)
+            sum1 = u.lane_sums(P1)
+        else:  # an odd block count: warpgroup 1 only rescales
+            s1, sum1 = np.ones(R, dt), np.zeros((R, 4), dt)
+        c1 = mc.f(s1 * s0)
+        OR = mc.f(OR * c1[:, None])
+        l1 = mc.mul_add(l1, c1[:, None], sum1)
+        if blk + 1 < b1:
+            OR = mc.matmul(mc.operand(mc.cast(P1, "bf16")), mc.operand(V1[:, 256:]), OR)
+        OR = mc.matmul(mc.operand(mc.cast(mc.f(P0 * s1[:, None]), "bf16")), mc.operand(V0[:, 256:]), OR)
+        if blk + 1 < b1:
+            OL, l0 = mc.f(OL * s1[:, None]), mc.f(l0 * s1[:, None])
+            OL = mc.matmul(mc.operand(mc.cast(P1, "bf16")), mc.operand(V1[:, :256]), OL)
+
+    def lanes(x):  # the butterfly over the four lanes of a row
+        return mc.f(mc.f(x[:, 0] + x[:, 1]) + mc.f(x[:, 2] + x[:, 3]))
+
+    L = mc.f(lanes(l0) + lanes(l1))
+    L = np.where((L == 0) | np.isnan(L), u.c(1.0), L).astype(dt)
+    return mc.div(np.concatenate([OL, OR], axis=1), L[:, None]), L, m
+
+
+def _combine(u: _Units, res: list, max_splits: int) -> tuple[np.ndarray, np.ndarray]:
+    mc, dt = u.mc, u.dt
+    lse_s = np.stack([mc.f(mc.log2(L) + m) for _, L, m in res], axis=1)  # (R, n)
+    R, n = lse_s.shape
+    pad = np.full((R, max_splits), -np.inf, dt)
+    pad[:, :n] = lse_s
+    M = np.max(pad, axis=1)
+    M = np.where(np.isneginf(M), u.c(0.0), M).astype(dt)
+    lanes = []
+    for lane in range(32):  # lane j sums splits j, j + 32, ... in order
+        acc = np.zeros(R, dt)
+        for k in range(lane, max_splits, 32):
+            acc = mc.f(acc + mc.exp2(pad[:, k] - M))
+        lanes.append(acc)
+    g = mc.f(mc.log2(_xor_tree(lanes)) + M)
+    scales = mc.exp2(lse_s - g[:, None])
+    acc = np.zeros((R, D_V), dt)
+    for s in range(n):
+        acc = mc.mul_add(scales[:, s:s + 1], res[s][0], acc)
+    return acc, mc.f(g * u.ln2)
