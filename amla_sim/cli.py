@@ -174,7 +174,8 @@ def _cmd_thirdparty(args: argparse.Namespace) -> int:
 
         with tempfile.TemporaryDirectory() as tmp:
             path = args.save or os.path.join(tmp, "capture.npz")
-            thirdparty.capture(args.kernel, path, source=args.sglang_file, seed=args.seed)
+            source = args.sglang_file if args.kernel == "sglang-triton" else args.flashmla_dir
+            thirdparty.capture(args.kernel, path, source=source, seed=args.seed)
             report = thirdparty.replay(path, kernel=args.kernel)
     print(dumps_strict(report, indent=2) if args.json else thirdparty.format_report(report))
     return 0
@@ -395,9 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("crosscheck", help="Triton kernel against the simulator, stage by stage (or replay a capture)")
     p.add_argument("--kernel", default="amla-sim", choices=["amla-sim", "sglang-triton", "flashmla"],
                    help="amla-sim: this project's Triton kernels; sglang-triton: SGLang's MLA decode (sglang 0.5.23); "
-                        "flashmla: FlashMLA's dense decode (captured, not modelled yet)")
+                        "flashmla: FlashMLA's sm90 dense decode (commit 9241ae3)")
     p.add_argument("--sglang-file", help="--kernel sglang-triton: the kernel file of the sglang wheel "
                                          "(default: the installed sglang package)")
+    p.add_argument("--flashmla-dir", help="--kernel flashmla: the folder with build_flashmla.py (builds the kernel)")
     p.add_argument("--algorithm", default="amla", choices=["base", "amla", "snapmla", "etap"])
     p.add_argument("--backend", default="triton", choices=["triton", "torch"],
                    help="triton: the kernels against sm90-triton; torch: the algorithm as torch ops against ieee32")

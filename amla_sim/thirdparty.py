@@ -1,4 +1,4 @@
-"""The cross-check for kernels people deploy: SGLang's Triton MLA decode (and FlashMLA's, as far as it is modelled).
+"""The cross-check for kernels people deploy: SGLang's Triton MLA decode and FlashMLA's sm90 dense decode.
 
 A capture (``.npz``) holds, per case, the device's output bits and the case's recipe: shapes, seqlens, splits,
 the distribution and seed that :func:`amla_sim.experiments.inputs.make_inputs` rebuilds the inputs from, and the
@@ -16,12 +16,13 @@ import ml_dtypes
 import numpy as np
 
 from ._validate import DataError
+from .algorithms.flashmla import FLASHMLA_COMMIT, flashmla
 from .algorithms.splitkv_decode import SGLANG_VERSION, splitkv_decode
 from .captures import input_crc
 from .experiments.inputs import make_inputs
 from .testing import ulp_distance
 
-__all__ = ["KERNELS", "SGLANG_CASES", "capture", "replay", "format_report"]
+__all__ = ["KERNELS", "SGLANG_CASES", "FLASHMLA_CASES", "capture", "replay", "format_report"]
 
 KERNELS = ("sglang-triton", "flashmla")
 
@@ -35,6 +36,15 @@ SGLANG_CASES = [
     (4, 128, (513, 2048, 4097, 129), (3, 8, 8, 1), 8, "flashmla", 6, None),
     (1, 64, (8192,), (32,), 32, "flashmla", 7, 0.1352),
     (2, 128, (2000, 6000), (5, 11), 16, "uniform:3", 8, None),
+]
+# (batch, s_q, heads, seqlens, dist, seed): what scripts/capture_thirdparty.py ran
+FLASHMLA_CASES = [
+    (1, 1, 128, (4096,), "flashmla", 11),
+    (1, 1, 128, (4096,), "normal:1", 12),
+    (1, 2, 128, (1000,), "flashmla", 13),
+    (2, 1, 64, (64, 3001), "flashmla", 14),
+    (3, 2, 128, (8192, 77, 5000), "normal:1", 15),
+    (4, 1, 128, (513, 2048, 4097, 129), "flashmla", 16),
 ]
 _SGLANG_LAUNCH = {"block_n": 32, "block_h": 16, "num_warps": 4, "num_stages": 2, "min_block_kv": 32,
                   "page_size": 1, "logit_cap": 0.0}
@@ -92,26 +102,35 @@ def replay(path: str | Path, *, cases: list[int] | None = None, kernel: str | No
     if kernel is not None and kernel != found:
         raise ValueError(f"--kernel: the capture holds {found}, not {kernel}")
     kernel = found
-    if kernel != "sglang-triton":
-        raise CaptureError(f"replay: {kernel} is not modelled yet (issue 12); captures are kept for when it is")
     rows = []
     for i in range(len(meta["cases"])) if cases is None else cases:
         case = meta["cases"][i]
         q, kv = _case_inputs(case)
         t0 = time.perf_counter()
-        res = splitkv_decode(q, kv, seqlens=np.array(case["seqlens"]), num_kv_splits=np.array(case["num_kv_splits"]),
-                             max_kv_splits=case["max_kv_splits"], scale=case["scale"])
-        seconds = time.perf_counter() - t0
-        stages = []
-        if f"c{i}_mid" in arrays:
-            stages.append(_compare("mid", arrays[f"c{i}_mid"], res.mid.view(np.uint32), np.float32))
-        stages.append(_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32))
-        stages.append(_compare("out", arrays[f"c{i}_o"], res.out[:, 0].view(np.uint16), ml_dtypes.bfloat16))
+        stages = (_sglang_stages if kernel == "sglang-triton" else _flashmla_stages)(case, i, q, kv, arrays)
         first = next((s["name"] for s in stages if s["bit_exact"] < 1), None)
-        rows.append({"case": i, "batch": case["batch"], "heads": case["heads"], "seqlens": case["seqlens"],
-                     "num_kv_splits": case["num_kv_splits"], "dist": case["dist"], "stages": stages,
-                     "first_difference": first, "seconds": round(seconds, 2)})
-    return {"kernel": kernel, "version": meta.get("sglang"), "device": meta.get("device"), "cases": rows}
+        rows.append({"case": i, "batch": case["batch"], "sq": case.get("sq", 1), "heads": case["heads"],
+                     "seqlens": case["seqlens"], "num_kv_splits": case.get("num_kv_splits"), "dist": case["dist"],
+                     "stages": stages, "first_difference": first, "seconds": round(time.perf_counter() - t0, 2)})
+    version = meta.get("sglang") if kernel == "sglang-triton" else meta.get("flashmla_commit")
+    return {"kernel": kernel, "version": version, "device": meta.get("device"), "cases": rows}
+
+
+def _sglang_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[dict]:
+    res = splitkv_decode(q, kv, seqlens=np.array(case["seqlens"]), num_kv_splits=np.array(case["num_kv_splits"]),
+                         max_kv_splits=case["max_kv_splits"], scale=case["scale"])
+    stages = []
+    if f"c{i}_mid" in arrays:
+        stages.append(_compare("mid", arrays[f"c{i}_mid"], res.mid.view(np.uint32), np.float32))
+    stages.append(_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32))
+    stages.append(_compare("out", arrays[f"c{i}_o"], res.out[:, 0].view(np.uint16), ml_dtypes.bfloat16))
+    return stages
+
+
+def _flashmla_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[dict]:
+    res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case["scale"])
+    return [_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
+            _compare("out", arrays[f"c{i}_out"], res.out.view(np.uint16), ml_dtypes.bfloat16)]
 
 
 def format_report(report: dict) -> str:
@@ -119,35 +138,48 @@ def format_report(report: dict) -> str:
     for r in report["cases"]:
         stages = "  ".join(f"{s['name']} {100 * s['bit_exact']:.3f}% (max {s['max_ulp']} ulp)" for s in r["stages"])
         tail = f"first difference: {r['first_difference']}" if r["first_difference"] else "bit-identical"
-        lines.append(f"  case {r['case']}: b={r['batch']} H={r['heads']} seqlens={r['seqlens']} "
-                     f"splits={r['num_kv_splits']}  {stages}  {tail}  ({r['seconds']} s)")
+        splits = f" splits={r['num_kv_splits']}" if r.get("num_kv_splits") else ""
+        lines.append(f"  case {r['case']}: b={r['batch']} s_q={r['sq']} H={r['heads']} seqlens={r['seqlens']}{splits}"
+                     f"  {stages}  {tail}  ({r['seconds']} s)")
     return "\n".join(lines)
 
 
-def capture(kernel: str, path: str | Path, *, source: str | None = None, cases=None, seed: int = 0) -> None:
-    """Run `kernel` on this machine's GPU over `cases` (default: SGLANG_CASES) and write a capture to `path`.
+def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: int = 0) -> None:
+    """Run `kernel` on this machine's GPU over its cases (SGLANG_CASES, FLASHMLA_CASES) and write a capture.
 
-    source: the sglang kernel file (default: the installed sglang package). seed: added to every case's seed, for
-    inputs no committed capture used."""
-    if kernel != "sglang-triton":
-        raise ValueError(f"kernel: capture runs {KERNELS[0]!r} from the CLI; FlashMLA's captures come from "
-                         "scripts/capture_thirdparty.py (it builds the kernel)")
+    source: the sglang kernel file (default: the installed sglang package), or the folder holding FlashMLA's
+    build_flashmla.py. seed: added to every case's seed, for inputs no committed capture used."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     import torch
 
-    from .gpu.thirdparty import load_sglang, run_sglang
+    from .gpu import thirdparty as adapters
 
-    mod = load_sglang(source)
     arrays, recipes = {}, []
-    for i, (b, H, seqlens, splits, max_splits, dist, case_seed, scale) in enumerate(cases or SGLANG_CASES):
-        q, kv = make_inputs(dist, batch=b, heads=H, context=max(seqlens), seed=case_seed + seed)
-        got = run_sglang(mod, np.ascontiguousarray(q[:, 0]).view(np.uint16), kv.view(np.uint16), list(seqlens),
-                         np.array(splits), max_splits, 576**-0.5 if scale is None else scale)
-        arrays[f"c{i}_o"], arrays[f"c{i}_lse"] = got["o"], got["lse"]
-        if i < 3:
-            arrays[f"c{i}_mid"] = got["mid"]
-        recipes.append({"batch": b, "heads": H, "seqlens": list(seqlens), "num_kv_splits": list(splits),
-                        "max_kv_splits": max_splits, "dist": dist, "seed": case_seed + seed, "scale": scale,
-                        "input_crc": input_crc(q, kv)})
-    meta = {"kernel": kernel, "sglang": SGLANG_VERSION, "device": torch.cuda.get_device_name(), "cases": recipes,
-            **_SGLANG_LAUNCH}
+    if kernel == "sglang-triton":
+        mod = adapters.load_sglang(source)
+        for i, (b, H, seqlens, splits, max_splits, dist, case_seed, scale) in enumerate(SGLANG_CASES):
+            q, kv = make_inputs(dist, batch=b, heads=H, context=max(seqlens), seed=case_seed + seed)
+            got = adapters.run_sglang(mod, np.ascontiguousarray(q[:, 0]).view(np.uint16), kv.view(np.uint16),
+                                      list(seqlens), np.array(splits), max_splits, 576**-0.5 if scale is None else scale)
+            arrays[f"c{i}_o"], arrays[f"c{i}_lse"] = got["o"], got["lse"]
+            if i < 3:
+                arrays[f"c{i}_mid"] = got["mid"]
+            recipes.append({"batch": b, "heads": H, "seqlens": list(seqlens), "num_kv_splits": list(splits),
+                            "max_kv_splits": max_splits, "dist": dist, "seed": case_seed + seed, "scale": scale,
+                            "input_crc": input_crc(q, kv)})
+        meta = {"kernel": kernel, "sglang": SGLANG_VERSION, **_SGLANG_LAUNCH}
+    else:
+        if source is None:
+            raise ValueError("source: FlashMLA is built from a folder holding build_flashmla.py; name it")
+        mod = adapters.load_flashmla(source)
+        for i, (b, sq, H, seqlens, dist, case_seed) in enumerate(FLASHMLA_CASES):
+            q, kv = make_inputs(dist, batch=b, heads=H, sq=sq, context=max(seqlens), seed=case_seed + seed)
+            got = adapters.run_flashmla(mod, q.view(np.uint16), kv.view(np.uint16), list(seqlens), 576**-0.5)
+            for k in ("out", "lse", "sched", "num_splits"):
+                arrays[f"c{i}_{k}"] = got[k]
+            recipes.append({"batch": b, "sq": sq, "heads": H, "seqlens": list(seqlens), "dist": dist,
+                            "seed": case_seed + seed, "scale": None, "input_crc": input_crc(q, kv)})
+        meta = {"kernel": kernel, "flashmla_commit": FLASHMLA_COMMIT}
+    meta.update({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": recipes})
     np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)

@@ -30,7 +30,6 @@ import triton.language as tl
 from amla_sim import thirdparty
 from amla_sim.captures import input_crc
 from amla_sim.experiments.inputs import make_inputs
-from amla_sim.gpu.thirdparty import load_flashmla, run_flashmla
 
 # --- lg2 --------------------------------------------------------------------------------------------------
 
@@ -142,33 +141,9 @@ def sglang_step(out: Path, path: str) -> None:
     print("sglang:", len(thirdparty.SGLANG_CASES), "cases")
 
 
-# (batch, s_q, heads, seqlens, dist, seed)
-FLASHMLA_CASES = [
-    (1, 1, 128, (4096,), "flashmla", 11),
-    (1, 1, 128, (4096,), "normal:1", 12),
-    (1, 2, 128, (1000,), "flashmla", 13),
-    (2, 1, 64, (64, 3001), "flashmla", 14),
-    (3, 2, 128, (8192, 77, 5000), "normal:1", 15),
-    (4, 1, 128, (513, 2048, 4097, 129), "flashmla", 16),
-]
-
-
 def flashmla_step(out: Path, folder: str) -> None:
-    t0 = time.time()
-    mod = load_flashmla(folder)
-    print(f"flashmla built in {time.time() - t0:.0f} s")
-    arrays, cases = {}, []
-    for i, (b, sq, H, seqlens, dist, seed) in enumerate(FLASHMLA_CASES):
-        q, kv = make_inputs(dist, batch=b, heads=H, sq=sq, context=max(seqlens), seed=seed)
-        got = run_flashmla(mod, q.view(np.uint16), kv.view(np.uint16), list(seqlens), 576**-0.5)
-        for k in ("out", "lse", "sched", "num_splits"):
-            arrays[f"c{i}_{k}"] = got[k]
-        cases.append({"batch": b, "sq": sq, "heads": H, "seqlens": list(seqlens), "dist": dist, "seed": seed,
-                      "scale": None, "input_crc": input_crc(q, kv)})
-        print(f"flashmla case {i}: b={b} s_q={sq} H={H} seqlens={seqlens}: splits {got['num_splits'].tolist()}")
-    meta = {"kernel": "flashmla", "flashmla_commit": "9241ae3", "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "cases": cases}
-    np.savez_compressed(out / "flashmla.npz", meta=np.array(json.dumps(meta)), **arrays)
+    thirdparty.capture("flashmla", out / "flashmla.npz", source=folder)
+    print("flashmla:", len(thirdparty.FLASHMLA_CASES), "cases")
 
 
 def collect_ptx(cache: Path, out: Path) -> None:

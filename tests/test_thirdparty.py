@@ -1,5 +1,6 @@
-"""The kernels people deploy (issue 12): SGLang's Triton MLA decode bit for bit, the units it and FlashMLA use
-(tl.log, lg2.approx), the tensor cores' NaN, against H200 captures that an H100 wrote byte for byte too."""
+"""The kernels people deploy (issue 12): SGLang's Triton MLA decode and FlashMLA's dense decode bit for bit, the
+units they use (tl.log, lg2.approx), the tensor cores' NaN, against H200 captures that an H100 wrote byte for byte
+too, and an H100 capture of inputs no other test uses."""
 
 import hashlib
 import json
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from amla_sim import mma, thirdparty
-from amla_sim.algorithms import golden
+from amla_sim.algorithms import flashmla, golden
 from amla_sim.algorithms.splitkv_decode import split_ranges, splitkv_decode
 from amla_sim.arith.logarithm import lg2_approx, log
 from amla_sim.experiments.inputs import make_inputs
@@ -141,12 +142,54 @@ def test_bad_shapes(q_shape, kv_shape, name):
         splitkv_decode(np.zeros((1, 1, 16, 576), np.int16), np.zeros((1, 64, 576), ml_dtypes.bfloat16))
 
 
-def test_flashmla_captures_are_kept_and_named(capsys):
-    from amla_sim.cli import main
+@pytest.mark.parametrize("capture", ["flashmla_decode.npz", "flashmla_decode_h100_fresh.npz"])
+def test_flashmla_decode_bit_exact(capture):
+    report = thirdparty.replay(DATA + capture)
+    assert report["version"] == "9241ae3" and len(report["cases"]) == 6
+    for row in report["cases"]:
+        assert row["first_difference"] is None, thirdparty.format_report(report)
 
-    with pytest.raises(SystemExit) as e:
-        main(["crosscheck", "--kernel", "flashmla", "--replay", DATA + "flashmla_decode.npz"])
-    assert e.value.code == 1 and "not modelled yet" in capsys.readouterr().err
+
+@pytest.mark.parametrize("change", ["no-fma", "ieee-exp2", "ieee-log2", "ieee-div"])
+def test_each_flashmla_choice_matters(change):
+    mc = get_machine("sm90-cuda")
+    mc = {"no-fma": replace(mc, contraction=False), "ieee-exp2": replace(mc, exp_mode="correctly-rounded"),
+          "ieee-log2": replace(mc, log2_mode="correctly-rounded"), "ieee-div": replace(mc, div_mode="ieee")}[change]
+    with np.load(DATA + "flashmla_decode.npz") as z:
+        c = json.loads(str(z["meta"]))["cases"][1]
+        out, lse = z["c1_out"], z["c1_lse"]
+    q, kv = make_inputs(c["dist"], batch=1, heads=128, context=4096, seed=c["seed"])
+    res = flashmla(q, kv, seqlens=[4096], machine=mc)
+    same = np.mean(res.out.view(np.uint16) == out), np.mean(res.lse.view(np.uint32) == lse)
+    assert min(same) < 1, same
+
+
+@pytest.mark.parametrize("machine", ["golden", "ieee32", "sm90-cuda"])
+def test_flashmla_on_other_machines(machine):
+    q, kv = make_inputs("flashmla", batch=2, heads=64, context=700, seed=9)
+    res = flashmla(q, kv, seqlens=[700, 130], machine=machine, trace=True)
+    for i, n in enumerate((700, 130)):
+        ref = golden(q[i:i + 1], kv[i:i + 1, :n])
+        err = np.linalg.norm(res.out[i:i + 1].astype(np.float64) - ref.out) / np.linalg.norm(ref.out)
+        assert err < (1e-12 if machine == "golden" else 8e-3), err
+        np.testing.assert_allclose(res.lse[i, :, 0], ref.lse[0, 0], rtol=1e-12 if machine == "golden" else 1e-5)
+    assert len(res.trace["split_ranges"]) == 2 and res.trace["split_out"][0].shape[1:] == (64, 512)
+
+
+def test_flashmla_needs_a_log2_model():
+    q, kv = make_inputs("normal:1", heads=64, context=64)
+    with pytest.raises(ValueError, match="machine: sm90-triton has no model of its log2"):
+        flashmla(q, kv, seqlens=[64], machine="sm90-triton")
+
+
+@pytest.mark.parametrize("kwargs, name", [({"seqlens": [0]}, "seqlens"), ({"seqlens": [65]}, "seqlens"),
+                                          ({"seqlens": [1, 2]}, "seqlens"), ({"seqlens": [64], "scale": 0.0}, "scale"),
+                                          ({"seqlens": [64], "num_sms": 0}, "num_sms"),
+                                          ({"seqlens": [64], "machine": "b200"}, "machine")])
+def test_flashmla_bad_input_names_the_argument(kwargs, name):
+    q, kv = make_inputs("normal:1", heads=64, context=64)
+    with pytest.raises((ValueError, TypeError), match=name):
+        flashmla(q, kv, **kwargs)
 
 
 def test_cli_replays_sglang(capsys, tmp_path):
