@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -106,6 +107,15 @@ def _check_float(x: npt.ArrayLike, argname: str) -> np.ndarray:
     arr = as_native(x)
     if not is_float_dtype(arr.dtype):
         raise TypeError(f"{argname}: expected a float array (bf16, fp16, fp32, fp64), got dtype {arr.dtype}")
+    return arr
+
+
+def _check_bf16(x: npt.ArrayLike, argname: str) -> np.ndarray:
+    """The deployed kernels take BF16 only: anything else is an error naming the argument, not a silent cast."""
+    arr = _check_float(x, argname)
+    if arr.dtype != np.dtype(ml_dtypes.bfloat16):
+        raise TypeError(f"{argname}: the kernel takes BF16, got {arr.dtype}; round it first "
+                        f"(amla_sim.formats.round_to({argname}, 'bf16'))")
     return arr
 
 

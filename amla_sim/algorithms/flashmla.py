@@ -34,7 +34,7 @@ import numpy.typing as npt
 from .._validate import check_int, quiet_fp
 from ..arith.reductions import _xor_tree
 from ..machines import Machine, get_machine
-from ._common import D_K, D_V, DEFAULT_SCALE, AttentionResult, _check_float
+from ._common import D_K, D_V, DEFAULT_SCALE, AttentionResult, _check_bf16
 from .flashmla_sched import BLOCK_SIZE_N, num_sm_parts, request_splits
 
 __all__ = ["flashmla", "FLASHMLA_COMMIT"]
@@ -66,7 +66,7 @@ class _Units:
 
 
 def _check(q, kv, seqlens, scale, num_sms):
-    qa, kva = _check_float(q, "q"), _check_float(kv, "kv")
+    qa, kva = _check_bf16(q, "q"), _check_bf16(kv, "kv")
     if qa.ndim != 4 or qa.shape[-1] != D_K or min(qa.shape) < 1:
         raise ValueError(f"q: expected shape (b, s_q, h_q, {D_K}), got {qa.shape}")
     b = qa.shape[0]

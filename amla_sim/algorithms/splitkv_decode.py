@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from .._validate import check_int, quiet_fp
 from ..machines import Machine, get_machine
-from ._common import D_K, D_V, DEFAULT_SCALE, _check_float
+from ._common import D_K, D_V, DEFAULT_SCALE, _check_bf16
 
 __all__ = ["splitkv_decode", "SplitKVResult", "split_ranges"]
 
@@ -63,7 +63,7 @@ def split_ranges(seqlens: npt.ArrayLike, num_kv_splits: npt.ArrayLike, max_kv_sp
 
 def _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h, min_block_kv, page_size, logit_cap,
            num_warps, num_stages):
-    qa, kva = _check_float(q, "q"), _check_float(kv, "kv")
+    qa, kva = _check_bf16(q, "q"), _check_bf16(kv, "kv")
     if qa.ndim != 4 or qa.shape[1] != 1 or qa.shape[-1] != D_K or min(qa.shape) < 1:
         raise ValueError(f"q: expected shape (b, 1, heads, {D_K}) (SGLang decodes one query a request), got {qa.shape}")
     b = qa.shape[0]
