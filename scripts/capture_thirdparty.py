@@ -28,8 +28,6 @@ import triton
 import triton.language as tl
 
 from amla_sim import thirdparty
-from amla_sim.captures import input_crc
-from amla_sim.experiments.inputs import make_inputs
 
 # --- lg2 --------------------------------------------------------------------------------------------------
 

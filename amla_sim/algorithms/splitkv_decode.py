@@ -50,12 +50,16 @@ class SplitKVResult:
     hazards: Counter = field(default_factory=Counter)
 
 
+def _cdiv(a: np.ndarray, b: np.ndarray | int) -> np.ndarray:
+    return -(-a // b)
+
+
 def split_ranges(seqlens: npt.ArrayLike, num_kv_splits: npt.ArrayLike, max_kv_splits: int,
                  min_block_kv: int = 32) -> np.ndarray:
     """(b, max_kv_splits, 2) [start, end) of every split, as both stages compute them (empty: start >= end)."""
     L = np.asarray(seqlens, np.int64)
     n = np.broadcast_to(np.asarray(num_kv_splits, np.int64), L.shape)
-    per = -(-(-(-L // n)) // min_block_kv) * min_block_kv  # cdiv(cdiv(L, n), MIN_BLOCK_KV) * MIN_BLOCK_KV
+    per = _cdiv(_cdiv(L, n), min_block_kv) * min_block_kv  # as both stages compute kv_len_per_split
     start = per[:, None] * np.arange(max_kv_splits)[None, :]
     end = np.minimum(start + per[:, None], L[:, None])
     return np.stack([start, end], axis=-1)
