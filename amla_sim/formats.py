@@ -248,6 +248,25 @@ def _round_float64(
     return np.copysign(mag, x)
 
 
+def _toward_zero_fp32(x: np.ndarray, fmt: Format, overflow: str) -> np.ndarray:
+    """Toward zero from FP32 on the bits: where x and the result are normal in `fmt`, clearing the 23 - m low
+    fraction bits is the rounding (the result is on `fmt`'s grid, so the final cast is exact); every other element
+    (subnormal in `fmt`, past its largest finite, Inf, NaN) takes :func:`_round_float64`."""
+    u = np.ascontiguousarray(x).view(np.uint32)
+    a = u & np.uint32(0x7FFFFFFF)
+    drop = 23 - fmt.mantissa_bits
+    lo = np.float32(fmt.min_normal).view(np.uint32)
+    hi = np.uint32(int(np.float32(fmt.max_finite).view(np.uint32)) + (1 << drop))  # truncates to <= max_finite
+    fast = (a >= lo) & (a < hi)
+    y = (u & np.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)).view(np.float32)
+    if not fast.all():
+        slow = np.nonzero(~fast)
+        with np.errstate(invalid="ignore", over="ignore"):
+            y[slow] = _round_float64(x[slow].astype(np.float64), fmt, "toward-zero", overflow, None)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return y.astype(fmt.dtype)
+
+
 def _round_float64_rne(x: np.ndarray, fmt: Format, overflow: str) -> np.ndarray:
     """Nearest-even on the float64 bits (add half a target ulp minus one, plus the kept lsb, then truncate);
     exact wherever input and result are normal in `fmt`; every other element takes :func:`_round_float64`."""
@@ -304,6 +323,8 @@ def round_to(
 def _round_to(arr: np.ndarray, f: Format, mode: str, overflow: str, rng) -> np.ndarray:
     if _BY_DTYPE.get(arr.dtype) is f and overflow == "ieee" and mode != "stochastic":
         return arr.copy()  # already on the grid: every deterministic mode is the identity
+    if mode == "toward-zero" and arr.dtype in _FAST_SOURCES and f.name in _FAST_TARGETS and f.bits < 32:
+        return _toward_zero_fp32(np.asarray(arr, dtype=np.float32), f, overflow)
     if mode == "nearest-even" and arr.dtype in _FAST_SOURCES and f.name in _FAST_TARGETS:
         # from FP32 (or narrower), NumPy's and ml_dtypes' casts round once, to nearest even: the tests hold
         # them to the integer oracle bit for bit
