@@ -25,9 +25,9 @@ def main() -> None:
     print(f"{args.n} N(0, 1) float32 values, median of {args.repeat}")
     for name in ("bf16", "fp16", "e4m3"):
         f = get_format(name)
-        base = median_time(lambda: x.astype(f.dtype), args.repeat)
+        base = median_time(lambda f=f: x.astype(f.dtype), args.repeat)
         for mode in ("toward-zero", "stochastic"):
-            t = median_time(lambda: round_to(x, f, mode=mode, seed=1), args.repeat)
+            t = median_time(lambda f=f, mode=mode: round_to(x, f, mode=mode, seed=1), args.repeat)
             print(f"{name:5s} {mode:12s} {t * 1e3:8.1f} ms   ml_dtypes cast {base * 1e3:6.1f} ms   ratio {t / base:6.1f}x")
 
 
