@@ -249,9 +249,10 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     cube, vector = _floats(args.cube, "cube"), _floats(args.vector, "vector")
     if args.plot:
         _check_output_file(args.plot, "--plot")
-    from .resources import check_fits
+    from .resources import check_fits, pipeline_bytes
 
-    check_fits(600 * 2 * len(cube) * args.cycles, what=f"pipeline --cycles {args.cycles}", lower="--cycles")
+    check_fits(pipeline_bytes(pairs=len(cube), cycles=args.cycles), what=f"pipeline --cycles {args.cycles}",
+               lower="--cycles")
     cycle = construct_cycle(cube, vector)
     tl = simulate(cube, vector, cycle, iterations=args.cycles)
     report = {

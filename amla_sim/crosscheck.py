@@ -119,10 +119,9 @@ class CaptureError(DataError):
 MAX_CAPTURE_BYTES = 1 << 30  # uncompressed arrays of one capture; the committed ones hold under 10 MB
 
 
-def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
-    """(meta, q, kv, device stages) of a capture, every array checked against the format before any work:
-    q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), device_out (b, s_q, G, d_v) BF16 bits, each
-    stage (n_blocks, b, s_q G, ...) FP32 (N: int32), the arrays at most MAX_CAPTURE_BYTES uncompressed."""
+def read_capture(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """(meta, arrays) of any capture file, checked before anything is decompressed: a readable .npz without
+    pickles, at most MAX_CAPTURE_BYTES of arrays, and a 'meta' that is a JSON object."""
     path = Path(path)
     if not path.is_file():
         raise CaptureError(f"replay: {path} is not a file")
@@ -139,15 +138,26 @@ def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
             arrays = {k: z[k] for k in z.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
         raise CaptureError(f"replay: {path} is not a readable capture: {e}") from None
-    for key in ("meta", "q", "kv", "device_out"):
-        if key not in arrays:
-            raise CaptureError(f"replay: {path} has no {key!r} array")
+    if "meta" not in arrays:
+        raise CaptureError(f"replay: {path} has no 'meta' array")
     try:
-        meta = json.loads(str(arrays["meta"]))
+        meta = json.loads(str(arrays.pop("meta")))
     except json.JSONDecodeError:
         meta = None
     if not isinstance(meta, dict):
         raise CaptureError(f"replay: {path}: 'meta' is not a JSON object")
+    return meta, arrays
+
+
+def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
+    """(meta, q, kv, device stages) of a capture, every array checked against the format before any work:
+    q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), device_out (b, s_q, G, d_v) BF16 bits, each
+    stage (n_blocks, b, s_q G, ...) FP32 (N: int32), the arrays at most MAX_CAPTURE_BYTES uncompressed."""
+    path = Path(path)
+    meta, arrays = read_capture(path)
+    for key in ("q", "kv", "device_out"):
+        if key not in arrays:
+            raise CaptureError(f"replay: {path} has no {key!r} array")
     alg, mode, scale = meta.get("algorithm"), meta.get("exp_mode"), meta.get("scale")
     if alg not in STAGES:
         raise CaptureError(f"replay: {path}: algorithm {alg!r} is not one of {sorted(STAGES)}")

@@ -15,11 +15,14 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from ._validate import DataError
+from ._validate import check_int
+from .algorithms._common import D_V, check_scale
 from .algorithms.flashmla import FLASHMLA_COMMIT, flashmla
 from .algorithms.splitkv_decode import SGLANG_VERSION, splitkv_decode
 from .captures import input_crc
+from .crosscheck import CaptureError, read_capture
 from .experiments.inputs import make_inputs
+from .resources import check_fits, run_bytes
 from .testing import ulp_distance
 
 __all__ = ["KERNELS", "SGLANG_CASES", "FLASHMLA_CASES", "capture", "replay", "format_report"]
@@ -50,16 +53,51 @@ _SGLANG_LAUNCH = {"block_n": 32, "block_h": 16, "num_warps": 4, "num_stages": 2,
                   "page_size": 1, "logit_cap": 0.0}
 
 
-class CaptureError(DataError):
-    """A third-party capture that is missing, unreadable or not what the format says."""
-
-
 def _case_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
     q, kv = make_inputs(case["dist"], batch=case["batch"], heads=case["heads"], sq=case.get("sq", 1),
                         context=max(case["seqlens"]), seed=case["seed"])
     if "input_crc" in case and input_crc(q, kv) != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
     return q, kv
+
+
+def _check_case(path: Path, kernel: str, i: int, case: object, arrays: dict) -> None:
+    """A case's recipe and arrays against the format (before any work): its sizes, and its memory."""
+    where = f"replay: {path}: case {i}"
+    if not isinstance(case, dict):
+        raise CaptureError(f"{where} is not a JSON object")
+    try:
+        b, H = check_int(case["batch"], "batch", lo=1), check_int(case["heads"], "heads", lo=1)
+        sq = check_int(case.get("sq", 1), "sq", lo=1)
+        check_int(case["seed"], "seed", lo=0)
+        seqlens = [check_int(n, "seqlens", lo=1) for n in case["seqlens"]]
+        if len(seqlens) != b:
+            raise ValueError(f"seqlens: {len(seqlens)} lengths for batch {b}")
+        if case.get("scale") is not None:
+            check_scale(case["scale"])
+        if not isinstance(case["dist"], str):
+            raise TypeError(f"dist: expected a string, got {case['dist']!r}")
+        if kernel == "sglang-triton":
+            splits = [check_int(n, "num_kv_splits", lo=1) for n in case["num_kv_splits"]]
+            top = check_int(case["max_kv_splits"], "max_kv_splits", lo=max(splits, default=1))
+            shapes = {"o": ((b, H, D_V), np.uint16), "lse": ((b, H, top), np.uint32),
+                      "mid": ((b, H, top, D_V), np.uint32)}
+        else:
+            shapes = {"out": ((b, sq, H, D_V), np.uint16), "lse": ((b, H, sq), np.uint32)}
+    except KeyError as e:
+        raise CaptureError(f"{where} has no {e.args[0]!r}") from None
+    except (ValueError, TypeError) as e:
+        raise CaptureError(f"{where}: {e}") from None
+    for name, (shape, dtype) in shapes.items():
+        arr = arrays.get(f"c{i}_{name}")
+        if arr is None:
+            if name == "mid":
+                continue  # partial outputs are optional
+            raise CaptureError(f"{where} has no c{i}_{name} array")
+        if arr.shape != shape or arr.dtype != dtype:
+            raise CaptureError(f"{where}: c{i}_{name} should be {np.dtype(dtype)} {shape}, got {arr.dtype} {arr.shape}")
+    check_fits(run_bytes(batch=b, sq=sq, heads=H, context=max(seqlens), mufu_tables=True), what=where,
+               lower="the capture's sizes")
 
 
 def _compare(name: str, device: np.ndarray, sim: np.ndarray, fmt: type) -> dict:
@@ -78,32 +116,25 @@ def _kernel_of(meta: dict) -> str:
     return kernel
 
 
-def _load(path: str | Path) -> tuple[dict, dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise CaptureError(f"replay: {path} is not a file")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        meta = json.loads(str(arrays.pop("meta")))
-    except (ValueError, OSError, EOFError, KeyError, json.JSONDecodeError) as e:
-        raise CaptureError(f"replay: {path} is not a readable capture: {e}") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("cases"), list):
-        raise CaptureError(f"replay: {path}: 'meta' has no list of cases")
-    return meta, arrays
-
-
 def replay(path: str | Path, *, cases: list[int] | None = None, kernel: str | None = None) -> dict:
     """Simulate every case (or those listed) of a capture; per case and stage, the bit-exact fraction.
 
     kernel: the kernel the caller expects the capture to hold (checked before any work)."""
-    meta, arrays = _load(path)
+    path = Path(path)
+    meta, arrays = read_capture(path)
     found = _kernel_of(meta)
     if kernel is not None and kernel != found:
         raise ValueError(f"--kernel: the capture holds {found}, not {kernel}")
     kernel = found
+    if not isinstance(meta.get("cases"), list) or not meta["cases"]:
+        raise CaptureError(f"replay: {path}: 'meta' has no list of cases")
+    todo = range(len(meta["cases"])) if cases is None else cases
+    for i in todo:
+        if not 0 <= i < len(meta["cases"]):
+            raise ValueError(f"cases: {path} has cases 0..{len(meta['cases']) - 1}, not {i}")
+        _check_case(path, kernel, i, meta["cases"][i], arrays)
     rows = []
-    for i in range(len(meta["cases"])) if cases is None else cases:
+    for i in todo:
         case = meta["cases"][i]
         q, kv = _case_inputs(case)
         t0 = time.perf_counter()
@@ -118,7 +149,7 @@ def replay(path: str | Path, *, cases: list[int] | None = None, kernel: str | No
 
 def _sglang_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[dict]:
     res = splitkv_decode(q, kv, seqlens=np.array(case["seqlens"]), num_kv_splits=np.array(case["num_kv_splits"]),
-                         max_kv_splits=case["max_kv_splits"], scale=case["scale"])
+                         max_kv_splits=case["max_kv_splits"], scale=case.get("scale"))
     stages = []
     if f"c{i}_mid" in arrays:
         stages.append(_compare("mid", arrays[f"c{i}_mid"], res.mid.view(np.uint32), np.float32))
@@ -128,7 +159,7 @@ def _sglang_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: di
 
 
 def _flashmla_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[dict]:
-    res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case["scale"])
+    res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"))
     return [_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
             _compare("out", arrays[f"c{i}_out"], res.out.view(np.uint16), ml_dtypes.bfloat16)]
 

@@ -245,3 +245,17 @@ def test_workers_die_with_their_parent(tmp_path):
     for w in left:
         os.kill(w, signal.SIGKILL)
     assert not left
+
+
+@pytest.mark.parametrize("cut", [1, 7])
+def test_appending_after_a_cut_never_glues_rows(tmp_path, cut):
+    # the store itself, not only run_table, compacts a file whose last line lost its end before appending
+    with _store(tmp_path) as s:
+        s.append(_rows(3))
+    path = tmp_path / "results.csv"
+    path.write_bytes(path.read_bytes()[:-cut])
+    with _store(tmp_path) as s:
+        s.append([("normal:1", "9", "base", "1e-06")])
+    with _store(tmp_path) as s:
+        kept = 3 if cut == 1 else 2
+        assert len(s.rows) == kept + 1 and s.torn == 0

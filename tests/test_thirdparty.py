@@ -224,3 +224,50 @@ def test_flashmla_scheduler_cuts_where_the_kernel_does(case):
     np.testing.assert_array_equal(ours_splits, num_splits)
     for n, splits in zip(c["seqlens"], request_splits(c["seqlens"], parts)):
         assert splits[0][0] == 0 and splits[-1][1] == n and all(a[1] == b[0] for a, b in zip(splits, splits[1:]))
+
+
+def _edited(tmp_path, source, edit):
+    """A copy of a committed capture with `edit(meta, arrays)` applied."""
+    with np.load(DATA + source) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    edit(meta, arrays)
+    path = tmp_path / "edited.npz"
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    return path
+
+
+BAD_CAPTURES = {
+    "no cases": ("sglang_decode.npz", lambda m, a: m.update(cases=[]), "no list of cases"),
+    "no kernel": ("flashmla_decode.npz", lambda m, a: (m.pop("flashmla_commit"), m.pop("kernel", None)),
+                  "names no kernel"),
+    "missing field": ("flashmla_decode.npz", lambda m, a: m["cases"][0].pop("seed"), "has no 'seed'"),
+    "bool batch": ("sglang_decode.npz", lambda m, a: m["cases"][0].update(batch=True), "batch"),
+    "seqlens count": ("flashmla_decode.npz", lambda m, a: m["cases"][3].update(seqlens=[64]), "seqlens"),
+    "wrong shape": ("sglang_decode.npz", lambda m, a: a.update(c0_o=a["c0_o"][:, :64]), "c0_o should be"),
+    "float lse": ("flashmla_decode.npz", lambda m, a: a.update(c1_lse=a["c1_lse"].view(np.float32)),
+                  "c1_lse should be uint32"),
+    "missing array": ("flashmla_decode.npz", lambda m, a: a.pop("c2_out"), "has no c2_out"),
+    "huge": ("flashmla_decode.npz", lambda m, a: m["cases"][0].update(seqlens=[10**8]), "GiB"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CAPTURES))
+def test_bad_thirdparty_captures_are_refused_before_any_work(case, tmp_path, capsys):
+    from amla_sim.cli import main
+
+    source, edit, words = BAD_CAPTURES[case]
+    path = _edited(tmp_path, source, edit)
+    with pytest.raises(SystemExit) as e:
+        main(["crosscheck", "--kernel", "sglang-triton" if source.startswith("sglang") else "flashmla",
+              "--replay", str(path)])
+    err = capsys.readouterr().err
+    assert e.value.code in (1, 2) and words in err and "Traceback" not in err, err
+
+
+def test_thirdparty_replay_refuses_a_zip_bomb(tmp_path):
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, meta=np.array('{"kernel": "flashmla", "cases": []}'),
+                        c0_out=np.zeros((600, 1024, 1024), np.uint16))  # 1.2 GB of zeros, ~1 MB on disk
+    with pytest.raises(thirdparty.CaptureError, match="MiB"):
+        thirdparty.replay(path)

@@ -16,8 +16,6 @@ from .snapmla import snapmla
 from .splitkv_decode import splitkv_decode
 
 ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla}
-# the deployed kernels take per-request seqlens and their own launch parameters instead of block
-KERNEL_MODELS = {"flashmla": flashmla, "splitkv_decode": splitkv_decode}
 
-__all__ = ["AttentionResult", "ALGORITHMS", "KERNEL_MODELS", "flashmla", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive", "seesaw",
+__all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive", "seesaw",
            "etap", "snapmla"]

@@ -110,6 +110,32 @@ def _check_float(x: npt.ArrayLike, argname: str) -> np.ndarray:
     return arr
 
 
+def check_scale(scale: float | None) -> float:
+    """The softmax scale (None: 576^-0.5) as a float, or an error naming it."""
+    scale = DEFAULT_SCALE if scale is None else scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale) \
+            or scale <= 0:
+        raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
+    return float(scale)
+
+
+def check_kernel_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayLike | None, *,
+                        one_query: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a deployed kernel takes: BF16 q (b, s_q, h_q, 576) (s_q = 1 when `one_query`), BF16 kv (b, S_max, 576)
+    and per-request lengths in 1..S_max (None: S_max); errors name the argument."""
+    qa, kva = _check_bf16(q, "q"), _check_bf16(kv, "kv")
+    if qa.ndim != 4 or qa.shape[-1] != D_K or min(qa.shape) < 1 or (one_query and qa.shape[1] != 1):
+        want = "(b, 1, heads, 576) (one query a request)" if one_query else "(b, s_q, h_q, 576)"
+        raise ValueError(f"q: expected shape {want}, got {qa.shape}")
+    b = qa.shape[0]
+    if kva.ndim != 3 or kva.shape[0] != b or kva.shape[2] != D_K or kva.shape[1] < 1:
+        raise ValueError(f"kv: expected shape ({b}, S_max, {D_K}), got {kva.shape}")
+    lens = np.full(b, kva.shape[1]) if seqlens is None else np.asarray(seqlens)
+    if lens.shape != (b,) or lens.dtype.kind not in "iu" or lens.min() < 1 or lens.max() > kva.shape[1]:
+        raise ValueError(f"seqlens: expected {b} ints in 1..{kva.shape[1]}, got {seqlens!r}")
+    return qa, kva, lens.astype(np.int64)
+
+
 def _check_bf16(x: npt.ArrayLike, argname: str) -> np.ndarray:
     """The deployed kernels take BF16 only: anything else is an error naming the argument, not a silent cast."""
     arr = _check_float(x, argname)
@@ -154,10 +180,7 @@ def make_problem(
     if not 1 <= s_q <= S:
         raise ValueError(f"q: s_q must be in 1..S (S = {S}), got {s_q}")
     check_int(d_v, "d_v", lo=1, hi=d_k)
-    scale = DEFAULT_SCALE if scale is None else scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale) \
-            or scale <= 0:
-        raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
+    scale = check_scale(scale)
     check_block(block, mc)
     Q = mc.cast(qa, input_format).reshape(b, s_q * G, d_k)
     K = mc.cast(kva, input_format)

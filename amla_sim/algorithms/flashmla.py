@@ -34,7 +34,7 @@ import numpy.typing as npt
 from .._validate import check_int, quiet_fp
 from ..arith.reductions import _xor_tree
 from ..machines import Machine, get_machine
-from ._common import D_K, D_V, DEFAULT_SCALE, AttentionResult, _check_bf16
+from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_scale
 from .flashmla_sched import BLOCK_SIZE_N, num_sm_parts, request_splits
 
 __all__ = ["flashmla", "FLASHMLA_COMMIT"]
@@ -65,23 +65,6 @@ class _Units:
         return s
 
 
-def _check(q, kv, seqlens, scale, num_sms):
-    qa, kva = _check_bf16(q, "q"), _check_bf16(kv, "kv")
-    if qa.ndim != 4 or qa.shape[-1] != D_K or min(qa.shape) < 1:
-        raise ValueError(f"q: expected shape (b, s_q, h_q, {D_K}), got {qa.shape}")
-    b = qa.shape[0]
-    if kva.ndim != 3 or kva.shape[0] != b or kva.shape[2] != D_K or kva.shape[1] < 1:
-        raise ValueError(f"kv: expected shape ({b}, S_max, {D_K}), got {kva.shape}")
-    lens = np.asarray(seqlens)
-    if lens.shape != (b,) or lens.dtype.kind not in "iu" or lens.min() < 1 or lens.max() > kva.shape[1]:
-        raise ValueError(f"seqlens: expected {b} ints in 1..{kva.shape[1]}, got {seqlens!r}")
-    sm = DEFAULT_SCALE if scale is None else scale
-    if isinstance(sm, bool) or not isinstance(sm, (int, float, np.floating)) or not 0 < sm < np.inf:
-        raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
-    check_int(num_sms, "num_sms", lo=1)
-    return qa, kva, [int(n) for n in lens], float(sm)
-
-
 @quiet_fp
 def flashmla(
     q: npt.ArrayLike,
@@ -101,7 +84,10 @@ def flashmla(
     the splits' token ranges, partial outputs and LSEs (``split_ranges``, ``split_out``, ``split_lse``).
     """
     mc = get_machine(machine)
-    qa, kva, lens, sm = _check(q, kv, seqlens, scale, num_sms)
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens)
+    sm = check_scale(scale)
+    check_int(num_sms, "num_sms", lo=1)
+    lens = [int(n) for n in lens]
     b, s_q, H, _ = qa.shape
     u = _Units(mc)
     c = mc.f(np.float64(sm) * math.log2(math.e))  # params.scale_softmax_log2 = float(scale * M_LOG2E)

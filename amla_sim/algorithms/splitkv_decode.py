@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from .._validate import check_int, quiet_fp
 from ..machines import Machine, get_machine
-from ._common import D_K, D_V, DEFAULT_SCALE, _check_bf16
+from ._common import D_V, check_kernel_inputs, check_scale
 
 __all__ = ["splitkv_decode", "SplitKVResult", "split_ranges"]
 
@@ -67,15 +67,8 @@ def split_ranges(seqlens: npt.ArrayLike, num_kv_splits: npt.ArrayLike, max_kv_sp
 
 def _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h, min_block_kv, page_size, logit_cap,
            num_warps, num_stages):
-    qa, kva = _check_bf16(q, "q"), _check_bf16(kv, "kv")
-    if qa.ndim != 4 or qa.shape[1] != 1 or qa.shape[-1] != D_K or min(qa.shape) < 1:
-        raise ValueError(f"q: expected shape (b, 1, heads, {D_K}) (SGLang decodes one query a request), got {qa.shape}")
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, one_query=True)
     b = qa.shape[0]
-    if kva.ndim != 3 or kva.shape[0] != b or kva.shape[2] != D_K or kva.shape[1] < 1:
-        raise ValueError(f"kv: expected shape ({b}, S, {D_K}), got {kva.shape}")
-    lens = np.full(b, kva.shape[1]) if seqlens is None else np.asarray(seqlens)
-    if lens.shape != (b,) or lens.dtype.kind not in "iu" or lens.min() < 1 or lens.max() > kva.shape[1]:
-        raise ValueError(f"seqlens: expected {b} ints in 1..{kva.shape[1]}, got {seqlens!r}")
     splits = np.broadcast_to(np.asarray(num_kv_splits), (b,)) if np.ndim(num_kv_splits) == 0 else \
         np.asarray(num_kv_splits)
     if isinstance(num_kv_splits, bool) or splits.shape != (b,) or splits.dtype.kind not in "iu" or splits.min() < 1:
@@ -95,7 +88,7 @@ def _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h, min_b
     check_int(num_warps, "num_warps", lo=1)
     if logit_cap != 0:
         raise ValueError(f"logit_cap: only 0 (no cap, DeepSeek's setting) is modelled, got {logit_cap!r}")
-    return qa, kva, lens.astype(np.int64), splits.astype(np.int64), max_splits
+    return qa, kva, lens, splits.astype(np.int64), max_splits
 
 
 @quiet_fp
@@ -128,9 +121,7 @@ def splitkv_decode(
     mc = get_machine(machine)
     qa, kva, lens, splits, max_splits = _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h,
                                                min_block_kv, page_size, logit_cap, num_warps, num_stages)
-    sm = DEFAULT_SCALE if scale is None else scale
-    if isinstance(sm, bool) or not isinstance(sm, (int, float, np.floating)) or not 0 < sm < np.inf:
-        raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
+    sm = check_scale(scale)
     ranges = split_ranges(lens, splits, max_splits, min_block_kv)
     Q = mc.cast(qa, "bf16")[:, 0]  # (b, H, 576)
     K = mc.cast(kva, "bf16")

@@ -193,9 +193,13 @@ def div(a: npt.ArrayLike, b: npt.ArrayLike, *, mode: DivMode = "ieee") -> np.nda
     raise ValueError(f"mode: expected 'ieee' or 'sm90', got {mode!r}")
 
 
-def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
-    """FP32 fused multiply-add ``a * b + c``, rounded once to nearest even (binary64 with round-to-odd)."""
+def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike, *, ftz: bool = False) -> np.ndarray:
+    """FP32 fused multiply-add ``a * b + c``, rounded once to nearest even (binary64 with round-to-odd).
+
+    ftz: ``fma.rn.ftz.f32``: subnormal inputs and results flushed to a zero of the same sign."""
     a64, b64, c64 = (as_f32(v, n).astype(np.float64) for v, n in ((a, "a"), (b, "b"), (c, "c")))
+    if ftz:
+        a64, b64, c64 = (_flush(v) for v in (a64, b64, c64))
     with np.errstate(invalid="ignore", over="ignore"):
         p = a64 * b64  # exact: 24 x 24 significand bits
         s = p + c64
@@ -204,7 +208,13 @@ def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
         odd = (s.view(np.uint64) & np.uint64(1)) == 1
         fix = (err != 0) & ~odd & np.isfinite(s)
         s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)  # round to odd
-        return s.astype(np.float32)  # overflow to Inf, as an FP32 FMA
+        out = s.astype(np.float32)  # overflow to Inf, as an FP32 FMA
+    return _flush(out).astype(np.float32) if ftz else out
+
+
+def _flush(x: np.ndarray) -> np.ndarray:
+    """Subnormals (of FP32) replaced by a zero of their sign, as ``.ftz`` does."""
+    return np.where(np.abs(x) < _MIN_NORMAL, np.copysign(0.0, x), x).astype(x.dtype)
 
 
 # exp_poly: a software exp both the kernels (amla_sim.gpu, exact mode) and NumPy compute bit for bit alike

@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from .elementwise import LN2_F32, _NAN, as_f32, fma
+from .elementwise import _MIN_NORMAL, _NAN, LN2_F32, as_f32, fma
 
 __all__ = ["log", "lg2_approx", "LOGF_POLY"]
 
@@ -41,16 +41,6 @@ def _f32(bits: int) -> np.float32:
 LOGF_POLY = tuple(_f32(b) for b in (0xBE055027, 0x3E1039F6, 0xBDF8CDCC, 0x3E0F2955, 0xBE2AD8B9, 0x3E4CED0B,
                                      0xBE7FFF22, 0x3EAAAA78, 0xBF000000))
 _TWO_THIRDS_BITS = 0x3F2AAAAB
-_MIN_NORMAL = np.float32(2.0**-126)
-
-
-def _ftz(x: np.ndarray) -> np.ndarray:
-    return np.where(np.abs(x) < _MIN_NORMAL, np.copysign(np.float32(0.0), x), x).astype(np.float32)
-
-
-def _fma_ftz(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``fma.rn.ftz.f32``: subnormal inputs and results flushed to zero of the same sign."""
-    return _ftz(fma(_ftz(a), _ftz(b), _ftz(c)))
 
 
 def _logf_sm90(x: np.ndarray) -> np.ndarray:
@@ -59,15 +49,15 @@ def _logf_sm90(x: np.ndarray) -> np.ndarray:
     bits = xs.view(np.int32)
     e_bits = (bits - np.int32(_TWO_THIRDS_BITS)) & np.int32(-(1 << 23))
     m = (bits - e_bits).view(np.float32)  # in [2/3, 4/3)
-    e = _fma_ftz(e_bits.astype(np.float32), np.float32(2.0**-23), np.where(small, np.float32(-23.0), np.float32(0)))
+    e = fma(e_bits.astype(np.float32), np.float32(2.0**-23), np.where(small, np.float32(-23.0), np.float32(0)), ftz=True)
     f = (m - np.float32(1.0)).astype(np.float32)
     r = np.full_like(f, LOGF_POLY[0])
     for c in LOGF_POLY[1:]:
-        r = _fma_ftz(r, f, np.full_like(f, c))
-    q = _fma_ftz((f * r).astype(np.float32), f, f)
-    y = _fma_ftz(e, np.full_like(e, LN2_F32), q)
+        r = fma(r, f, np.full_like(f, c), ftz=True)
+    q = fma((f * r).astype(np.float32), f, f, ftz=True)
+    y = fma(e, np.full_like(e, LN2_F32), q, ftz=True)
     special = xs.view(np.uint32) >= np.uint32(0x7F800000)  # +inf, NaN, negative: x * inf + inf
-    y = np.where(special, _fma_ftz(xs, np.full_like(xs, np.inf), np.full_like(xs, np.inf)), y)
+    y = np.where(special, fma(xs, np.full_like(xs, np.inf), np.full_like(xs, np.inf), ftz=True), y)
     y = np.where(x == 0, np.float32(-np.inf), y)
     return np.where(np.isnan(y), _NAN, y).astype(np.float32)
 

@@ -5,7 +5,8 @@ altered line is recognised and never parsed into a number. Rows are appended one
 count checked and an fsync; they are never deleted (a later, smaller request reads a subset). One run at a time
 holds the folder's lock. What the store reads back:
 
-- a torn last line (an append cut off by a kill) is dropped, and the file compacted before the next append;
+- a torn last line (an append cut off by a kill) is dropped, and the file compacted before the next append (also
+  when only the last newline is missing, so that no appended row is glued to it);
 - any other line that fails its check, or two rows of one key with different values, make the store *corrupt*:
   :class:`StoreCorrupt` names the file and the line, and :meth:`ResultStore.repair` keeps every valid row and
   moves the rest, byte for byte, to ``results.rejected``;
@@ -120,6 +121,7 @@ class ResultStore:
         self.path = self.folder / filename
         self.rows: dict[tuple[str, ...], tuple[str, ...]] = {}
         self.torn = 0  # torn last lines dropped when loading
+        self._unterminated = False  # the file does not end with a newline: compact before appending
         self._lock: _Lock | None = None
 
     # -- the lock ----------------------------------------------------------------------------------------------
@@ -188,6 +190,7 @@ class ResultStore:
         if not self.path.exists():
             return
         checked, parsed, ended = self._scan()
+        self._unterminated = bool(parsed) and not ended
         if not checked:
             raise StoreCorrupt(f"{self.path}: written without row checksums (by an older amla-sim); run again with "
                                "--repair to convert it (whole lines that parse are kept)")
@@ -244,6 +247,7 @@ class ResultStore:
         seen = set(keys)
         keys = [k for k in keys if k in self.rows] + sorted(k for k in self.rows if k not in seen)
         atomic_write(self.path, self.header + "".join(_line(self.rows[k]) for k in keys))
+        self._unterminated = False
 
     def append(self, rows: Iterable[Sequence[str]]) -> None:
         """Append rows in one checked write, then fsync: a kill leaves whole rows and at most one torn line."""
@@ -256,6 +260,8 @@ class ResultStore:
         new = [r for r in new if self._add(r, where="append")]  # a row already there is not written twice
         if not new:
             return
+        if self._unterminated:  # a torn or unterminated last line would swallow the first new row
+            self.compact()
         if not self.path.exists():
             atomic_write(self.path, self.header)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)

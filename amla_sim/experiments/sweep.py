@@ -24,10 +24,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from .. import _blas_clock
-from .._validate import check_positive_int, dumps_strict
+from .._validate import check_int, check_positive_int, dumps_strict
 from ..machines import get_machine
 from .store import ResultStore, StoreCorrupt, atomic_write, read_json
 from .tables import TABLES, Table, run_sample
@@ -181,8 +179,7 @@ def run_table(
     heads = table.heads if heads is None else heads
     for arg, v in (("samples", samples), ("context", context), ("heads", heads), ("jobs", jobs)):
         check_positive_int(v, arg)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
-        raise ValueError(f"seed: expected an int in [0, 2^63), got {seed!r}")
+    check_int(seed, "seed", lo=0, hi=2**63 - 1)
     jobs = cap_jobs(jobs)
     out = Path(out_dir) / name
     if out.exists() and not out.is_dir():
