@@ -15,6 +15,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from ._files import atomic_savez
 from ._validate import DataError, quiet_fp
 from .algorithms import ALGORITHMS
 from .algorithms._common import D_V
@@ -108,7 +109,7 @@ def save_capture(path: str | Path, *, algorithm: str, q: np.ndarray, kv: np.ndar
             "device": device_name}
     arrays = {f"device_{k}": (v.view(np.uint16) if v.dtype == np.dtype(ml_dtypes.bfloat16) else v)
               for k, v in device.items()}
-    np.savez_compressed(path, q=q.view(np.uint16), kv=kv.view(np.uint16), meta=np.array(json.dumps(meta)),
+    atomic_savez(path, q=q.view(np.uint16), kv=kv.view(np.uint16), meta=np.array(json.dumps(meta)),
                         **arrays)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from ._files import atomic_savez
 from ._validate import check_int
 from .algorithms._common import D_V, check_scale
 from .algorithms.flashmla import FLASHMLA_COMMIT, flashmla
@@ -213,4 +214,4 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: i
                             "seed": case_seed + seed, "scale": None, "input_crc": input_crc(q, kv)})
         meta = {"kernel": kernel, "flashmla_commit": FLASHMLA_COMMIT}
     meta.update({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": recipes})
-    np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
+    atomic_savez(path, meta=np.array(json.dumps(meta)), **arrays)

@@ -259,3 +259,23 @@ def test_appending_after_a_cut_never_glues_rows(tmp_path, cut):
     with _store(tmp_path) as s:
         kept = 3 if cut == 1 else 2
         assert len(s.rows) == kept + 1 and s.torn == 0
+
+
+def test_a_failed_capture_write_leaves_nothing_behind(tmp_path, monkeypatch):
+    import numpy as np
+
+    from amla_sim._files import atomic_savez
+
+    path = tmp_path / "capture.npz"
+    atomic_savez(path, a=np.arange(10))
+    with np.load(path) as z:
+        assert z["a"].tolist() == list(range(10))
+
+    def full_disk(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OSError):
+        atomic_savez(tmp_path / "other.npz", a=np.arange(10))
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.npz"]  # no half file, no temporary

@@ -20,11 +20,11 @@ import csv
 import io
 import json
 import os
-import tempfile
 import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from .._files import atomic_write, write_all
 from .._validate import DataError
 
 __all__ = ["StoreCorrupt", "StoreLocked", "ResultStore", "atomic_write"]
@@ -38,32 +38,6 @@ class StoreCorrupt(DataError):
 
 class StoreLocked(RuntimeError):
     """Another run holds the output folder."""
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write `data` to `path` through a private temporary file in the same folder, fsync'd, then renamed."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        _write_all(fd, data.encode() if isinstance(data, str) else data, path)
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, path)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _write_all(fd: int, data: bytes, path: Path) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:  # pragma: no cover - os.write raises rather than return 0 on a regular file
-            raise OSError(f"{path}: write made no progress")
-        view = view[n:]
 
 
 def _line(values: Sequence[str]) -> str:
@@ -266,7 +240,7 @@ class ResultStore:
             atomic_write(self.path, self.header)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
-            _write_all(fd, "".join(_line(r) for r in new).encode(), self.path)
+            write_all(fd, "".join(_line(r) for r in new).encode(), self.path)
             os.fsync(fd)
         finally:
             os.close(fd)
