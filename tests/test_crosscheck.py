@@ -16,7 +16,7 @@ DATA = Path(__file__).parent / "data"
 
 @pytest.mark.parametrize("mode", ["poly", "hw"])
 @pytest.mark.parametrize("algorithm", ["base", "amla", "snapmla", "etap"])
-def test_every_stage_bit_identical(algorithm, mode):
+def test_every_stage_bit_identical(algorithm, mode, engine):
     """poly: the kernels' software exp; hw: their tl.exp / tl.exp2 (MUFU.EX2) and '/' (div.full, MUFU.RCP)
     against the simulator's bit-exact models of those units. Nothing differs, stage by stage."""
     report = replay(DATA / f"crosscheck_{algorithm}_{mode}.npz")
@@ -43,7 +43,7 @@ def test_fidelity_record_at_g128(fidelity):
 @pytest.mark.parametrize("key", ["base/poly/sq1/L1024", "amla/poly/sq1/L1024", "snapmla/poly/sq1/L1024",
                                  "etap/poly/sq1/L1024", "base/hw/sq1/L1024", "amla/hw/sq1/L1024",
                                  "snapmla/hw/sq1/L1024", "etap/hw/sq1/L1024"])
-def test_fidelity_replay_g128(fidelity, key):
+def test_fidelity_replay_g128(fidelity, key, engine):
     z, rows = fidelity
     r = rows[key]
     q, kv = make_inputs("normal:1", heads=128, sq=r["sq"], context=r["context"], seed=r["seed"])

@@ -38,7 +38,7 @@ def _check_nan_aside(got, want_bits, err_msg):
 
 @pytest.mark.parametrize("gpu", ["H100", "H200"])
 @pytest.mark.parametrize("fmt", list(DT))
-def test_sm90_reproduces_public_dumps_fp32(dumps, gpu, fmt):
+def test_sm90_reproduces_public_dumps_fp32(dumps, gpu, fmt, engine):
     a = dumps[f"{gpu}/{fmt}/a"].view(DT[fmt])
     b = dumps[f"{gpu}/{fmt}/b"].view(DT[fmt])
     c = dumps[f"{gpu}/{fmt}/c"].view(np.float32)
@@ -49,7 +49,7 @@ def test_sm90_reproduces_public_dumps_fp32(dumps, gpu, fmt):
 
 
 @pytest.mark.parametrize("gpu", ["H100", "H200"])
-def test_sm90_fp16_accumulator_reproduces_public_dumps(dumps, gpu):
+def test_sm90_fp16_accumulator_reproduces_public_dumps(dumps, gpu, engine):
     a = dumps[f"{gpu}/fp16/a"].view(np.float16)
     b = dumps[f"{gpu}/fp16/b"].view(np.float16)
     c = dumps[f"{gpu}/fp16/c"].view(np.float32).astype(np.float16)
@@ -73,7 +73,7 @@ def triton_dots():
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp16", "e4m3", "e5m2", "tf32", "fp16acc"])
-def test_sm90_reproduces_triton_dot_captures(triton_dots, fmt):
+def test_sm90_reproduces_triton_dot_captures(triton_dots, fmt, engine):
     z, meta = triton_dots
     f = "fp16" if fmt == "fp16acc" else fmt
     keys = [k for k in z.files if k.startswith(fmt + "/") and "/K" in k]

@@ -19,7 +19,7 @@ DATA = np.load(__file__.replace("test_signed_zeros.py", "data/signed_zeros.npz")
 
 @pytest.mark.parametrize("K", [16, 32])
 @pytest.mark.parametrize("form", ["fused", "add", "mmasim"])
-def test_exact_zeros_are_positive_as_on_the_device(K, form):
+def test_exact_zeros_are_positive_as_on_the_device(K, form, engine):
     a = DATA[f"K{K}/a"].view(ml_dtypes.bfloat16)
     b = DATA[f"K{K}/b"].view(ml_dtypes.bfloat16)
     c = DATA[f"K{K}/c"].view(np.float32)

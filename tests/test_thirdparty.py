@@ -77,7 +77,7 @@ def test_h100_wrote_the_same_bytes_as_the_h200():
 
 
 @pytest.mark.parametrize("case", range(len(thirdparty.SGLANG_CASES)))
-def test_sglang_decode_bit_exact(case):
+def test_sglang_decode_bit_exact(case, engine):
     report = thirdparty.replay(DATA + "sglang_decode.npz", cases=[case])
     row = report["cases"][0]
     assert report["version"] == "0.5.23"
@@ -146,7 +146,7 @@ def test_bad_shapes(q_shape, kv_shape, name):
 
 
 @pytest.mark.parametrize("capture", ["flashmla_decode.npz", "flashmla_decode_h100_fresh.npz"])
-def test_flashmla_decode_bit_exact(capture):
+def test_flashmla_decode_bit_exact(capture, engine):
     report = thirdparty.replay(DATA + capture)
     assert report["version"] == "9241ae3" and len(report["cases"]) == 6
     for row in report["cases"]:

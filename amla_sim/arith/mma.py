@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _blas_clock
+from ..engine import get_engine
 from ..formats import FORMATS, Format, get_format, is_float_dtype, round_significand, round_to
 from .elementwise import fma
 
@@ -418,33 +419,38 @@ def matmul(
             if acc is not None:
                 out += np.asarray(acc, dtype=np.float32)
             return out.astype(out_dtype, copy=False)
-    with np.errstate(invalid="ignore"):
-        a64 = np.broadcast_to(a_arr, (*out_shape[:-2], out_shape[-2], K)).astype(np.float64)
-        b64 = np.broadcast_to(b_arr, (*out_shape[:-2], K, out_shape[-1])).astype(np.float64)
     c64 = np.zeros(out_shape) if acc is None else np.broadcast_to(np.asarray(acc), out_shape).astype(np.float64)
+
+    def operands(dtype: type) -> tuple[np.ndarray, np.ndarray]:  # a and b broadcast to the batch, widened
+        with np.errstate(invalid="ignore"):
+            return (np.broadcast_to(a_arr, (*out_shape[:-2], out_shape[-2], K)).astype(dtype),
+                    np.broadcast_to(b_arr, (*out_shape[:-2], K, out_shape[-1])).astype(dtype))
 
     if m.kind == "exact":
         if fmt.name == "fp64":
             raise ValueError("a: the exact model takes formats up to FP32 (their products are exact in float64)")
-        return _matmul_exact(a64, b64, c64, fmt).astype(out_dtype)
+        return _matmul_exact(*operands(np.float64), c64, fmt).astype(out_dtype)
     if m.kind == "fp32":
-        return _matmul_fp32(a64, b64, c64).astype(out_dtype)
+        return _matmul_fp32(*operands(np.float64), c64).astype(out_dtype)
 
     name = "tf32" if fmt.name == "fp32" else fmt.name
     if name not in m.rows:
         raise ValueError(f"a: model {m.name!r} has no tensor-core path for {fmt.name} inputs ({sorted(m.rows)})")
     row = m.rows[name]
+    a32, b32 = operands(np.float32)  # exact for every tensor-core input format
     if name == "tf32":  # the tensor core reads the 19 high bits of each FP32 operand
         mask = np.uint32(0xFFFFE000)
-        a64 = (a64.astype(np.float32).view(np.uint32) & mask).view(np.float32).astype(np.float64)
-        b64 = (b64.astype(np.float32).view(np.uint32) & mask).view(np.float32).astype(np.float64)
+        a32, b32 = (a32.view(np.uint32) & mask).view(np.float32), (b32.view(np.uint32) & mask).view(np.float32)
         fmt = FORMATS["tf32"]
     if m.name == "sm90-fp16" and acc is not None:
         c64 = round_to(c64, "fp16").astype(np.float64)
     if 0 in out_shape:  # nothing to compute: an empty result, as NumPy's matmul gives
         return np.zeros(out_shape, out_dtype)
-    ea, eb = _exponents(a64, fmt), _exponents(b64, fmt)
-    out = _chain(a64, b64, c64, ea, eb, row, dot_k or K).astype(out_dtype)
+    if get_engine() == "numba" and np.isfinite(a32).all() and np.isfinite(b32).all():
+        out = _chain_numba(a32, b32, c64, fmt, row, dot_k or K).astype(out_dtype)
+    else:
+        a64, b64 = a32.astype(np.float64), b32.astype(np.float64)
+        out = _chain(a64, b64, c64, _exponents(a64, fmt), _exponents(b64, fmt), row, dot_k or K).astype(out_dtype)
     if m.nan_bits is not None and out_dtype == np.float32:
         out = np.where(np.isnan(out), np.uint32(m.nan_bits).view(np.float32), out)
     return out
@@ -499,3 +505,20 @@ def _chain(
 
 
 _CHUNK_ELEMENTS = 1 << 17
+
+
+def _chain_numba(a32: np.ndarray, b32: np.ndarray, c64: np.ndarray, fmt: Format, row: TFDPA,
+                 dot_k: int) -> np.ndarray:
+    """:func:`_chain` for finite operands (float32: exact for every input format), compiled (the ``numba``
+    engine); the same bits."""
+    from . import _mma_numba as nbk
+
+    *batch, M, K = a32.shape
+    N = b32.shape[-1]
+    a3 = np.ascontiguousarray(a32.reshape(-1, M, K))
+    b3 = np.ascontiguousarray(b32.reshape(-1, K, N))
+    c3 = np.ascontiguousarray(c64.reshape(-1, M, N))
+    e_zero = nbk._NO_E_ZERO if row.e_zero is None else row.e_zero
+    out = nbk.chain(a3, nbk.exponents(a3, fmt.emin), b3, nbk.exponents(b3, fmt.emin), c3, row.L, row.F,
+                    nbk.OUTPUT_CODES[row.output], e_zero, dot_k, row.chain == "fp32-add")
+    return out.reshape(c64.shape)

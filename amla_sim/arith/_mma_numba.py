@@ -1,0 +1,214 @@
+"""Compiled T-FDPA chains for the ``numba`` engine (the ``[fast]`` extra): what :func:`..mma.t_fdpa` computes,
+element for element and bit for bit, for finite operands.
+
+One output element and one block of L products, with the incoming accumulator c:
+
+    e_max = max(ea_k + eb_k over the block, exponent of c)      # zeros: see below
+    S     = trunc(c 2^(F - e_max)) + sum_k trunc(a_k b_k 2^(F - e_max))
+    d     = round(S 2^(e_max - F))
+
+Every step is exact: a_k b_k has at most 22 significant bits, the scalings are powers of two, each truncated
+term is below 2^(F + 2) and S below 2^40. The terms go in FP32 with an int32 sum where that is provably exact
+(:func:`_block`), else in float64 and int64. A tile of columns of B stays in cache while every row of A meets
+it; the loops over the tile are plain array loops that LLVM turns into vector code. Zero products and
+a zero c count with the row's ``e_zero`` (never, for rows without one); an all-zero block gives +0, as the device
+does. A non-finite c goes through unchanged (the products are finite here), as in the reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+OUTPUT_CODES = {"fp32-rz": 0, "e8m13-rz": 1, "fp32-rne": 2, "fp16-rne": 3}
+_TILE = 512  # columns per task: a 576-deep tile of B (float64 and int32) stays in the core's L2
+_NO_E_ZERO = -(1 << 20)  # e_zero of rows whose zeros never set e_max
+_ZERO_FLOOR = -4000  # e_max below this: every product and c are zero (zero operands carry -8000)
+_EXP_MASK = np.uint64(0x7FF0_0000_0000_0000)  # a float64's exponent field: all ones for Inf and NaN
+
+
+@nb.njit(cache=True, nogil=True)
+def _round_fp16_rne(v: float) -> float:
+    """v (exact float64) rounded to FP16, nearest even, Inf past the largest finite."""
+    av = abs(v)
+    if av == 0.0 or not np.isfinite(v):
+        return v
+    e = max(math.frexp(av)[1] - 1, -14)  # quantum 2^(e - 10); subnormals share 2^-24
+    q = math.ldexp(np.rint(math.ldexp(av, 10 - e)), e - 10)
+    if q > 65504.0:
+        q = np.inf
+    return q if v > 0 else -q
+
+
+@nb.njit(cache=True, nogil=True)
+def _round_output(v: float, out_code: int) -> float:
+    """The row's final normalisation of an exact float64 value (the reference's ``_round_output``)."""
+    if out_code == 2:
+        return np.float64(np.float32(v))
+    if out_code == 3:
+        return _round_fp16_rne(v)
+    av = abs(v)
+    if av >= 3.402823669209385e38:  # 2^128: overflow
+        return np.inf if v > 0 else -np.inf
+    bits = 23 if out_code == 0 else 13
+    if av < 1.1754943508222875e-38:  # FP32's subnormal range: a fixed grid, 2^-149 (2^-139 for 14 bits)
+        g = 126 + bits
+        return np.trunc(math.ldexp(v, g)) * math.ldexp(1.0, -g)
+    e = math.frexp(av)[1] - 1
+    return np.trunc(math.ldexp(v, bits - e)) * math.ldexp(1.0, e - bits)
+
+
+@nb.njit(cache=True, nogil=True)
+def _max_exponent(ek: np.int32, ebrow: np.ndarray, em: np.ndarray) -> None:
+    for j in range(em.size):
+        em[j] = max(em[j], ek + ebrow[j])
+
+
+@nb.njit(cache=True, nogil=True)
+def _add_terms(ak: np.float32, brow: np.ndarray, sc: np.ndarray, acc: np.ndarray) -> None:
+    """acc += trunc(ak b sc) in float64 and int64 (exact for every finite operand)."""
+    a64 = np.float64(ak)
+    for j in range(acc.size):
+        acc[j] += np.int64(a64 * np.float64(brow[j]) * sc[j])  # exact product and scaling; truncation
+
+
+@nb.njit(cache=True, nogil=True)
+def _add_terms32(ak: np.float32, brow: np.ndarray, sc: np.ndarray, acc: np.ndarray) -> None:
+    """acc += trunc(ak b sc) in float32 and int32: exact where e_max is in :func:`_narrow`'s range."""
+    for j in range(acc.size):
+        acc[j] += np.int32(ak * brow[j] * sc[j])
+
+
+@nb.njit(cache=True, nogil=True)
+def _block(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.ndarray, j0: int, kb: int, ke: int,
+           F: int, out_code: int, e_zero: int, narrow_sum: bool, cur: np.ndarray, em: np.ndarray,
+           acc: np.ndarray, acc32: np.ndarray, scb: np.ndarray, sc32b: np.ndarray, p2b: np.ndarray) -> None:
+    """One T-FDPA of L = ke - kb products for a tile of columns, with cur as c; cur takes d.
+
+    Plain loops that vectorise cover the usual block. The products go in FP32 and an int32 sum when every
+    e_max of the tile is in [F - 124, 126] and the row's L 2^(F + 2) fits an int32: then a b is an exact FP32
+    product, the scaling by 2^(F - e_max) is exact or leaves a term below 1 that truncates to 0 either way,
+    and no sum overflows. Otherwise in float64 and int64. A block with a non-finite c, an element whose zeros
+    may set e_max, or a result outside FP32's normal range is redone by :func:`_block_general`."""
+    w = cur.size
+    cbits = cur.view(np.uint64)
+    odd = 0
+    for j in range(w):  # the exponent of c (-126 at least; a zero c takes e_zero)
+        ec = np.int32(((cbits[j] >> np.uint64(52)) & np.uint64(0x7FF)) - np.uint64(1023))
+        em[j] = max(ec, np.int32(-126)) if cur[j] != 0.0 else np.int32(e_zero)
+        odd |= (cbits[j] & _EXP_MASK) == _EXP_MASK
+    for k in range(kb, ke):
+        _max_exponent(earow[k], eb[k, j0 : j0 + w], em)
+    floor = max(e_zero + 1, -300)  # below: zeros may set e_max, or everything is zero
+    wide = 0
+    for j in range(w):
+        odd |= em[j] < floor
+        wide |= (em[j] < F - 124) | (em[j] > 126)
+        scb[j] = np.int64(1023 + F - em[j]) << 52  # 2^(F - e_max)
+        sc32b[j] = np.int32(127 + F - em[j]) << 23
+        p2b[j] = np.int64(1023 - F + em[j]) << 52  # 2^(e_max - F)
+    if odd:
+        _block_general(arow, earow, b, eb, j0, kb, ke, F, out_code, e_zero, cur)
+        return
+    sc, p2 = scb.view(np.float64), p2b.view(np.float64)
+    if narrow_sum and not wide:
+        acc32[:] = 0
+        sc32 = sc32b.view(np.float32)
+        for k in range(kb, ke):
+            _add_terms32(arow[k], b[k, j0 : j0 + w], sc32, acc32)
+        for j in range(w):
+            acc[j] = np.int64(cur[j] * sc[j]) + acc32[j]  # float -> int truncates toward zero
+    else:
+        for j in range(w):
+            acc[j] = np.int64(cur[j] * sc[j])
+        for k in range(kb, ke):
+            _add_terms(arow[k], b[k, j0 : j0 + w], sc, acc)
+    if out_code >= 2:
+        for j in range(w):
+            cur[j] = _round_output(acc[j] * p2[j], out_code)
+        return
+    mask = np.uint64(~((1 << (29 if out_code == 0 else 39)) - 1) & 0xFFFF_FFFF_FFFF_FFFF)
+    for j in range(w):  # toward zero: clear the low bits of the float64 significand
+        cur[j] = acc[j] * p2[j]
+        odd |= (abs(cur[j]) < 1.1754943508222875e-38) & (cur[j] != 0.0)
+        odd |= abs(cur[j]) >= 3.402823669209385e38
+        cbits[j] &= mask
+    if odd:  # outside FP32's normal range: the general rounding
+        for j in range(w):
+            cur[j] = _round_output(acc[j] * p2[j], out_code)
+
+
+@nb.njit(cache=True, nogil=True)
+def _block_general(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.ndarray, j0: int, kb: int,
+                   ke: int, F: int, out_code: int, e_zero: int, cur: np.ndarray) -> None:
+    """:func:`_block`, element by element, for every case."""
+    for j in range(cur.size):
+        c = cur[j]
+        if not np.isfinite(c):
+            continue  # the products are finite: d = c, as in the reference
+        em = max(math.frexp(c)[1] - 1, -126) if c != 0.0 else e_zero
+        for k in range(kb, ke):
+            x, y = arow[k], b[k, j0 + j]
+            em = max(em, e_zero if (x == 0.0 or y == 0.0) and e_zero != _NO_E_ZERO else earow[k] + eb[k, j0 + j])
+        if em < _ZERO_FLOOR:
+            cur[j] = 0.0  # every product and c are zero
+            continue
+        sc = math.ldexp(1.0, F - em)
+        s = np.int64(c * sc)
+        for k in range(kb, ke):
+            s += np.int64(np.float64(arow[k]) * np.float64(b[k, j0 + j]) * sc)
+        cur[j] = _round_output(math.ldexp(np.float64(s), em - F), out_code)
+
+
+@nb.njit(cache=True, parallel=True)
+def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.ndarray, L: int, F: int,
+          out_code: int, e_zero: int, dot_k: int, fp32_add: bool) -> np.ndarray:
+    """acc + a @ b as a chain of T-FDPA blocks: a (B, M, K), b (B, K, N) float32 (finite) with exponents ea, eb
+    (int32, zeros -8000), c (B, M, N) float64. ``fp32_add``: each `dot_k` of K runs from a zero accumulator and is added to the
+    FP32 accumulator (nearest even); else every block takes the previous block's result."""
+    nb_, M, K = a.shape
+    N = b.shape[2]
+    out = np.empty((nb_, M, N))
+    tiles = (N + _TILE - 1) // _TILE
+    step = dot_k if fp32_add else K
+    narrow_sum = L << (F + 2) <= 1 << 31  # |sum of L terms| < L 2^(F + 2) (significands below 2 each)
+    for t in nb.prange(nb_ * tiles):
+        bi, j0 = t // tiles, (t % tiles) * _TILE
+        w = min(_TILE, N - j0)
+        cur = np.empty((M, w))  # the tile's accumulators (in L2) while the B block stays in L1
+        part = np.zeros((M, w)) if fp32_add else cur
+        for i in range(M):
+            for j in range(w):
+                cur[i, j] = c[bi, i, j0 + j]
+        em, acc, acc32 = np.empty(w, np.int32), np.empty(w, np.int64), np.empty(w, np.int32)
+        scb, sc32b, p2b = np.empty(w, np.int64), np.empty(w, np.int32), np.empty(w, np.int64)
+        for k0 in range(0, K, step):
+            k1 = min(k0 + step, K)
+            if fp32_add:
+                part[:] = 0.0
+            for kb in range(k0, k1, L):
+                for i in range(M):
+                    _block(a[bi, i], ea[bi, i], b[bi], eb[bi], j0, kb, min(kb + L, k1), F, out_code, e_zero,
+                           narrow_sum, part[i], em, acc, acc32, scb, sc32b, p2b)
+            if fp32_add:
+                for i in range(M):
+                    for j in range(w):
+                        cur[i, j] = np.float64(np.float32(cur[i, j] + part[i, j]))
+        for i in range(M):
+            for j in range(w):
+                out[bi, i, j0 + j] = cur[i, j]
+    return out
+
+
+@nb.njit(cache=True, parallel=True)
+def exponents(x: np.ndarray, emin: int) -> np.ndarray:
+    """The operands' unnormalised exponents (int32): max(floor(log2|x|), emin), -8000 for zeros (x float32)."""
+    flat = x.reshape(-1)
+    bits = flat.view(np.uint32)
+    out = np.empty(flat.size, np.int32)
+    for n in nb.prange(flat.size):
+        e = np.int32((bits[n] >> np.uint32(23)) & np.uint32(0xFF)) - 127
+        out[n] = max(e, emin) if flat[n] != 0.0 else -8000
+    return out.reshape(x.shape)
