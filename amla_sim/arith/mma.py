@@ -513,7 +513,7 @@ def _chain_numba(a32: np.ndarray, b32: np.ndarray, c64: np.ndarray, fmt: Format,
     engine); the same bits."""
     from . import _mma_numba as nbk
 
-    *batch, M, K = a32.shape
+    M, K = a32.shape[-2:]
     N = b32.shape[-1]
     a3 = np.ascontiguousarray(a32.reshape(-1, M, K))
     b3 = np.ascontiguousarray(b32.reshape(-1, K, N))
