@@ -321,7 +321,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     for name in dict.fromkeys(names):
         res = run_table(name, out_dir=args.out, samples=args.samples, context=args.context, heads=args.heads,
                         machine=args.machine, seed=args.seed, jobs=args.jobs, progress=not args.quiet,
-                        repair=args.repair)
+                        repair=args.repair, scheduler=args.scheduler, engine=args.engine)
         print(markdown(res.summary))
         if res.computed:
             ratio = (f"{res.seconds * args.jobs / res.blas_seconds:.2f}" if res.blas_seconds > 0.01 * res.seconds
@@ -329,6 +329,57 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
             print(f"{res.computed} new samples in {res.seconds:.1f} s; BLAS matmuls inside them: "
                   f"{res.blas_seconds:.1f} s of worker time (total / BLAS = {ratio} across {args.jobs} job(s))")
         print(f"files: {res.out_dir}/results.csv, summary.json, table.md, table.png\n")
+    return 0
+
+
+def _csv(kind: Callable[[str], object]) -> Callable[[str], tuple]:
+    """An argparse type: a comma-separated list of `kind`."""
+
+    def parse(text: str) -> tuple:
+        items = [t.strip() for t in text.split(",")]
+        if not all(items):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        return tuple(kind(t) for t in items)
+
+    return parse
+
+
+_GRID_FLAGS = {"algorithms": "algorithms", "machines": "machines", "dists": "distributions", "contexts": "contexts",
+               "heads": "heads", "sq": "sq", "blocks": "blocks", "samples": "samples", "seed": "seed",
+               "input_format": "input_format", "sampler": "sampler", "metric": "metric"}
+
+
+def _sweep_grid(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from .experiments.grid import Grid, load_grid
+    from .experiments.tables import TABLES, table_grid
+
+    given = {field: getattr(args, flag) for flag, field in _GRID_FLAGS.items() if getattr(args, flag) is not None}
+    if args.grid is None:
+        if "algorithms" not in given:
+            raise ValueError("algorithms: give --algorithms (e.g. base,amla) or a --grid file")
+        return Grid(**given)
+    if args.grid in TABLES and not Path(args.grid).exists():
+        grid = table_grid(args.grid)
+    else:
+        grid = load_grid(args.grid)
+    return replace(grid, **given)  # flags override the file
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .experiments.grid import run_grid
+
+    grid = _sweep_grid(args)
+    res = run_grid(grid, out_dir=args.out, scheduler=args.scheduler, jobs=args.jobs, engine=args.engine,
+                   progress=not args.quiet, repair=args.repair,
+                   log=lambda line: print(line, file=sys.stderr, flush=True))
+    from .experiments.grid import markdown
+
+    print(markdown(res.summary))
+    cells = len(grid.cells())
+    print(f"{res.computed} new tasks ({cells} cells x {grid.samples} samples in all) in {res.seconds:.1f} s")
+    print(f"files: {res.out_dir}/results.csv, grid.json, summary.json, summary.md, errors.png")
     return 0
 
 
@@ -355,6 +406,15 @@ def _positive_float(text: str) -> float:
     if not np.isfinite(v) or v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return v
+
+
+def _scheduling_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=_int_at_least(1), default=1,
+                   help="local processes, or workers of --scheduler dask (default 1)")
+    p.add_argument("--scheduler", default="local",
+                   help="local (default), dask (a LocalCluster here) or tcp://HOST:PORT (an existing Dask cluster)")
+    p.add_argument("--engine", default=os.environ.get("AMLA_SIM_ENGINE") or "numpy", choices=["numpy", "numba"],
+                   help="numpy (the reference) or numba (compiled, same bits; the [fast] extra)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -421,12 +481,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=_int_at_least(1), default=None, help="query heads G (default: the paper's)")
     p.add_argument("--machine", default="ieee32-fast", choices=sorted(MACHINES))
     p.add_argument("--seed", type=_int_at_least(0), default=0)
-    p.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel processes")
     p.add_argument("--out", default="results", help="output folder (one subfolder per table)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--repair", action="store_true",
                    help="keep every valid row of a damaged results.csv, set the other lines aside in results.rejected")
+    _scheduling_flags(p)
     p.set_defaults(func=_cmd_reproduce)
+
+    p = sub.add_parser("sweep", help="any grid of algorithms, machines, distributions, contexts, heads, s_q, blocks "
+                                     "(resumable; CSV, JSON, Markdown, PNG; local or Dask)")
+    p.add_argument("--grid", help="a TOML file with the grid's fields, or a table name (amla-table3, ...); "
+                                  "the flags below override it")
+    p.add_argument("--algorithms", type=_csv(str), help="e.g. base,amla,A=snapmla:config=A (label=name:key=value)")
+    p.add_argument("--machines", type=_csv(str), help=f"from {', '.join(sorted(MACHINES))}")
+    p.add_argument("--dists", type=_csv(str), help="e.g. normal:1,uniform:60,flashmla")
+    p.add_argument("--contexts", type=_csv(_int_at_least(1)), help="e.g. 1024,8192")
+    p.add_argument("--heads", type=_csv(_int_at_least(1)), help="query heads G, e.g. 64,128")
+    p.add_argument("--sq", type=_csv(_int_at_least(1)), help="query tokens per step, e.g. 1,2")
+    p.add_argument("--blocks", type=_csv(_int_at_least(1)), help="KV block sizes, e.g. 64,128")
+    p.add_argument("--samples", type=_int_at_least(1), help="samples per cell (default 10)")
+    p.add_argument("--seed", type=_int_at_least(0))
+    p.add_argument("--input-format", dest="input_format", help="format of q and kv (default bf16)")
+    p.add_argument("--sampler", choices=["round", "table"], help="how inputs are drawn (default round)")
+    p.add_argument("--metric", choices=["rel_frobenius", "rmse", "cos_diff", "max_abs"],
+                   help="the metric of the Markdown table and the plot (all are stored)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--repair", action="store_true",
+                   help="keep every valid row of a damaged results.csv, set the other lines aside in results.rejected")
+    _scheduling_flags(p)
+    p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("pipeline", help="the Preload pipeline of Theorem 4.1 for given stage durations")
     p.add_argument("--cube", required=True, help="Cube stage durations C1,...,Cn")

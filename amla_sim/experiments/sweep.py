@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing
-import multiprocessing.connection
-import os
 import statistics
-import threading
 import time
-import warnings
-from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _blas_clock
 from .._validate import check_int, check_positive_int, dumps_strict
+from ..engine import use_engine
 from ..machines import get_machine
+from .schedulers import cap_jobs, check_scheduler, execute
 from .store import ResultStore, StoreCorrupt, atomic_write, read_json
 from .tables import TABLES, Table, run_sample
 
@@ -44,10 +39,11 @@ class SweepResult:
 
 
 def _task(args: tuple) -> tuple[list[dict], float]:
-    table_name, dist, sample, machine, context, heads, seed = args
+    table_name, dist, sample, machine, context, heads, seed, engine = args
     t0 = _blas_clock.elapsed()
-    rows = run_sample(TABLES[table_name], dist, sample, machine=get_machine(machine), context=context, heads=heads,
-                      seed=seed)
+    with use_engine(engine):
+        rows = run_sample(TABLES[table_name], dist, sample, machine=get_machine(machine), context=context,
+                          heads=heads, seed=seed)
     return rows, _blas_clock.elapsed() - t0
 
 
@@ -163,12 +159,15 @@ def run_table(
     progress: bool = True,
     max_tasks: int | None = None,
     repair: bool = False,
+    scheduler: str = "local",
+    engine: str = "numpy",
 ) -> SweepResult:
     """Reproduce one table into out_dir (results.csv, summary.json, table.md, table.png), resuming if there.
 
     Rows already in the folder are kept, whatever `samples` asks for now: a smaller request summarises a subset.
     repair: keep every valid row of a damaged results.csv and set the other lines aside (``results.rejected``).
     max_tasks: stop after computing this many new tasks (as an interruption would; for tests).
+    scheduler, engine: where the samples run (:mod:`.schedulers`) and on which engine; neither changes a bit.
     """
     if name not in TABLES:
         raise ValueError(f"table: expected one of {sorted(TABLES)}, got {name!r}")
@@ -180,7 +179,11 @@ def run_table(
     for arg, v in (("samples", samples), ("context", context), ("heads", heads), ("jobs", jobs)):
         check_positive_int(v, arg)
     check_int(seed, "seed", lo=0, hi=2**63 - 1)
-    jobs = cap_jobs(jobs)
+    check_scheduler(scheduler)
+    with use_engine(engine):  # refuses an unknown engine, or numba when it is not installed
+        pass
+    if scheduler == "local":
+        jobs = cap_jobs(jobs)
     out = Path(out_dir) / name
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
@@ -196,14 +199,14 @@ def run_table(
             store.repair()
         store.compact(_order(store, table))  # drop a torn last line before appending
         done = _tasks(store, table)
-        todo = [(name, d, s, machine, context, heads, seed) for d, _ in table.distributions for s in range(samples)
-                if (d, s) not in done]
+        todo = [(name, d, s, machine, context, heads, seed, engine) for d, _ in table.distributions
+                for s in range(samples) if (d, s) not in done]
         if max_tasks is not None:
             todo = todo[:max_tasks]
         t0 = time.perf_counter()
         blas = 0.0
         bar = _progress(len(todo), name, progress)
-        for rows, blas_s in _execute(todo, jobs):
+        for rows, blas_s in execute(_task, todo, scheduler=scheduler, jobs=jobs):
             store.append(_fields(r) for r in rows)
             done[(rows[0]["distribution"], rows[0]["sample"])] = rows
             blas += blas_s
@@ -218,61 +221,6 @@ def run_table(
         atomic_write(out / "table.md", markdown(summary))
         plot(summary, out / "table.png")
     return SweepResult(table, out, summary, len(todo), seconds, blas)
-
-
-def cap_jobs(jobs: int) -> int:
-    """`jobs`, capped at the CPUs this process may use (with a warning): more processes only share them."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    if jobs > cpus:
-        warnings.warn(f"jobs: {jobs} asked, {cpus} CPU(s) available; using {cpus}", stacklevel=3)
-        return cpus
-    return jobs
-
-
-def _execute(todo: list[tuple], jobs: int) -> Iterable[tuple[list[dict], float]]:
-    if jobs == 1 or len(todo) <= 1:
-        for t in todo:
-            yield _task(t)
-        return
-    # Fresh worker processes with one BLAS thread each: J processes sharing the cores, not J x cores threads.
-    saved = {k: os.environ.get(k) for k in _THREAD_VARS}
-    os.environ.update({k: "1" for k in _THREAD_VARS})
-    try:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=die_with_parent) as ex:
-            futures = [ex.submit(_task, t) for t in todo]
-            try:
-                for f in as_completed(futures):
-                    yield f.result()
-            finally:
-                for f in futures:
-                    f.cancel()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def die_with_parent() -> None:
-    """Worker initializer: exit as soon as the parent process ends (even by SIGKILL), instead of waiting on a pipe
-    that no one will write to."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
-
-
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class _NoBar:

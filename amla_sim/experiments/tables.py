@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from functools import partial
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..algorithms import amla, base, etap, golden, snapmla
+from ..algorithms import ALGORITHMS
 from ..machines import Machine
+from .grid import Grid, reference, task_seed
 from .inputs import make_inputs
 from .metrics import cos_diff, rel_frobenius, rmse
+from .specs import parse_algorithm
 
 
 @dataclass(frozen=True)
@@ -76,42 +74,46 @@ TABLES: dict[str, Table] = {
 }
 
 
-def _bf16_golden(q: np.ndarray, kv: np.ndarray) -> np.ndarray:
-    """SnapMLA's reference: attention of the BF16-rounded inputs (FP64 arithmetic), output in FP64."""
-    from ..formats import round_to
-
-    return golden(round_to(q, "bf16"), round_to(kv, "bf16")).out
-
-
-def _snapmla_out(q: np.ndarray, kv: np.ndarray, mc: Machine, blk: int, *, config: str) -> np.ndarray:
-    return snapmla(q, kv, machine=mc, block=blk, config=config).out
-
-
-RUNNERS: dict[str, Callable[..., np.ndarray]] = {
-    "base": lambda q, kv, mc, blk: base(q, kv, machine=mc, block=blk).out,
-    "amla": lambda q, kv, mc, blk: amla(q, kv, machine=mc, block=blk).out,
-    "fa3-base": lambda q, kv, mc, blk: base(q, kv, machine=mc, block=blk, p_format="fp16", io_format="fp16").out,
-    "etap": lambda q, kv, mc, blk: etap(q, kv, machine=mc, block=blk, p_format="fp16", io_format="fp16").out,
-    **{cfg: partial(_snapmla_out, config=cfg) for cfg in ("snapmla", "A", "B", "C", "D")},
+SPECS: dict[str, str] = {  # the tables' algorithm columns as sweep specs (label=algorithm:options)
+    "base": "base",
+    "amla": "amla",
+    "fa3-base": "fa3-base=base:p_format=fp16:io_format=fp16",
+    "etap": "etap:p_format=fp16:io_format=fp16",
+    "snapmla": "snapmla",
+    **{cfg: f"{cfg}=snapmla:config={cfg}" for cfg in ("A", "B", "C", "D")},
 }
+
+
+def _reference(table: Table) -> str:
+    # SnapMLA's reference is the attention of the BF16-rounded inputs (FP64 arithmetic)
+    return "golden-bf16" if table.name == "snapmla-configs" else "golden"
+
+
+def table_grid(name: str, *, samples: int = 100, context: int | None = None, heads: int | None = None,
+               machine: str = "ieee32-fast", seed: int = 0) -> Grid:
+    """A paper's table as a named sweep grid: the same draws, hence the same numbers, as :func:`run_sample`."""
+    if name not in TABLES:
+        raise ValueError(f"grid: expected a table name from {sorted(TABLES)} or a TOML file, got {name!r}")
+    t = TABLES[name]
+    labels = dict(t.distributions)
+    return Grid(algorithms=tuple(SPECS[a] for a in t.algorithms), machines=(machine,),
+                distributions=tuple(d for d, _ in t.distributions), contexts=(context or t.context,),
+                heads=(heads or t.heads,), sq=(t.sq,), blocks=(t.block,), samples=samples, seed=seed,
+                input_format=t.input_format, sampler=t.sampler, reference=_reference(t), metric=t.metric,
+                name=t.name, paper={f"{d}/{alg}": v for d, label in labels.items() for (lab, alg), v in
+                                    t.paper.items() if lab == label})
 
 
 def run_sample(table: Table, dist: str, sample: int, *, machine: Machine, context: int, heads: int,
                seed: int) -> list[dict]:
     """One sample of one distribution: inputs, the reference, every algorithm of the table, its metrics."""
-    task_seed = _task_seed(seed, table.name, dist, sample)
-    q, kv = make_inputs(dist, heads=heads, sq=table.sq, context=context, seed=task_seed, fmt=table.input_format,
-                        sampler=table.sampler)
-    ref = _bf16_golden(q, kv) if table.name == "snapmla-configs" else golden(q, kv).out
+    q, kv = make_inputs(dist, heads=heads, sq=table.sq, context=context, seed=task_seed(seed, table.name, dist, sample),
+                        fmt=table.input_format, sampler=table.sampler)
+    ref = reference(q, kv, _reference(table))
     rows = []
     for alg in table.algorithms:
-        out = RUNNERS[alg](q, kv, machine, table.block)
+        _, fn, options = parse_algorithm(SPECS[alg])
+        out = ALGORITHMS[fn](q, kv, machine=machine, block=table.block, **options).out
         rows.append({"distribution": dist, "sample": sample, "algorithm": alg,
                      "rel_frobenius": rel_frobenius(out, ref), "rmse": rmse(out, ref), "cos_diff": cos_diff(out, ref)})
     return rows
-
-
-def _task_seed(seed: int, *parts: object) -> int:
-    import zlib
-
-    return zlib.crc32("/".join(map(str, (seed, *parts))).encode())

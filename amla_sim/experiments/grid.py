@@ -1,0 +1,380 @@
+"""User-defined sweeps: any grid of algorithms (with options), machines, distributions, contexts, heads, s_q and
+block sizes, each cell sampled ``samples`` times, on any scheduler, into a result store that resumes.
+
+A task is one sample of one (machine, distribution, context, heads, s_q, block): its inputs, the FP64 reference,
+every algorithm of the grid, their errors: one row each in ``DIR/results.csv`` (:mod:`.store`). A sample's
+inputs depend only on (seed, grid name, distribution, sample): every machine, block and algorithm sees the same
+inputs, and for one head count the queries are the same at every context and a shorter context's keys are the
+first rows of a longer one's, so curves of error against context are paired. Results are therefore identical
+whatever the scheduler, the number of workers, the engine or interruptions. ``DIR/grid.json`` records the grid;
+another grid (anything but ``samples``) is refused rather than mixed into the folder.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import statistics
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._validate import check_int, check_positive_int, dumps_strict
+from ..algorithms import ALGORITHMS, golden
+from ..engine import ENGINES, use_engine
+from ..formats import get_format, round_to
+from ..machines import get_machine
+from .inputs import make_inputs, parse_dist
+from .metrics import all_metrics
+from .schedulers import cap_jobs, check_scheduler, execute
+from .specs import parse_algorithm
+from .store import ResultStore, StoreCorrupt, atomic_write, read_json
+
+__all__ = ["Grid", "GridResult", "run_grid", "load_grid", "parse_algorithm"]
+
+KEYS = ("machine", "distribution", "context", "heads", "sq", "block", "sample", "algorithm")
+METRICS = ("rel_frobenius", "rmse", "cos_diff", "max_abs")
+FIELDS = KEYS + METRICS
+REFERENCES = ("golden", "golden-bf16")  # FP64 attention of the inputs as drawn, or of their BF16 rounding
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A sweep definition. Lists are tuples; every combination of them is a cell."""
+
+    algorithms: tuple[str, ...]
+    machines: tuple[str, ...] = ("ieee32-fast",)
+    distributions: tuple[str, ...] = ("normal:1",)
+    contexts: tuple[int, ...] = (8192,)
+    heads: tuple[int, ...] = (128,)
+    sq: tuple[int, ...] = (1,)
+    blocks: tuple[int, ...] = (64,)
+    samples: int = 10
+    seed: int = 0
+    input_format: str = "bf16"
+    sampler: str = "round"  # make_inputs' sampler: "round" or "table" (the exact rounded distribution)
+    reference: str = "golden"
+    metric: str = "rel_frobenius"  # the one summarised in the Markdown table and the plot
+    name: str = "grid"  # part of every sample's seed: named grids (the papers' tables) keep their own draws
+    paper: Mapping[str, float] = field(default_factory=dict)  # "distribution/algorithm" -> published value
+
+    def __post_init__(self) -> None:
+        for f in ("algorithms", "machines", "distributions", "contexts", "heads", "sq", "blocks"):
+            v = getattr(self, f)
+            if isinstance(v, (str, int)) or not isinstance(v, Iterable):
+                raise TypeError(f"{f}: expected a list, got {v!r}")
+            v = tuple(v)
+            if not v:
+                raise ValueError(f"{f}: expected at least one value")
+            if len(set(v)) != len(v):
+                raise ValueError(f"{f}: repeated values in {list(v)}")
+            object.__setattr__(self, f, v)
+        labels = [parse_algorithm(a)[0] for a in self.algorithms]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"algorithms: two algorithms share a label ({labels}); name them as label=spec")
+        for m in self.machines:
+            if not isinstance(m, str):
+                raise ValueError(f"machines: expected machine names, got {m!r}")
+            get_machine(m)
+        for d in self.distributions:
+            if not isinstance(d, str):
+                raise ValueError(f"distributions: expected specs like 'normal:1', got {d!r}")
+            try:
+                parse_dist(d)
+            except ValueError as e:
+                raise ValueError(f"distributions: {e}") from None
+        for f in ("contexts", "heads", "sq", "blocks"):
+            for v in getattr(self, f):
+                check_positive_int(v, f)
+        check_positive_int(self.samples, "samples")
+        check_int(self.seed, "seed", lo=0, hi=2**63 - 1)
+        get_format(self.input_format, argname="input_format")
+        if self.sampler not in ("round", "table"):
+            raise ValueError(f"sampler: expected 'round' or 'table', got {self.sampler!r}")
+        if self.reference not in REFERENCES:
+            raise ValueError(f"reference: expected one of {REFERENCES}, got {self.reference!r}")
+        if self.metric not in METRICS:
+            raise ValueError(f"metric: expected one of {METRICS}, got {self.metric!r}")
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"name: expected a non-empty name without '/', got {self.name!r}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "grid") -> Grid:
+        """A grid from a TOML table or a dict; unknown keys are errors naming them."""
+        known = {f.name for f in fields(cls)}
+        aliases = {"dists": "distributions", "blocks": "blocks", "block": "blocks", "context": "contexts"}
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            k = aliases.get(key, key)
+            if k not in known:
+                raise ValueError(f"{where}: unknown field {key!r}; expected some of {sorted(known)}")
+            out[k] = tuple(value) if isinstance(value, list) else value
+        if "algorithms" not in out:
+            raise ValueError(f"{where}: the field 'algorithms' is required")
+        return cls(**out)
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that decides a row's numbers (not `samples`, which only says how many)."""
+        d = asdict(self)
+        d.pop("samples")
+        d["paper"] = dict(self.paper)
+        return json.loads(json.dumps(d))  # tuples as lists, as grid.json holds them
+
+    def cells(self) -> list[tuple[str, str, int, int, int, int]]:
+        return [(m, d, c, h, s, b) for m in self.machines for d in self.distributions for c in self.contexts
+                for h in self.heads for s in self.sq for b in self.blocks]
+
+
+@dataclass
+class GridResult:
+    grid: Grid
+    out_dir: Path
+    summary: dict
+    computed: int  # tasks computed in this run (the rest were already on disk)
+    seconds: float
+
+
+def load_grid(path: str | Path) -> Grid:
+    """A grid from a TOML file (the keys of :class:`Grid`; ``dists`` for distributions)."""
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as e:
+        raise ValueError(f"grid: cannot read {p} ({e.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"grid: {p} is not valid TOML ({e})") from None
+    return Grid.from_mapping(data, where=f"grid {p}")
+
+
+# --- one task ---------------------------------------------------------------------------------------------
+
+
+def task_seed(*parts: object) -> int:
+    """A sample's seed: the CRC-32 of its parts (seed, grid name, distribution, sample)."""
+    return zlib.crc32("/".join(map(str, parts)).encode())
+
+
+def reference(q: np.ndarray, kv: np.ndarray, kind: str) -> np.ndarray:
+    """The FP64 attention the errors are measured against: of the inputs, or of their BF16 rounding."""
+    if kind == "golden-bf16":
+        q, kv = round_to(q, "bf16"), round_to(kv, "bf16")
+    return golden(q, kv).out
+
+
+def run_task(task: tuple) -> list[tuple[str, ...]]:
+    """One sample of one cell on one machine: every algorithm's row, as the store's fields (strings)."""
+    grid_json, cell, sample, engine = task
+    grid = Grid.from_mapping(json.loads(grid_json))
+    machine, dist, context, heads, sq, block = cell
+    with use_engine(engine):
+        q, kv = make_inputs(dist, heads=heads, sq=sq, context=context, fmt=grid.input_format,
+                            seed=task_seed(grid.seed, grid.name, dist, sample), sampler=grid.sampler)
+        ref = reference(q, kv, grid.reference)
+        rows = []
+        mc = get_machine(machine)
+        for spec in grid.algorithms:
+            label, name, options = parse_algorithm(spec)
+            out = ALGORITHMS[name](q, kv, machine=mc, block=block, **options).out
+            m = all_metrics(out, ref)
+            rows.append((*map(str, (*cell, sample)), label, *(repr(float(m[k])) for k in METRICS)))
+    return rows
+
+
+def _check_runs(grid: Grid) -> None:
+    """Every (algorithm, machine, block) once on a tiny problem, so that a bad option fails before any work."""
+    q, kv = make_inputs("normal:1", heads=1, sq=1, context=16, fmt=grid.input_format, seed=0)
+    for spec in grid.algorithms:
+        label, name, options = parse_algorithm(spec)
+        for machine in grid.machines:
+            for block in grid.blocks:
+                try:
+                    ALGORITHMS[name](q, kv, machine=machine, block=block, **options)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"algorithms: {spec!r} on machine {machine!r} with block {block}: {e}") from None
+
+
+# --- summary ----------------------------------------------------------------------------------------------
+
+
+def _parse_row(values: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        row: dict[str, Any] = dict(zip(KEYS, values[: len(KEYS)], strict=True))
+        for k in ("context", "heads", "sq", "block", "sample"):
+            row[k] = int(row[k])
+        row.update({k: float(v) for k, v in zip(METRICS, values[len(KEYS):], strict=True)})
+    except ValueError:
+        raise StoreCorrupt(f"results.csv: a row with a valid checksum does not parse: {values}") from None
+    return row
+
+
+def summarize(grid: Grid, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Per cell and algorithm over samples < grid.samples: n, mean, median and standard error of each metric."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["sample"] < grid.samples:
+            groups.setdefault(tuple(r[k] for k in KEYS if k != "sample"), []).append(r)
+    labels = [parse_algorithm(a)[0] for a in grid.algorithms]
+    order = {"machine": grid.machines, "distribution": grid.distributions, "context": grid.contexts,
+             "heads": grid.heads, "sq": grid.sq, "block": grid.blocks, "algorithm": tuple(labels)}
+    cells = []
+    for key in sorted(groups, key=lambda k: tuple(order[f].index(v) if v in order[f] else len(order[f])
+                                                    for f, v in zip(order, k))):
+        rs = groups[key]
+        entry: dict[str, Any] = dict(zip(order, key))
+        entry["n"] = len(rs)
+        for m in METRICS:
+            vals = [r[m] for r in rs]
+            entry[m] = {"mean": statistics.fmean(vals), "median": statistics.median(vals),
+                        "sem": statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else None}
+        paper = grid.paper.get(f"{entry['distribution']}/{entry['algorithm']}")
+        if paper is not None:
+            entry["paper"] = paper
+        cells.append(entry)
+    return {"grid": {**grid.identity(), "samples": grid.samples}, "cells": cells}
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    g = summary["grid"]
+    metric = g["metric"]
+    has_paper = any("paper" in c for c in summary["cells"])
+    lines = [f"### Sweep `{g['name']}`: {metric}", "",
+             f"{g['samples']} samples per cell, seed {g['seed']}, inputs {g['input_format']} ({g['sampler']}), "
+             f"reference {g['reference']}.", "",
+             "| machine | distribution | context | heads | s_q | block | algorithm | n | mean | median | s.e. |"
+             + (" paper | ours / paper |" if has_paper else ""),
+             "|---" * (11 + 2 * has_paper) + "|"]
+    for c in summary["cells"]:
+        s = c[metric]
+        sem = "-" if s["sem"] is None else f"{s['sem']:.2e}"
+        line = (f"| {c['machine']} | {c['distribution']} | {c['context']} | {c['heads']} | {c['sq']} | {c['block']} "
+                f"| {c['algorithm']} | {c['n']} | {s['mean']:.4e} | {s['median']:.4e} | {sem} |")
+        if has_paper:
+            p = c.get("paper")
+            line += " - | - |" if p is None else f" {p:.3g} | {s['mean'] / p:.3f} |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict[str, Any], path: Path) -> bool:
+    """Error against context: one panel per (machine, algorithm), one line per distribution (and per heads,
+    s_q and block where the grid has several); bars are the standard error. False without matplotlib."""
+    try:
+        from ..plots import _pyplot
+
+        plt = _pyplot()
+    except RuntimeError:
+        return False
+    g, metric = summary["grid"], summary["grid"]["metric"]
+    machines, algs = g["machines"], [parse_algorithm(a)[0] for a in g["algorithms"]]
+    fig, axes = plt.subplots(len(machines), len(algs), figsize=(3.2 * len(algs) + 1, 2.6 * len(machines) + 0.6),
+                             squeeze=False, sharex=True, sharey=True)
+    extra = [k for k in ("heads", "sq", "block") if len(g[{"heads": "heads", "sq": "sq", "block": "blocks"}[k]]) > 1]
+    for i, mach in enumerate(machines):
+        for j, alg in enumerate(algs):
+            ax = axes[i][j]
+            lines: dict[str, list] = {}
+            for c in summary["cells"]:
+                if c["machine"] == mach and c["algorithm"] == alg:
+                    label = " ".join([c["distribution"], *(f"{k}={c[k]}" for k in extra)])
+                    lines.setdefault(label, []).append(c)
+            for label, cs in lines.items():
+                cs.sort(key=lambda c: c["context"])
+                ax.errorbar([c["context"] for c in cs], [c[metric]["mean"] for c in cs],
+                            yerr=[c[metric]["sem"] or 0.0 for c in cs], marker="o", ms=3, capsize=2, label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{alg} on {mach}", fontsize=8)
+            if i == len(machines) - 1:
+                ax.set_xlabel("context")
+            if j == 0:
+                ax.set_ylabel(metric)
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+    return True
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+
+def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs: int = 1, engine: str = "numpy",
+             progress: bool = True, max_tasks: int | None = None, repair: bool = False,
+             log=None) -> GridResult:
+    """Run (or resume) `grid` into out_dir: results.csv, grid.json, summary.json, summary.md, errors.png.
+
+    scheduler: ``local``, ``dask`` or ``tcp://HOST:PORT`` (:mod:`.schedulers`); jobs: local processes or
+    LocalCluster workers. max_tasks: stop after computing this many new tasks (as an interruption would).
+    """
+    check_scheduler(scheduler)
+    check_positive_int(jobs, "jobs")
+    if engine not in ENGINES:
+        raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
+    if scheduler == "local":
+        jobs = cap_jobs(jobs)
+    with use_engine(engine):  # numba must be importable here if asked for
+        pass
+    _check_runs(grid)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} is a file, not a folder")
+    identity = grid.identity()
+    with ResultStore(out, FIELDS, len(KEYS)) as store:
+        meta_path = out / "grid.json"
+        if meta_path.exists():
+            old = read_json(meta_path, "the grid record")
+            if old != identity:
+                diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
+                raise ValueError(f"out: {out} holds the results of another grid (differs in {', '.join(diff)}); "
+                                 "choose another --out")
+        else:
+            atomic_write(meta_path, json.dumps(identity, indent=1))
+        if repair:
+            store.repair()
+        store.compact(sorted(store.rows, key=_sort_key))
+        labels = {parse_algorithm(a)[0] for a in grid.algorithms}
+        have: dict[tuple, set[str]] = {}
+        for values in store.rows:
+            have.setdefault(values[:7], set()).add(values[7])
+        grid_json = json.dumps(identity)
+        todo = [(grid_json, cell, s, engine) for s in range(grid.samples) for cell in grid.cells()
+                if have.get((*map(str, cell), str(s))) != labels]
+        if max_tasks is not None:
+            todo = todo[:max_tasks]
+        t0 = time.perf_counter()
+        bar = _progress(len(todo), grid.name, progress)
+        for rows in execute(run_task, todo, scheduler=scheduler, jobs=jobs, log=log):
+            store.append(rows)  # a row already there (a retried task) is not written twice
+            bar.update(1)
+        bar.close()
+        seconds = time.perf_counter() - t0
+        store.compact(sorted(store.rows, key=_sort_key))
+        summary = summarize(grid, (_parse_row(values) for values in store.rows.values()))
+        atomic_write(out / "summary.json", dumps_strict(summary, indent=1))
+        atomic_write(out / "summary.md", markdown(summary))
+        plot(summary, out / "errors.png")
+    return GridResult(grid, out, summary, len(todo), seconds)
+
+
+def _sort_key(key: tuple[str, ...]) -> tuple:
+    """Rows in a readable order: numbers as numbers."""
+    return tuple((0, int(v), "") if v.isdigit() else (1, 0, v) for v in key)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from .sweep import _progress as bar
+
+    return bar(total, desc, enabled)
+
