@@ -16,6 +16,8 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
+from .engine import get_engine
+
 __all__ = [
     "Format",
     "FORMATS",
@@ -211,9 +213,11 @@ def _round_float64(
     fmt: Format,
     mode: str,
     overflow: str,
-    rng: np.random.Generator | None,
+    rng: np.random.Generator | np.ndarray | None,
 ) -> np.ndarray:
-    """Round float64 values to `fmt`'s grid; the result is float64 and exactly representable in `fmt`."""
+    """Round float64 values to `fmt`'s grid; the result is float64 and exactly representable in `fmt`.
+
+    rng (stochastic only): a Generator, or the uniforms in [0, 1) to use, one per element."""
     ax = np.abs(x)
     finite = np.isfinite(ax)
     ax_f = np.where(finite, ax, 0.0)
@@ -227,7 +231,8 @@ def _round_float64(
     else:  # stochastic: up with probability equal to the discarded fraction
         assert rng is not None
         lo = np.floor(scaled)
-        r = lo + (rng.random(scaled.shape) < (scaled - lo))
+        u = rng.random(scaled.shape) if isinstance(rng, np.random.Generator) else rng  # or the draws themselves
+        r = lo + (u < (scaled - lo))
     mag = np.ldexp(r, q)
 
     too_big = mag > fmt.max_finite
@@ -281,6 +286,49 @@ def _round_float64_rne(x: np.ndarray, fmt: Format, overflow: str) -> np.ndarray:
     return r
 
 
+# bit generators whose Generator.random() is (next_uint64 >> 11) * 2^-53: one raw draw per uniform
+_RAW_DOUBLES = (np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64)
+
+
+def _stochastic_fp32(x: np.ndarray, fmt: Format, overflow: str, rng: np.random.Generator) -> np.ndarray:
+    """Stochastic rounding from FP32 on the bits, with the very draws :func:`_round_float64` makes.
+
+    Each element takes one raw 64-bit draw r, whose uniform is (r >> 11) 2^-53; with the d = 23 - m dropped bits
+    holding R, "uniform < R / 2^d" is "r >> (64 - d) < R": add that bit above the dropped ones and clear them.
+    Where x or the result is not normal in `fmt` (or past its largest finite), the element takes the general
+    path with its own uniform."""
+    u = np.ascontiguousarray(x).view(np.uint32).reshape(-1)
+    y = np.empty_like(u)
+    drop = 23 - fmt.mantissa_bits
+    lo = np.float32(fmt.min_normal).view(np.uint32)
+    hi = np.float32(fmt.max_finite).view(np.uint32)  # below it, rounding up stays finite
+    for i in range(0, u.size, _DRAWS_CHUNK):  # the draws of a chunk stay in cache
+        uc = u[i : i + _DRAWS_CHUNK]
+        r = rng.bit_generator.random_raw(uc.size)
+        if get_engine() == "numba":
+            from ._formats_numba import stochastic_bits
+
+            yc, slow = stochastic_bits(uc, r, drop, lo, hi)
+        else:
+            a = uc & np.uint32(0x7FFFFFFF)
+            rem = a & np.uint32((1 << drop) - 1)
+            up = ((r >> np.uint64(64 - drop)).astype(np.uint32) < rem).astype(np.uint32) << np.uint32(drop)
+            yc = (uc - rem) + up
+            slow = np.flatnonzero((a < lo) | (a >= hi))
+        if slow.size:
+            uniforms = (r[slow] >> np.uint64(11)).astype(np.float64) * 2.0**-53
+            with np.errstate(invalid="ignore", over="ignore"):
+                yc = yc.view(np.float32)
+                yc[slow] = _round_float64(uc[slow].view(np.float32).astype(np.float64), fmt, "stochastic",
+                                          overflow, uniforms)
+        y[i : i + _DRAWS_CHUNK] = yc.view(np.uint32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return y.view(np.float32).reshape(x.shape).astype(fmt.dtype)
+
+
+_DRAWS_CHUNK = 1 << 16
+
+
 def _make_rng(seed: int | np.random.Generator | None, mode: str) -> np.random.Generator | None:
     if mode != "stochastic":
         return None
@@ -325,6 +373,9 @@ def _round_to(arr: np.ndarray, f: Format, mode: str, overflow: str, rng) -> np.n
         return arr.copy()  # already on the grid: every deterministic mode is the identity
     if mode == "toward-zero" and arr.dtype in _FAST_SOURCES and f.name in _FAST_TARGETS and f.bits < 32:
         return _toward_zero_fp32(np.asarray(arr, dtype=np.float32), f, overflow)
+    if (mode == "stochastic" and arr.dtype in _FAST_SOURCES and f.name in _FAST_TARGETS and f.bits < 32
+            and type(rng.bit_generator) in _RAW_DOUBLES):
+        return _stochastic_fp32(np.asarray(arr, dtype=np.float32), f, overflow, rng)
     if mode == "nearest-even" and arr.dtype in _FAST_SOURCES and f.name in _FAST_TARGETS:
         # from FP32 (or narrower), NumPy's and ml_dtypes' casts round once, to nearest even: the tests hold
         # them to the integer oracle bit for bit

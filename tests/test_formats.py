@@ -168,13 +168,28 @@ def test_rounding_matches_integer_oracle(inputs, name, mode, overflow):
 
 
 @pytest.mark.parametrize("name", TARGETS)
-def test_stochastic_rounding_matches_oracle_with_same_draws(inputs, name):
+def test_stochastic_rounding_matches_oracle_with_same_draws(inputs, name, engine):
     f = get_format(name)
     got = round_to(inputs, f, mode="stochastic", seed=7)
     uniforms = np.random.default_rng(7).random(inputs.shape)
     want = oracle_round_fp32(inputs.view(np.uint32), f, "stochastic", "ieee", uniforms)
     nan = np.isnan(want.astype(np.float64))
     assert_bitwise_equal(got[~nan], want[~nan])
+
+
+@pytest.mark.parametrize("bitgen", [np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64,
+                                    np.random.MT19937])
+def test_stochastic_rounding_uses_the_generators_uniforms(inputs, bitgen, engine):
+    """The bit path reads raw draws where Generator.random() is (raw >> 11) 2^-53, the uniforms elsewhere
+    (MT19937): the same bits either way, and the Generator ends in the same state."""
+    x = inputs[:200_000]
+    g = np.random.Generator(bitgen(11))
+    got = round_to(x, "bf16", mode="stochastic", seed=g)
+    ref = np.random.Generator(bitgen(11))
+    want = oracle_round_fp32(x.view(np.uint32), get_format("bf16"), "stochastic", "ieee", ref.random(x.shape))
+    nan = np.isnan(want.astype(np.float64))
+    assert_bitwise_equal(got[~nan], want[~nan])
+    assert g.random() == ref.random()
 
 
 def test_stochastic_rounding_is_unbiased_and_seeded():

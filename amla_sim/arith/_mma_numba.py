@@ -202,13 +202,13 @@ def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.nd
     return out
 
 
-@nb.njit(cache=True, parallel=True)
+@nb.njit(cache=True, nogil=True)
 def exponents(x: np.ndarray, emin: int) -> np.ndarray:
     """The operands' unnormalised exponents (int32): max(floor(log2|x|), emin), -8000 for zeros (x float32)."""
     flat = x.reshape(-1)
     bits = flat.view(np.uint32)
     out = np.empty(flat.size, np.int32)
-    for n in nb.prange(flat.size):
+    for n in range(flat.size):
         e = np.int32((bits[n] >> np.uint32(23)) & np.uint32(0xFF)) - 127
         out[n] = max(e, emin) if flat[n] != 0.0 else -8000
     return out.reshape(x.shape)

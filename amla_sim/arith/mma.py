@@ -515,10 +515,12 @@ def _chain_numba(a32: np.ndarray, b32: np.ndarray, c64: np.ndarray, fmt: Format,
 
     M, K = a32.shape[-2:]
     N = b32.shape[-1]
-    a3 = np.ascontiguousarray(a32.reshape(-1, M, K))
-    b3 = np.ascontiguousarray(b32.reshape(-1, K, N))
-    c3 = np.ascontiguousarray(c64.reshape(-1, M, N))
+    a3, b3, c3 = a32.reshape(-1, M, K), b32.reshape(-1, K, N), c64.reshape(-1, M, N)
+    flip = N < M  # the kernel vectorises along N: C^T = B^T A^T, the same products in the same blocks
+    if flip:
+        a3, b3, c3 = np.swapaxes(b3, 1, 2), np.swapaxes(a3, 1, 2), np.swapaxes(c3, 1, 2)
+    a3, b3, c3 = (np.ascontiguousarray(x) for x in (a3, b3, c3))
     e_zero = nbk._NO_E_ZERO if row.e_zero is None else row.e_zero
     out = nbk.chain(a3, nbk.exponents(a3, fmt.emin), b3, nbk.exponents(b3, fmt.emin), c3, row.L, row.F,
                     nbk.OUTPUT_CODES[row.output], e_zero, dot_k, row.chain == "fp32-add")
-    return out.reshape(c64.shape)
+    return (np.swapaxes(out, 1, 2) if flip else out).reshape(c64.shape)
