@@ -209,7 +209,7 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
         why = gpu_status()
         if why is not None:
             raise GPUUnavailable(f"crosscheck needs a GPU ({why}); replay a saved capture with --replay FILE")
-        from .gpu.run import run_kernel
+        from .crosscheck import device_run
 
         try:
             b, sq, G, L = (int(v) for v in args.shape.split(","))
@@ -221,7 +221,7 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
 
         import torch
 
-        dev = run_kernel(args.algorithm, q, kv, exp_mode=args.exp, div_mode=div, debug=True)
+        dev = device_run(args.algorithm, q, kv, exp_mode=args.exp, div_mode=div, debug=True)
         with tempfile.TemporaryDirectory() as tmp:
             path = args.save or os.path.join(tmp, "capture.npz")
             save_capture(path, algorithm=args.algorithm, q=q, kv=kv, scale=None, exp_mode=args.exp,

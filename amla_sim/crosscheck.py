@@ -42,6 +42,19 @@ MACHINE_FOR_MODE = {"poly": "sm90-triton-exact", "hw": "sm90-triton"}
 _HIST_EDGES = (0, 1, 2, 4, 16, 256)
 
 
+def device_run(algorithm: str, q: np.ndarray, kv: np.ndarray, **kwargs) -> dict[str, np.ndarray]:
+    """:func:`amla_sim.gpu.run.run_kernel`, with SnapMLA's cache and query quantized here, by the simulator's
+    quantizer, as the kernel expects them."""
+    from .gpu.run import BLOCK_N, run_kernel
+
+    quantized = None
+    if algorithm == "snapmla":
+        from .algorithms.snapmla import kernel_inputs
+
+        quantized = kernel_inputs(q, kv, scale=kwargs.get("scale"), block=BLOCK_N)
+    return run_kernel(algorithm, q, kv, quantized=quantized, **kwargs)
+
+
 def simulate(algorithm: str, q: np.ndarray, kv: np.ndarray, *, scale: float | None, exp_mode: str) -> dict:
     """The simulator's stages, stacked per block like the kernel's debug output: (n_blocks, b, R, ...)."""
     if algorithm not in STAGES:

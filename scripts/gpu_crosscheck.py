@@ -35,12 +35,12 @@ def device_name() -> str:
 
 
 def step_debug(out: str) -> None:
-    from amla_sim.gpu.run import run_kernel
+    from amla_sim.crosscheck import device_run
 
     q, kv = make_inputs("normal:1", batch=1, heads=32, sq=2, context=300, seed=11)
     for algo in ALGOS:
         for mode, div in MODES.items():
-            dev = run_kernel(algo, q, kv, exp_mode=mode, div_mode=div, debug=True)
+            dev = device_run(algo, q, kv, exp_mode=mode, div_mode=div, debug=True)
             path = os.path.join(out, f"crosscheck_{algo}_{mode}.npz")
             save_capture(path, algorithm=algo, q=q, kv=kv, scale=None, exp_mode=mode, div_mode=div,
                          device_name=device_name(), device=dev)
@@ -59,14 +59,14 @@ def _simulate_out(args: tuple) -> np.ndarray:
 
 
 def step_fidelity(out: str, jobs: int) -> None:
-    from amla_sim.gpu.run import run_kernel
+    from amla_sim.crosscheck import device_run
 
     cases = [(algo, mode, sq, L, 1000 + i) for algo in ALGOS for mode in MODES for i, (sq, L) in
              enumerate(FIDELITY_CASES)]
     dev = {}
     for algo, mode, sq, L, seed in cases:
         q, kv = make_inputs("normal:1", heads=128, sq=sq, context=L, seed=seed)
-        dev[(algo, mode, sq, L)] = run_kernel(algo, q, kv, exp_mode=mode, div_mode=MODES[mode])["out"]
+        dev[(algo, mode, sq, L)] = device_run(algo, q, kv, exp_mode=mode, div_mode=MODES[mode])["out"]
     t0 = time.time()
     with ProcessPoolExecutor(jobs) as ex:
         sims = list(ex.map(_simulate_out, cases))
@@ -93,7 +93,7 @@ def write_ci_subset(full: str, dst: str) -> None:
 def step_accuracy(out: str) -> None:
     from amla_sim.algorithms import golden
     from amla_sim.experiments.metrics import cos_diff
-    from amla_sim.gpu.run import run_kernel
+    from amla_sim.crosscheck import device_run
 
     rows = []
     for sq in (1, 2):
@@ -104,7 +104,7 @@ def step_accuracy(out: str) -> None:
                 for mode, div in MODES.items():
                     if algo == "snapmla":
                         continue  # FP8: the port's own tolerances, checked in step_snapmla_accuracy
-                    o = run_kernel(algo, q, kv, exp_mode=mode, div_mode=div)["out"].astype(np.float64)
+                    o = device_run(algo, q, kv, exp_mode=mode, div_mode=div)["out"].astype(np.float64)
                     err = np.abs(o - ref)
                     passed = float(np.mean((err < 8e-4) | (err / np.maximum(np.abs(ref), 1e-30) < 2.01 / 128)))
                     cd = cos_diff(o, ref)
@@ -119,7 +119,7 @@ def step_accuracy(out: str) -> None:
 def step_snapmla_accuracy(out: str) -> None:
     """The port's reference test: randn * 0.1 inputs against FP32 attention of the unquantized inputs."""
     from amla_sim.algorithms import golden
-    from amla_sim.gpu.run import run_kernel
+    from amla_sim.crosscheck import device_run
 
     rows = []
     for sq in (1, 2):
@@ -127,7 +127,7 @@ def step_snapmla_accuracy(out: str) -> None:
             q, kv = make_inputs("normal:0.1", heads=128, sq=sq, context=L, seed=L + sq)
             ref = golden(q, kv, precision="fp32").out.astype(np.float64)
             for mode, div in MODES.items():
-                o = run_kernel("snapmla", q, kv, exp_mode=mode, div_mode=div)["out"].astype(np.float64)
+                o = device_run("snapmla", q, kv, exp_mode=mode, div_mode=div)["out"].astype(np.float64)
                 rel = float(np.linalg.norm(o - ref) / np.linalg.norm(ref))
                 cos = float(1 - np.sum(o * ref) / np.linalg.norm(o) / np.linalg.norm(ref))
                 ok = rel <= 5e-2 and cos <= 1e-3

@@ -72,9 +72,9 @@ def test_missing_gpu_is_a_clear_message(capsys):
 @pytest.mark.parametrize("mode, div", [("poly", "ieee"), ("hw", "hw")])
 @pytest.mark.parametrize("algorithm", ["base", "amla", "snapmla", "etap"])
 def test_kernel_matches_simulator_on_this_gpu(algorithm, mode, div):  # pragma: no cover - GPU only
-    from amla_sim.gpu.run import run_kernel
+    from amla_sim.crosscheck import device_run
 
     q, kv = make_inputs("normal:1", heads=64, sq=1, context=500, seed=9)
-    dev = run_kernel(algorithm, q, kv, exp_mode=mode, div_mode=div)["out"]
+    dev = device_run(algorithm, q, kv, exp_mode=mode, div_mode=div)["out"]
     sim = simulate(algorithm, q, kv, scale=None, exp_mode=mode)["out"]
     np.testing.assert_array_equal(dev.view(np.uint16), sim.view(np.uint16))

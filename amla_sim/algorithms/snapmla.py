@@ -106,6 +106,16 @@ class Quantized:
     s_k: np.ndarray  # (b, S)
 
 
+def kernel_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, *, scale: float | None = None,
+                  block: int = 64) -> dict[str, np.ndarray]:
+    """The inputs of SnapMLA's decode kernel (``amla_sim.gpu``): the FP8 content cache and query, the BF16 RoPE
+    parts, their scales, as this port quantizes them on ``sm90-triton``; ``context`` is the unpadded length."""
+    p = make_problem(q, kv, machine="sm90-triton", scale=scale, block=block, input_format="fp32")
+    qz = quantize_inputs(p, "snapmla", block, Counter())
+    return {"q8": qz.q8, "qr": qz.qr, "row_scale": qz.row_scale.astype(np.float32), "c8": qz.c8, "kr": qz.kr,
+            "s_k": qz.s_k.astype(np.float32), "context": np.asarray(np.shape(kv)[1])}
+
+
 def quantize_inputs(p: Problem, config: str, quant_block: int, hazards: Counter) -> Quantized:
     """The cache and query quantization of the port (or of an ablation config), on the problem's machine."""
     mc = p.machine

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -61,10 +63,14 @@ def run_kernel(
     div_mode: str = "ieee",
     debug: bool = False,
     device: str = "cuda",
+    quantized: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run the Triton kernel of `algorithm` (base | amla | snapmla) on q: (b, s_q, G, 576), kv: (b, S, 576) BF16.
+    """Run the Triton kernel of `algorithm` (base | amla | snapmla | etap) on q: (b, s_q, G, 576), kv: (b, S, 576)
+    BF16.
 
     exp_mode: ``hw`` (tl.exp) or ``poly`` (the exact software exp); div_mode: ``hw`` ('/') or ``ieee``.
+    quantized: for snapmla, the FP8 cache and query and their scales (the cache write is not a kernel):
+    ``amla_sim.crosscheck.device_run`` makes them with the simulator's quantizer.
     Returns ``out`` (b, s_q, G, 512) BF16 and, with `debug`, the per-block stages S, P, m, l, n, N, O with a
     leading block axis: arrays of shape (n_blocks, b, R, ...).
     """
@@ -82,7 +88,10 @@ def run_kernel(
     if D != 576 or kv.shape != (b, S, 576):
         raise ValueError(f"q and kv: expected (b, s_q, G, 576) and (b, S, 576), got {q.shape} and {kv.shape}")
     if algorithm == "snapmla":
-        return _run_snapmla(q, kv, scale=scale, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
+        if quantized is None:
+            raise ValueError("quantized: the snapmla kernel takes the quantized cache and query "
+                             "(amla_sim.crosscheck.device_run makes them)")
+        return _run_snapmla(q, quantized, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
     R, DV = s_q * G, 512
     nblk = -(-S // BLOCK_N)
     scale = 1.0 / math.sqrt(576) if scale is None else float(scale)
@@ -110,21 +119,15 @@ def run_kernel(
     return _collect(out, dbg, debug, (b, s_q, G, DV))
 
 
-def _run_snapmla(q, kv, *, scale, exp_mode, div_mode, debug, device) -> dict[str, np.ndarray]:
-    """SnapMLA's kernel on inputs quantized by the simulator's own quantizer (the cache write is not a kernel)."""
-    from collections import Counter
-
+def _run_snapmla(q, quantized, *, exp_mode, div_mode, debug, device) -> dict[str, np.ndarray]:
+    """SnapMLA's kernel on inputs quantized by the caller."""
     import torch
 
-    from ..algorithms._common import make_problem
-    from ..algorithms.snapmla import quantize_inputs
     from .kernels import snapmla_decode_kernel
 
     b, s_q, G, _ = q.shape
-    S = kv.shape[1]
-    p = make_problem(q, kv, machine="sm90-triton", scale=scale, block=BLOCK_N, input_format="fp32")
-    qz = quantize_inputs(p, "snapmla", BLOCK_N, Counter())
-    R, DV, S_pad = s_q * G, 512, p.K.shape[1]
+    qz = SimpleNamespace(**quantized)
+    R, DV, S, S_pad = s_q * G, 512, int(qz.context), qz.c8.shape[1]
     nblk = S_pad // BLOCK_N
 
     def t(x: np.ndarray, dt):

@@ -1,0 +1,85 @@
+"""The layer rule of docs/architecture.md: no module imports from a layer above its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "amla_sim"
+
+LAYERS = {  # module prefix -> layer (the longest matching prefix decides)
+    "amla_sim._version": 0, "amla_sim._validate": 0, "amla_sim._files": 0, "amla_sim.engine": 0,
+    "amla_sim.resources": 0, "amla_sim.plots": 0, "amla_sim._blas_clock": 0,
+    "amla_sim.formats": 1, "amla_sim.bits": 1, "amla_sim._formats_numba": 1, "amla_sim.testing": 1,
+    "amla_sim.arith": 2, "amla_sim.mma": 2,
+    "amla_sim.machines": 3, "amla_sim.gpu": 3,
+    "amla_sim.algorithms": 4, "amla_sim.experiments.inputs": 4, "amla_sim.experiments.sampling": 4,
+    "amla_sim.crosscheck": 5, "amla_sim.thirdparty": 5, "amla_sim.captures": 5,
+    "amla_sim.experiments": 6, "amla_sim.pipeline": 6, "amla_sim.roofline": 6,
+    "amla_sim.cli": 7, "amla_sim": 7,
+}
+
+
+def layer(module: str) -> int:
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len, default=None)
+    if best is None:
+        raise KeyError(module)
+    return LAYERS[best]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(source: str, name: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, module) of every amla_sim import in `source` (module `name`), at any depth: lazy imports count."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("amla_sim"):
+                for alias in node.names:  # `from . import x` imports the submodule x
+                    sub = f"{target}.{alias.name}"
+                    where = PACKAGE.parent / sub.replace(".", "/")
+                    found.append((node.lineno, sub if where.with_suffix(".py").exists() or where.is_dir() else target))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("amla_sim")]
+    return found
+
+
+def upward(path: Path, source: str | None = None) -> list[str]:
+    me = module_name(path)
+    text = path.read_text() if source is None else source
+    return [f"line {line}: {mod} (layer {layer(mod)})" for line, mod in imports(text, me, path.name == "__init__.py")
+            if layer(mod) > layer(me)]
+
+
+FILES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    for path in FILES:
+        layer(module_name(path))
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_import_from_a_higher_layer(path):
+    up = upward(path)
+    assert not up, f"{module_name(path)} (layer {layer(module_name(path))}) imports upward: " + "; ".join(up)
+
+
+@pytest.mark.parametrize("line", ["from ..algorithms import base", "from amla_sim.experiments import grid",
+                                  "import amla_sim.cli", "from .. import crosscheck"])
+def test_the_rule_catches_an_upward_import(line):
+    """The checker itself: an arithmetic unit importing from above, even inside a function, is found."""
+    path = PACKAGE / "arith" / "mma.py"
+    source = path.read_text() + f"\n\ndef _probe():\n    {line}\n"
+    assert upward(path, source) and not upward(path)
