@@ -101,7 +101,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .experiments.inputs import make_inputs
     from .experiments.metrics import all_metrics
     from .machines import get_machine
-
     from .resources import check_fits, run_bytes
 
     mc = get_machine(args.machine)

@@ -21,13 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["Cycle", "Timeline", "construct_cycle", "simulate", "best_internal_chains", "PRESETS"]
-
-PRESETS = {
-    "amla": ("C1, V1, C2 with V2 = 0 (AMLA's [C1] -> [V1] -> [C2])", 2),
-    "base": ("C1, V1, C2, V2 (FlashAttention-style Base)", 2),
-}
-
+__all__ = ["Cycle", "Timeline", "construct_cycle", "simulate", "best_internal_chains"]
 
 def _durations(values: Sequence[float], argname: str) -> list[float]:
     try:

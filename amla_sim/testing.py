@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from .formats import Format, FormatLike, get_format, is_float_dtype
 
-__all__ = ["assert_bitwise_equal", "ulp_distance", "bits_of", "float_arrays", "float_bits"]
+__all__ = ["assert_bitwise_equal", "ulp_distance", "bits_of", "float_arrays"]
 
 
 def bits_of(x: npt.ArrayLike) -> np.ndarray:
@@ -117,20 +117,6 @@ def _raw_bits(f: Format, allow_nan: bool, allow_infinity: bool, allow_subnormal:
         return allow_subnormal or x == 0.0 or abs(x) >= f.min_normal
 
     return st.integers(0, (1 << width) - 1).map(lambda r: r & low_zero).filter(ok)
-
-
-def float_bits(
-    fmt: FormatLike,
-    *,
-    allow_nan: bool = False,
-    allow_infinity: bool = False,
-    allow_subnormal: bool = True,
-) -> Any:
-    """A hypothesis strategy of one value of `fmt`, drawn as a bit pattern, returned as a 0-d array."""
-    f = get_format(fmt)
-    return float_arrays(
-        f, (), allow_nan=allow_nan, allow_infinity=allow_infinity, allow_subnormal=allow_subnormal
-    )
 
 
 def float_arrays(

@@ -20,8 +20,7 @@ import sys
 import numpy as np
 from scipy.optimize import linprog
 
-sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
-from amla_sim.arith.elementwise import _ex2_table  # noqa: E402
+from amla_sim.arith.elementwise import _ex2_table
 
 W = 17  # low bits per interval
 

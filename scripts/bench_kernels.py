@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from amla_sim.gpu.kernels import mla_decode_kernel  # noqa: E402
+from amla_sim.gpu.kernels import mla_decode_kernel
 
 B, H, D, DV = 96, 128, 576, 512
 BLOCK = 64

@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import traceback
-import zlib
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from amla_sim.captures import DOT_DISTRIBUTIONS, dot_operand, input_crc  # noqa: E402
+from amla_sim._seeds import derive_seed
+from amla_sim.captures import DOT_DISTRIBUTIONS, dot_operand, input_crc
 
 DEV = "cuda"
 M_ROWS, N_COLS = 64, 32  # one wgmma-sized tile: BM = 64 rows, BN = 32 columns
@@ -41,10 +39,6 @@ def to_torch(x: np.ndarray, fmt: str) -> torch.Tensor:
     width = x.dtype.itemsize
     ints = np.ascontiguousarray(x).view({1: np.int8, 2: np.int16, 4: np.int32}[width])
     return torch.from_numpy(ints.copy()).to(DEV).view(TORCH_DT[fmt])
-
-
-def seed_of(*parts: object) -> int:
-    return zlib.crc32("/".join(map(str, parts)).encode())
 
 
 @triton.jit
@@ -79,8 +73,8 @@ def capture_dots(out: str, quick: bool) -> None:
     }
     for fmt, (ks, bks) in plans.items():
         for dist in DOT_DISTRIBUTIONS:
-            a_full = dot_operand(fmt, dist, (M_ROWS, K_MAX), seed_of("a", fmt, dist))
-            b_full = dot_operand(fmt, dist, (K_MAX, N_COLS), seed_of("b", fmt, dist))
+            a_full = dot_operand(fmt, dist, (M_ROWS, K_MAX), derive_seed("a", fmt, dist))
+            b_full = dot_operand(fmt, dist, (K_MAX, N_COLS), derive_seed("b", fmt, dist))
             res[f"{fmt}/{dist}/crc"] = np.array([input_crc(a_full, b_full)], dtype=np.uint32)
             a_t, b_t = to_torch(a_full, fmt), to_torch(b_full, fmt)
             for K in ks if not quick else ks[:3]:
@@ -95,8 +89,8 @@ def capture_dots(out: str, quick: bool) -> None:
                     res[f"{fmt}/{dist}/K{K}/BK{BK}"] = c.cpu().numpy().view(np.uint32)
     # FP16 accumulator
     for dist in ("normal",):
-        a_full = dot_operand("fp16", dist, (M_ROWS, K_MAX), seed_of("a", "fp16", dist))
-        b_full = dot_operand("fp16", dist, (K_MAX, N_COLS), seed_of("b", "fp16", dist))
+        a_full = dot_operand("fp16", dist, (M_ROWS, K_MAX), derive_seed("a", "fp16", dist))
+        b_full = dot_operand("fp16", dist, (K_MAX, N_COLS), derive_seed("b", "fp16", dist))
         a_t, b_t = to_torch(a_full, "fp16"), to_torch(b_full, "fp16")
         for K in (16, 64, 512, 2048):
             for BK in (16, 64):

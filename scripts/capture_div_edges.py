@@ -18,8 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.dirname(__file__))
-from capture_device import binary_kernel, run_binary  # noqa: E402
+from capture_device import binary_kernel, run_binary
 
 
 @triton.jit

@@ -15,8 +15,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
-from capture_device import run_unary  # noqa: E402
+from capture_device import run_unary
 
 
 def edge_inputs() -> np.ndarray:

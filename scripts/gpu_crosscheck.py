@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from amla_sim.crosscheck import format_report, replay, save_capture, simulate  # noqa: E402
-from amla_sim.experiments.inputs import make_inputs  # noqa: E402
+from amla_sim.crosscheck import format_report, replay, save_capture, simulate
+from amla_sim.experiments.inputs import make_inputs
 
 ALGOS = ("base", "amla", "snapmla", "etap")
 MODES = {"poly": "ieee", "hw": "hw"}  # kernel exp mode -> its division mode

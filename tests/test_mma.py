@@ -1,7 +1,6 @@
 """Tensor-core models against real H100/H200 bits, against an independent Fraction oracle, and their errors."""
 
 import json
-import zlib
 from fractions import Fraction
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 from _oracles import t_fdpa as oracle_t_fdpa
 from _oracles import to_fp32
 from amla_sim import mma
+from amla_sim._seeds import derive_seed
 from amla_sim.captures import dot_operand, input_crc
 from amla_sim.arith import mma as mma_impl
 from amla_sim.formats import FORMATS, get_format, round_to
@@ -60,10 +60,6 @@ def test_sm90_fp16_accumulator_reproduces_public_dumps(dumps, gpu, engine):
 # --- our own Triton captures: acc += tl.dot(a, b) over K, on an H200 --------------------------------------
 
 
-def _seed(*parts):
-    return zlib.crc32("/".join(map(str, parts)).encode())
-
-
 @pytest.fixture(scope="module")
 def triton_dots():
     z = np.load(DATA / "triton_dot.npz")
@@ -80,8 +76,8 @@ def test_sm90_reproduces_triton_dot_captures(triton_dots, fmt, engine):
     assert keys
     seen_k, seen_bk = set(), set()
     for dist in {k.split("/")[1] for k in keys}:
-        a = dot_operand(f, dist, (meta["M"], meta["K_MAX"]), _seed("a", f, dist))
-        b = dot_operand(f, dist, (meta["K_MAX"], meta["N"]), _seed("b", f, dist))
+        a = dot_operand(f, dist, (meta["M"], meta["K_MAX"]), derive_seed("a", f, dist))
+        b = dot_operand(f, dist, (meta["K_MAX"], meta["N"]), derive_seed("b", f, dist))
         if fmt != "fp16acc":
             assert input_crc(a, b) == int(z[f"{fmt}/{dist}/crc"][0]), "inputs differ from the device's"
         for key in (k for k in keys if k.split("/")[1] == dist):
@@ -101,8 +97,8 @@ def test_fp8_per_instruction_adds_do_not_explain_wider_tl_dots(triton_dots, fmt)
     """The rule for tl.dot extent 32 (each k32 result added in FP32) misses the captures at extents 64 and 128:
     there the k32 instructions of one tl.dot chain through the 14-bit accumulator first."""
     z, meta = triton_dots
-    a = dot_operand(fmt, "normal", (meta["M"], meta["K_MAX"]), _seed("a", fmt, "normal"))
-    b = dot_operand(fmt, "normal", (meta["K_MAX"], meta["N"]), _seed("b", fmt, "normal"))
+    a = dot_operand(fmt, "normal", (meta["M"], meta["K_MAX"]), derive_seed("a", fmt, "normal"))
+    b = dot_operand(fmt, "normal", (meta["K_MAX"], meta["N"]), derive_seed("b", fmt, "normal"))
     for BK in (64, 128):
         key = f"{fmt}/normal/K2048/BK{BK}"
         per_instruction = mma.matmul(a[:, :2048], b[:2048], model="sm90", dot_k=32)

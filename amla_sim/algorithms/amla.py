@@ -20,7 +20,6 @@ measure that it does worse than no compensation at all.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Literal
 
@@ -28,12 +27,11 @@ import numpy as np
 import numpy.typing as npt
 
 from .._validate import quiet_fp
+from ..arith.elementwise import LN2, LOG2E
 from ..bits import count_outside_lemma_domain
 from ..machines import Machine
 from ._common import D_V, AttentionResult, make_problem, safe_max
 
-LN2 = math.log(2.0)
-LOG2E = 1.0 / LN2
 CLEANUP_THRESHOLD = 1e10  # CANN zeroes |O| above this: what the int add made of zeros and subnormals
 
 

@@ -7,8 +7,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from .._validate import quiet_fp
 from .. import _blas_clock
+from .._validate import quiet_fp
 from ._common import D_V, AttentionResult, make_problem
 
 

@@ -12,11 +12,12 @@ from typing import Literal
 import numpy as np
 
 from .._validate import quiet_fp
+from ..formats import FORMATS
 from ..machines import Machine
 
 Granularity = Literal["per-token", "per-tensor-static", "per-tensor-dynamic", "per-block"]
 GRANULARITIES = ("per-token", "per-tensor-static", "per-tensor-dynamic", "per-block")
-E4M3_MAX = 448.0
+E4M3_MAX = FORMATS["e4m3"].max_finite  # 448
 SCALE_FLOOR = 1e-26
 
 

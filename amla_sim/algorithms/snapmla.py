@@ -27,13 +27,13 @@ import numpy as np
 import numpy.typing as npt
 
 from .._validate import quiet_fp
+from ..arith.elementwise import LOG2E
 from ..machines import Machine
 from ._common import D_V, AttentionResult, Problem, make_problem, safe_max
 from .quantizers import E4M3_MAX, SCALE_FLOOR, quantize
 
 CONFIGS = ("snapmla", "A", "B", "C", "D")
 SATURATION = 464.0  # the E4M3 midpoint above 448: larger values would round to 480, outside e4m3fn
-LOG2E = 1.0 / math.log(2.0)
 
 
 @quiet_fp

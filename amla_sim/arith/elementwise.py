@@ -33,13 +33,12 @@ of 21,697 edge pairs (zeros, subnormals, both ends of the range, infinities, NaN
 factors between 2^23 and 2^32, and 2^-24 for 1/4) and of rcp.approx on 194,756 inputs. IEEE division agrees with
 71.4% of the random divisions, ``fl32(a * fl32(1 / b))`` with 87.7%.
 
-Both tables and every capture are byte-identical on an H100. For other device ops, :class:`Recorded` substitutes
-recorded device outputs where bits must match.
+Both tables and every capture are byte-identical on an H100.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -50,6 +49,8 @@ import numpy.typing as npt
 from ..formats import is_float_dtype
 
 __all__ = [
+    "LN2",
+    "LOG2E",
     "LOG2E_F32",
     "as_f32",
     "exp",
@@ -58,9 +59,10 @@ __all__ = [
     "ex2_approx",
     "div",
     "fma",
-    "Recorded",
 ]
 
+LN2 = math.log(2.0)  # float64; machines round it to their own format
+LOG2E = 1.0 / LN2
 LOG2E_F32 = np.float32(float.fromhex("0x1.715476p+0"))  # fl32(log2 e), bits 0x3FB8AA3B: tl.exp's multiplier
 LN2_F32 = np.float32(float.fromhex("0x1.62e43p-1"))  # fl32(ln 2), 0x3F317218
 ExpMode = Literal["correctly-rounded", "sm90", "poly", "numpy-fast"]
@@ -247,34 +249,3 @@ def exp_poly(x: npt.ArrayLike) -> np.ndarray:
         y = np.where(y < _MIN_NORMAL, np.float32(0.0), y)
         y = np.where(xf > np.float32(88.72283), np.float32(np.inf), y)
         return np.where(np.isnan(xf), xf, y).astype(np.float32)
-
-
-class Recorded:
-    """Device outputs of a unary FP32 op, to substitute for a model wherever the input was recorded.
-
-    ``Recorded(x, y)(q, fallback)`` returns the recorded y for every q found among x and ``fallback(q)``
-    elsewhere; :meth:`coverage` says which fraction of q was found.
-    """
-
-    def __init__(self, x: npt.ArrayLike, y: npt.ArrayLike) -> None:
-        xb = as_f32(x).ravel().view(np.uint32)
-        yv = as_f32(y, "y").ravel()
-        if xb.size != yv.size:
-            raise ValueError(f"x and y: sizes differ ({xb.size} vs {yv.size})")
-        order = np.argsort(xb, kind="stable")
-        self._keys, self._vals = xb[order], yv[order]
-
-    def _find(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        qb = np.ascontiguousarray(as_f32(q, "q")).view(np.uint32)
-        pos = np.clip(np.searchsorted(self._keys, qb), 0, max(self._keys.size - 1, 0))
-        found = self._keys[pos] == qb if self._keys.size else np.zeros(qb.shape, bool)
-        return pos, found
-
-    def coverage(self, q: npt.ArrayLike) -> float:
-        """Fraction of `q` that was recorded."""
-        return float(np.mean(self._find(np.asarray(q))[1]))
-
-    def __call__(self, q: npt.ArrayLike, fallback: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        qa = as_f32(q, "q")
-        pos, found = self._find(qa)
-        return np.where(found, self._vals[pos], fallback(qa)).astype(np.float32)

@@ -29,7 +29,14 @@ import numpy.typing as npt
 
 from .. import _blas_clock
 from ..engine import get_engine
-from ..formats import FORMATS, Format, get_format, is_float_dtype, round_significand, round_to
+from ..formats import (
+    FORMATS,
+    Format,
+    get_format,
+    is_float_dtype,
+    round_significand,
+    round_to,
+)
 from .elementwise import fma
 
 __all__ = ["TFDPA", "MMAModel", "MODEL_TABLE", "MODELS", "matmul", "t_fdpa", "get_model"]

@@ -1,1 +1,2 @@
-"""Experiments: input distributions, error metrics, and (later) the papers' tables."""
+"""Experiments: input distributions, error metrics, the papers' tables, user grids, the result store and the
+schedulers that run sweeps."""

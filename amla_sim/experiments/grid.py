@@ -17,7 +17,6 @@ import json
 import math
 import statistics
 import time
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .._seeds import derive_seed
 from .._validate import check_int, check_positive_int, dumps_strict
 from ..algorithms import ALGORITHMS, golden
 from ..engine import ENGINES, use_engine
@@ -159,11 +159,6 @@ def load_grid(path: str | Path) -> Grid:
 # --- one task ---------------------------------------------------------------------------------------------
 
 
-def task_seed(*parts: object) -> int:
-    """A sample's seed: the CRC-32 of its parts (seed, grid name, distribution, sample)."""
-    return zlib.crc32("/".join(map(str, parts)).encode())
-
-
 def reference(q: np.ndarray, kv: np.ndarray, kind: str) -> np.ndarray:
     """The FP64 attention the errors are measured against: of the inputs, or of their BF16 rounding."""
     if kind == "golden-bf16":
@@ -178,7 +173,7 @@ def run_task(task: tuple) -> list[tuple[str, ...]]:
     machine, dist, context, heads, sq, block = cell
     with use_engine(engine):
         q, kv = make_inputs(dist, heads=heads, sq=sq, context=context, fmt=grid.input_format,
-                            seed=task_seed(grid.seed, grid.name, dist, sample), sampler=grid.sampler)
+                            seed=derive_seed(grid.seed, grid.name, dist, sample), sampler=grid.sampler)
         ref = reference(q, kv, grid.reference)
         rows = []
         mc = get_machine(machine)

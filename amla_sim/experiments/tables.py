@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .._seeds import derive_seed
 from ..algorithms import ALGORITHMS
 from ..machines import Machine
-from .grid import Grid, reference, task_seed
+from .grid import Grid, reference
 from .inputs import make_inputs
 from .metrics import cos_diff, rel_frobenius, rmse
 from .specs import parse_algorithm
@@ -107,7 +108,7 @@ def table_grid(name: str, *, samples: int = 100, context: int | None = None, hea
 def run_sample(table: Table, dist: str, sample: int, *, machine: Machine, context: int, heads: int,
                seed: int) -> list[dict]:
     """One sample of one distribution: inputs, the reference, every algorithm of the table, its metrics."""
-    q, kv = make_inputs(dist, heads=heads, sq=table.sq, context=context, seed=task_seed(seed, table.name, dist, sample),
+    q, kv = make_inputs(dist, heads=heads, sq=table.sq, context=context, seed=derive_seed(seed, table.name, dist, sample),
                         fmt=table.input_format, sampler=table.sampler)
     ref = reference(q, kv, _reference(table))
     rows = []

@@ -6,7 +6,10 @@ without a CUDA device) :func:`require_gpu` raises :class:`GPUUnavailable` with a
 
 from __future__ import annotations
 
-__all__ = ["GPUUnavailable", "require_gpu", "gpu_status"]
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["GPUUnavailable", "require_gpu", "gpu_status", "to_torch"]
 
 
 class GPUUnavailable(RuntimeError):
@@ -33,3 +36,20 @@ def require_gpu() -> None:
     why = gpu_status()
     if why is not None:
         raise GPUUnavailable(f"the GPU backend cannot run: {why}")
+
+
+def to_torch(x: npt.ArrayLike, device: str = "cuda"):
+    """A NumPy or ml_dtypes array as a torch tensor of the same bits on `device` (BF16 and FP8 through an integer
+    view: torch does not read ml_dtypes)."""
+    import ml_dtypes
+    import torch
+
+    arr = np.ascontiguousarray(np.asarray(x))
+    special = {np.dtype(ml_dtypes.bfloat16): torch.bfloat16, np.dtype(ml_dtypes.float8_e4m3fn): torch.float8_e4m3fn,
+               np.dtype(ml_dtypes.float8_e5m2): torch.float8_e5m2}
+    if arr.dtype in special:
+        ints = {1: np.int8, 2: np.int16}[arr.dtype.itemsize]
+        return torch.from_numpy(arr.view(ints).copy()).to(device).view(special[arr.dtype])
+    if arr.dtype.kind not in "fiub":
+        raise TypeError(f"x: expected a numeric array, got dtype {arr.dtype}")
+    return torch.from_numpy(arr.copy()).to(device)

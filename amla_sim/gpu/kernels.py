@@ -1,4 +1,4 @@
-"""Triton kernels of Base and AMLA for MLA decoding (d_k = 576 = 512 + 64 RoPE, V = the first 512 of K).
+"""Triton kernels of Base, AMLA, ETAP and SnapMLA for MLA decoding (d_k = 576 = 512 + 64 RoPE, V = the first 512 of K).
 
 One program computes BLOCK_M = 64 query rows (s_q positions x heads, flattened) against every KV block of
 BLOCK_N = 64 keys, for one half of d_v (256 columns; the grid's third axis picks the half, so the 64 x 256 FP32
@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-LOG2E = 1.4426950408889634  # rounded by Triton to fl32(log2 e) = 0x3FB8AA3B
-LN2 = 0.6931471805599453  # fl32(ln 2) = 0x3F317218
+# log2(e) = 1.4426950408889634 and ln(2) = 0.6931471805599453 appear as literals: @triton.jit functions read no
+# Python globals, and Triton rounds them to fl32 (0x3FB8AA3B, 0x3F317218), as arith.elementwise's LOG2E_F32, LN2_F32
 
 
 @triton.jit

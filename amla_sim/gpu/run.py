@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import require_gpu
+from . import require_gpu, to_torch
 
 ALGOS = {"base": 0, "amla": 1, "snapmla": 2, "etap": 3}
 EXP_MODES = {"hw": 0, "poly": 1}
@@ -50,7 +50,7 @@ def _to_torch(x: np.ndarray, torch, device: str):
 
     if x.dtype != np.dtype(ml_dtypes.bfloat16):
         raise TypeError(f"q and kv: the kernels take bfloat16 inputs, got {x.dtype}")
-    return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).to(device).view(torch.bfloat16)
+    return to_torch(x, device)
 
 
 def run_kernel(
@@ -130,13 +130,7 @@ def _run_snapmla(q, quantized, *, exp_mode, div_mode, debug, device) -> dict[str
     R, DV, S, S_pad = s_q * G, 512, int(qz.context), qz.c8.shape[1]
     nblk = S_pad // BLOCK_N
 
-    def t(x: np.ndarray, dt):
-        x = np.ascontiguousarray(x)
-        ints = {1: np.int8, 2: np.int16, 4: np.int32}[x.dtype.itemsize]
-        return torch.from_numpy(x.view(ints).copy()).to(device).view(dt)
-
-    args = [t(qz.q8, torch.float8_e4m3fn), t(qz.qr, torch.bfloat16), t(qz.row_scale.astype(np.float32), torch.float32),
-            t(qz.c8, torch.float8_e4m3fn), t(qz.kr, torch.bfloat16), t(qz.s_k.astype(np.float32), torch.float32)]
+    args = [to_torch(x, device) for x in (qz.q8, qz.qr, np.float32(qz.row_scale), qz.c8, qz.kr, np.float32(qz.s_k))]
     out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
     dbg = _debug_buffers("SPmlO", b, nblk, R, debug, torch, device)
     snapmla_decode_kernel[(triton_cdiv(R, BLOCK_M), b, 2)](

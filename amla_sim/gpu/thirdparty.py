@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import require_gpu
+from . import require_gpu, to_torch
 
 __all__ = ["load_sglang", "run_sglang", "load_flashmla", "run_flashmla"]
 
 
 def _bf16(torch, bits: np.ndarray):
-    return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16).cuda()
+    """BF16 bits (uint16 or bfloat16) as a CUDA tensor."""
+    return to_torch(np.ascontiguousarray(bits).view(np.int16), "cuda").view(torch.bfloat16)
 
 
 def load_sglang(path: str | Path | None = None):

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from ..formats import FormatLike, get_format
 from ..machines import Machine
+from . import to_torch
 
 __all__ = ["TorchMachine", "torch_machine"]
 
@@ -35,14 +36,7 @@ class TorchMachine(Machine):
 
     def _t(self, x: npt.ArrayLike):
         """A NumPy or ml_dtypes array as a tensor of the same bits on the device."""
-        torch = self._torch()
-        arr = np.ascontiguousarray(np.asarray(x))
-        if arr.dtype in (np.float32, np.float64, np.float16):
-            return torch.from_numpy(arr.copy()).to(self.device)
-        fmt = get_format(arr.dtype)
-        tdt = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt.name]
-        ints = {1: np.int8, 2: np.int16}[arr.dtype.itemsize]
-        return torch.from_numpy(arr.view(ints).copy()).to(self.device).view(tdt)
+        return to_torch(x, self.device)
 
     def _np(self, t, like: npt.DTypeLike = np.float32) -> np.ndarray:
         torch = self._torch()
