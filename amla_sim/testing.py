@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from .formats import Format, FormatLike, get_format, is_float_dtype
 
-__all__ = ["assert_bitwise_equal", "ulp_distance", "bits_of", "float_arrays"]
+__all__ = ["assert_bitwise_equal", "ulp_distance", "bits_of", "float_arrays", "flashmla_check", "snapmla_check"]
 
 
 def bits_of(x: npt.ArrayLike) -> np.ndarray:
@@ -156,3 +156,24 @@ def float_arrays(
     return st.lists(raw, min_size=size, max_size=size).map(
         lambda r: np.array(r, dtype=store.uint_dtype).reshape(shp).view(store.dtype)
     )
+
+
+def flashmla_check(out: npt.ArrayLike, ref: npt.ArrayLike) -> dict[str, float | bool]:
+    """FlashMLA's test criteria against a reference: every element within 8e-4 absolute or 2.01/128 relative, and
+    ``cos_diff`` below 5e-6. Returns the fraction of elements passing, the cos_diff and whether both hold."""
+    from .experiments.metrics import cos_diff
+
+    o, r = np.asarray(out).astype(np.float64), np.asarray(ref).astype(np.float64)
+    err = np.abs(o - r)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        passing = float(np.mean((err < 8e-4) | (err / np.abs(r) < 2.01 / 128)))
+    cd = cos_diff(o, r)
+    return {"elements_passing": passing, "cos_diff": cd, "ok": passing == 1.0 and cd < 5e-6}
+
+
+def snapmla_check(out: npt.ArrayLike, ref: npt.ArrayLike) -> dict[str, float | bool]:
+    """SnapMLA's port's test criteria against FP32 attention: relative L2 error <= 5e-2 and 1 - cos <= 1e-3."""
+    o, r = np.asarray(out).astype(np.float64), np.asarray(ref).astype(np.float64)
+    rel = float(np.linalg.norm(o - r) / np.linalg.norm(r))
+    cos = float(1 - np.sum(o * r) / np.linalg.norm(o) / np.linalg.norm(r))
+    return {"rel_l2": rel, "one_minus_cos": cos, "ok": rel <= 5e-2 and cos <= 1e-3}

@@ -90,7 +90,7 @@ def write_ci_subset(full: str, dst: str) -> None:
 
 def step_accuracy(out: str) -> None:
     from amla_sim.algorithms import golden
-    from amla_sim.experiments.metrics import cos_diff
+    from amla_sim.testing import flashmla_check
     from amla_sim.crosscheck import device_run
 
     rows = []
@@ -103,13 +103,10 @@ def step_accuracy(out: str) -> None:
                     if algo == "snapmla":
                         continue  # FP8: the port's own tolerances, checked in step_snapmla_accuracy
                     o = device_run(algo, q, kv, exp_mode=mode, div_mode=div)["out"].astype(np.float64)
-                    err = np.abs(o - ref)
-                    passed = float(np.mean((err < 8e-4) | (err / np.maximum(np.abs(ref), 1e-30) < 2.01 / 128)))
-                    cd = cos_diff(o, ref)
-                    rows.append({"algorithm": algo, "exp_mode": mode, "sq": sq, "context": L,
-                                 "elements_passing": passed, "cos_diff": cd, "ok": passed == 1.0 and cd < 5e-6})
-                    print(f"accuracy {algo:5s} {mode:4s} s_q={sq} L={L:6d}: pass {100 * passed:7.3f}% "
-                          f"cos_diff {cd:.2e} {'OK' if rows[-1]['ok'] else 'FAIL'}", flush=True)
+                    check = flashmla_check(o, ref)
+                    rows.append({"algorithm": algo, "exp_mode": mode, "sq": sq, "context": L, **check})
+                    print(f"accuracy {algo:5s} {mode:4s} s_q={sq} L={L:6d}: pass {100 * check['elements_passing']:7.3f}% "
+                          f"cos_diff {check['cos_diff']:.2e} {'OK' if check['ok'] else 'FAIL'}", flush=True)
     with open(os.path.join(out, "accuracy.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
@@ -118,6 +115,7 @@ def step_snapmla_accuracy(out: str) -> None:
     """The port's reference test: randn * 0.1 inputs against FP32 attention of the unquantized inputs."""
     from amla_sim.algorithms import golden
     from amla_sim.crosscheck import device_run
+    from amla_sim.testing import snapmla_check
 
     rows = []
     for sq in (1, 2):
@@ -126,12 +124,10 @@ def step_snapmla_accuracy(out: str) -> None:
             ref = golden(q, kv, precision="fp32").out.astype(np.float64)
             for mode, div in MODES.items():
                 o = device_run("snapmla", q, kv, exp_mode=mode, div_mode=div)["out"].astype(np.float64)
-                rel = float(np.linalg.norm(o - ref) / np.linalg.norm(ref))
-                cos = float(1 - np.sum(o * ref) / np.linalg.norm(o) / np.linalg.norm(ref))
-                ok = rel <= 5e-2 and cos <= 1e-3
-                rows.append({"sq": sq, "context": L, "exp_mode": mode, "rel_l2": rel, "one_minus_cos": cos, "ok": ok})
-                print(f"snapmla accuracy {mode:4s} s_q={sq} L={L:6d}: rel-L2 {rel:.2e}, 1-cos {cos:.2e} "
-                      f"{'OK' if ok else 'FAIL'}", flush=True)
+                check = snapmla_check(o, ref)
+                rows.append({"sq": sq, "context": L, "exp_mode": mode, **check})
+                print(f"snapmla accuracy {mode:4s} s_q={sq} L={L:6d}: rel-L2 {check['rel_l2']:.2e}, "
+                      f"1-cos {check['one_minus_cos']:.2e} {'OK' if check['ok'] else 'FAIL'}", flush=True)
     with open(os.path.join(out, "snapmla_accuracy.json"), "w") as f:
         json.dump(rows, f, indent=1)
 

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "amla_sim"
 LAYERS = {  # module prefix -> layer (the longest matching prefix decides)
     "amla_sim._version": 0, "amla_sim._validate": 0, "amla_sim._files": 0, "amla_sim.engine": 0,
     "amla_sim.resources": 0, "amla_sim.plots": 0, "amla_sim._blas_clock": 0, "amla_sim._seeds": 0,
-    "amla_sim.formats": 1, "amla_sim.bits": 1, "amla_sim._formats_numba": 1, "amla_sim.testing": 1,
+    "amla_sim.formats": 1, "amla_sim.bits": 1, "amla_sim._formats_numba": 1, "amla_sim.testing": 1, "amla_sim.experiments.metrics": 1,
     "amla_sim.arith": 2, "amla_sim.mma": 2,
     "amla_sim.machines": 3, "amla_sim.gpu": 3,
     "amla_sim.algorithms": 4, "amla_sim.experiments.inputs": 4, "amla_sim.experiments.sampling": 4,

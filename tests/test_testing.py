@@ -55,3 +55,22 @@ def test_float_arrays_respect_classes(name, data):
         assert (bits_of(x) & 0x1FFF == 0).all()
     y = data.draw(float_arrays(name, 4, min_value=-2.0, max_value=3.0))
     assert (y.astype(np.float64) >= -2).all() and (y.astype(np.float64) <= 3).all()
+
+
+def test_flashmla_check_holds_every_element_and_the_cosine():
+    from amla_sim.testing import flashmla_check
+
+    ref = np.linspace(-1, 1, 1001)
+    assert flashmla_check(ref + 5e-4, ref)["ok"]
+    bad = ref.copy()
+    bad[500] += 0.5  # one element far off (ref is 0 there): fails elementwise though the cosine barely moves
+    c = flashmla_check(bad, ref)
+    assert not c["ok"] and c["elements_passing"] == 1000 / 1001
+
+
+def test_snapmla_check_bounds():
+    from amla_sim.testing import snapmla_check
+
+    ref = np.linspace(1, 2, 100)
+    assert snapmla_check(ref * 1.01, ref)["ok"]
+    assert not snapmla_check(ref * 1.2, ref)["ok"]
