@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -77,9 +78,11 @@ class Problem:
         sl = [slice(j * self.block, min((j + 1) * self.block, self.K.shape[1])) for j in range(self.n_blocks)]
         return sl[::-1] if order == "backward" else sl
 
-    def record(self, name: str, value: np.ndarray) -> None:
+    def record(self, **stages: np.ndarray) -> None:
+        """Append each named stage's value of this block to the trace (when tracing)."""
         if self.trace is not None:
-            self.trace.setdefault(name, []).append(np.array(value, copy=True))
+            for name, value in stages.items():
+                self.trace.setdefault(name, []).append(np.array(value, copy=True))
 
     def scores(self, blk: slice) -> np.ndarray:
         """S = (Q K_blk^T) * scale on the machine, masked keys at -inf (Alg. 1 lines 4-5)."""
@@ -203,6 +206,17 @@ def check_block(block: int, machine: Machine) -> int:
             raise ValueError(f"block: {machine.name} reduces P in a layout of {span} columns "
                              f"{machine.reduce_layout}, so block must be a multiple of {span}; got {block}")
     return int(block)
+
+
+def online_softmax_step(
+    mc: Machine, m: np.ndarray, S: np.ndarray, exp: Callable[[np.ndarray], np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One block of the online softmax: the new running max m_new = max(m, rowmax S), the rescale factor
+    exp(m - m_new) of what was accumulated (0 on the first block) and P = exp(S - m_new), on the machine.
+    exp: the machine's exp (default) or exp2 when S is in log2 units (SnapMLA)."""
+    exp = mc.exp if exp is None else exp
+    m_new = np.maximum(m, mc.rowmax(S))
+    return m_new, exp(m - safe_max(m_new)), exp(S - safe_max(m_new)[..., None])
 
 
 def safe_max(m: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from .._validate import quiet_fp
 from ..arith.elementwise import LN2, LOG2E
 from ..bits import count_outside_lemma_domain
 from ..machines import Machine
-from ._common import D_V, AttentionResult, make_problem, safe_max
+from ._common import D_V, AttentionResult, make_problem, online_softmax_step, safe_max
 
 CLEANUP_THRESHOLD = 1e10  # CANN zeroes |O| above this: what the int add made of zeros and subnormals
 
@@ -82,9 +82,7 @@ def amla(
     n_prev = cof_prev = final_scale = None
     for j, blk in enumerate(p.blocks()):
         S = p.scores(blk)  # lines 4-5
-        m_new = np.maximum(m, mc.rowmax(S))
-        m_up = mc.exp(m - safe_max(m_new))  # line 5: M_up
-        P = mc.exp(S - safe_max(m_new)[..., None])  # line 6
+        m_new, m_up, P = online_softmax_step(mc, m, S)  # lines 5-6: M_up and P
         l = mc.mul_add(l, m_up, mc.rowsum(P))  # line 6
         ms = safe_max(m_new)
         n = _round_half_away(mc.f(-ms) * mc.f(LOG2E))  # line 6: n_i = round(-m_i / ln 2)
@@ -110,7 +108,7 @@ def amla(
             N_int = np.rint(mc.f(N) * mc.f(int_unit)).astype(np.int64)  # line 12: Cast_to_int32(N 2^23)
             hazards["lemma_domain"] += count_outside_lemma_domain(mem.view, dn.astype(np.int64)[..., None])
             mem.atomic_add_int32(N_int[..., None])  # line 14: AtomicAdd(INT32) in GM
-            p.record("N", N_int)
+            p.record(N=N_int)
         PV = mc.matmul(P_tilde, p.Vm[:, blk])  # line 17
         if scaling == "post":
             PV = mc.f(PV) * c[..., None]
@@ -120,8 +118,7 @@ def amla(
             mem.atomic_add_fp32(PV)  # line 18: AtomicAdd(FP32) in GM
         m, n_prev, cof_prev = m_new, n, cof
         if p.trace is not None:
-            for name, val in (("S", S), ("m", m), ("l", l), ("P", P), ("n", n), ("c", c), ("O", mem.fp32)):
-                p.record(name, val)
+            p.record(S=S, m=m, l=l, P=P, n=n, c=c, O=mem.fp32)
     O = mem.fp32
     big = np.abs(O) > CLEANUP_THRESHOLD
     if cleanup:

@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from .._validate import quiet_fp
 from ..machines import Machine
-from ._common import D_V, AttentionResult, make_problem, safe_max
+from ._common import D_V, AttentionResult, make_problem, online_softmax_step
 
 
 @quiet_fp
@@ -44,13 +44,10 @@ def base(
     O = np.zeros((b, R, p.d_v), mc.dtype)
     for blk in p.blocks(order):
         S = p.scores(blk)  # lines 4-5
-        m_new = np.maximum(m, mc.rowmax(S))  # line 5
-        alpha = mc.exp(m - safe_max(m_new))  # exp(m_{i-1} - m_i); 0 on the first block
-        P = mc.exp(S - safe_max(m_new)[..., None])  # line 6
+        m_new, alpha, P = online_softmax_step(mc, m, S)  # lines 5-6; alpha = exp(m_{i-1} - m_i)
         l = mc.mul_add(l, alpha, mc.rowsum(P))  # line 6: l_i = l_{i-1} exp(..) + rowsum(P_i)
         O = mc.matmul(mc.cast(P, p_format), p.Vm[:, blk], acc=O * alpha[..., None])  # lines 7-8
         m = m_new
-        for name, val in (("S", S), ("m", m), ("l", l), ("P", P), ("O", O)):
-            p.record(name, val)
+        p.record(S=S, m=m, l=l, P=P, O=O)
     out = mc.div(O, l[..., None])  # line 10
     return p.finish(out, l, m, Counter())

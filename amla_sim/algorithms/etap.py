@@ -16,7 +16,13 @@ import numpy.typing as npt
 
 from .._validate import quiet_fp
 from ..machines import Machine, get_machine
-from ._common import D_V, AttentionResult, check_block, make_problem, safe_max
+from ._common import (
+    D_V,
+    AttentionResult,
+    check_block,
+    make_problem,
+    online_softmax_step,
+)
 
 
 @quiet_fp
@@ -57,9 +63,7 @@ def etap(
         n = blk.stop - blk.start
         ST = mc.f(mc.matmul(p.Km[:, blk], QT)) * mc.f(p.scale)  # S^T = K Q^T: (b, n, R)
         S = np.where(p.valid[None, :, blk], np.swapaxes(ST, -1, -2), -np.inf).astype(mc.dtype)
-        m_new = np.maximum(m, mc.rowmax(S))
-        alpha = mc.exp(m - safe_max(m_new))
-        P = mc.exp(S - safe_max(m_new)[..., None])
+        m_new, alpha, P = online_softmax_step(mc, m, S)
         l_part = l_part * alpha[..., None]
         padded = np.concatenate([P, np.zeros((b, R, -n % lanes), mc.dtype)], axis=-1)
         for chunk in padded.reshape(b, R, -1, lanes).transpose(2, 0, 1, 3):  # each thread's keys, in order
@@ -67,8 +71,7 @@ def etap(
         PT = mc.cast(np.swapaxes(P, -1, -2), p_format)  # (b, n, R)
         OT = mc.matmul(np.swapaxes(p.Vm[:, blk], -1, -2), PT, acc=OT * alpha[:, None, :])  # O^T = V^T P^T
         m = m_new
-        for name, val in (("S", S), ("m", m), ("P", P), ("O", np.swapaxes(OT, -1, -2))):
-            p.record(name, val)
+        p.record(S=S, m=m, P=P, O=np.swapaxes(OT, -1, -2))
     if kernel and lanes == 64:  # the (keys x rows) accumulator reduced over keys in the wgmma layout
         l = mc.rowsum(l_part[..., _MMA_M_ORDER], layout=(1, 8, 4))
     else:  # the one cross-thread reduction: a butterfly over the lanes

@@ -42,7 +42,6 @@ def naive(
         with np.errstate(invalid="ignore", over="ignore"):
             l = l + e * mc.rowsum(P)
             O = O + e[..., None] * mc.f(mc.matmul(mc.cast(P, "bf16"), p.Vm[:, blk]))
-        for name, val in (("S", S), ("m", m_i), ("P", P), ("O", O)):
-            p.record(name, val)
+        p.record(S=S, m=m_i, P=P, O=O)
     out = mc.div(O, l[..., None])
     return p.finish(out, l, np.zeros_like(l), hazards)

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from .._validate import quiet_fp
 from ..machines import Machine
-from ._common import D_V, AttentionResult, make_problem, safe_max
+from ._common import D_V, AttentionResult, make_problem, online_softmax_step
 
 
 @quiet_fp
@@ -46,16 +46,12 @@ def seesaw(
     oL = np.zeros((b, R, h), mc.dtype)
     oR = np.zeros((b, R, h), mc.dtype)
 
-    def softmax_step(S: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        m_new = np.maximum(m, mc.rowmax(S))
-        return m_new, mc.exp(m - safe_max(m_new)), mc.exp(S - safe_max(m_new)[..., None])
-
     blocks = p.blocks()
     for i in range(0, len(blocks), 2):
         b0 = blocks[i]
         V0 = p.Vm[:, b0]
         p0 = p.scores(b0)  # step 1
-        m, scale0, p0 = softmax_step(p0, m)  # steps 3-4
+        m, scale0, p0 = online_softmax_step(mc, m, p0)  # steps 3-4
         l = mc.mul_add(l, scale0, mc.rowsum(p0))
         oL = mc.matmul(mc.cast(p0, "bf16"), V0[..., :h], acc=oL * scale0[..., None])  # step 5
         if i + 1 == len(blocks):  # an odd last block
@@ -64,13 +60,12 @@ def seesaw(
         b1 = blocks[i + 1]
         V1 = p.Vm[:, b1]
         p1 = p.scores(b1)  # step 2
-        m, scale1, p1 = softmax_step(p1, m)  # steps 6-7
+        m, scale1, p1 = online_softmax_step(mc, m, p1)  # steps 6-7
         l = mc.mul_add(l, scale1, mc.rowsum(p1))
         oR = mc.matmul(mc.cast(p1, "bf16"), V1[..., h:], acc=oR * (scale0 * scale1)[..., None])  # step 8
         p0 = p0 * scale1[..., None]  # step 9
         oR = mc.matmul(mc.cast(p0, "bf16"), V0[..., h:], acc=oR)  # step 10
         oL = mc.matmul(mc.cast(p1, "bf16"), V1[..., :h], acc=oL * scale1[..., None])  # step 11
-        for name, val in (("m", m), ("l", l), ("O", np.concatenate([oL, oR], axis=-1))):
-            p.record(name, val)
+        p.record(m=m, l=l, O=np.concatenate([oL, oR], axis=-1))
     out = mc.div(np.concatenate([oL, oR], axis=-1), l[..., None])
     return p.finish(out, l, m, Counter())

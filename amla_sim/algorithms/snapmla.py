@@ -29,7 +29,13 @@ import numpy.typing as npt
 from .._validate import quiet_fp
 from ..arith.elementwise import LOG2E
 from ..machines import Machine
-from ._common import D_V, AttentionResult, Problem, make_problem, safe_max
+from ._common import (
+    D_V,
+    AttentionResult,
+    Problem,
+    make_problem,
+    online_softmax_step,
+)
 from .quantizers import E4M3_MAX, SCALE_FLOOR, quantize
 
 CONFIGS = ("snapmla", "A", "B", "C", "D")
@@ -72,19 +78,17 @@ def snapmla(
         qk = mc.matmul(qr, np.swapaxes(kr[:, blk], -1, -2), acc=qk)  # RoPE tile last, BF16
         x = mc.f(qk) * row_scale[..., None] * s_k[:, None, blk]  # step 2
         x = np.where(p.valid[None, :, blk], x, -np.inf).astype(mc.dtype)
-        m_new = np.maximum(m, mc.rowmax(x))
-        e = mc.exp2(x - safe_max(m_new)[..., None])
+        m_new, a, e = online_softmax_step(mc, m, x, exp=mc.exp2)
         f = e * s_k[:, None, blk]  # step 3: scale fusion
         sigma_new = mc.div(np.maximum(mc.rowmax(f), mc.f(SCALE_FLOOR)), mc.f(E4M3_MAX))
         f_scaled = mc.div(f, sigma_new[..., None])
         P8 = mc.cast(f_scaled, "e4m3", overflow="satfinite")
         hazards["saturated"] += int((f_scaled > SATURATION).sum())
-        beta = mc.exp2(m - safe_max(m_new)) * mc.div(sigma, sigma_new)  # step 4
+        beta = a * mc.div(sigma, sigma_new)  # step 4
         l = mc.mul_add(beta, l, mc.div(mc.rowsum(e), sigma_new))  # step 5
         O = mc.matmul(P8, c8[:, blk], acc=O * beta[..., None])  # step 6
         m, sigma = m_new, sigma_new
-        for name, val in (("S", x), ("m", m), ("l", l), ("P", P8), ("O", O)):
-            p.record(name, val)
+        p.record(S=x, m=m, l=l, P=P8, O=O)
     out = mc.div(O, l[..., None])  # step 7
     res = p.finish(out, l, m, hazards)
     with np.errstate(divide="ignore"):
