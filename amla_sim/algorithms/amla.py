@@ -75,7 +75,6 @@ def amla(
     mc = p.machine
     b, R = p.Q.shape[:2]
     hazards: Counter = Counter()
-    int_unit = float(2 ** (52 if mc.golden else 23))  # 2^mantissa_bits of the output buffer
     m = np.full((b, R), -np.inf, mc.dtype)
     l = np.zeros((b, R), mc.dtype)
     mem = mc.memory(np.zeros((b, R, p.d_v)), seed=seed)
@@ -84,28 +83,11 @@ def amla(
         S = p.scores(blk)  # lines 4-5
         m_new, m_up, P = online_softmax_step(mc, m, S)  # lines 5-6: M_up and P
         l = mc.mul_add(l, m_up, mc.rowsum(P))  # line 6
-        ms = safe_max(m_new)
-        n = _round_half_away(mc.f(-ms) * mc.f(LOG2E))  # line 6: n_i = round(-m_i / ln 2)
-        c = mc.exp(mc.mul_add(ms, mc.f(LOG2E), n) * mc.f(LN2))  # line 7: S32 = exp(ln2 (n_i + m_i / ln 2))
-        if scaling == "pre":
-            c16 = mc.f(mc.cast(c, "bf16"))  # line 8: S16
-            P_tilde = mc.cast(P * c16[..., None], "bf16")  # line 10
-            cof = mc.div(c, c16)  # line 9: c_i = S32 / S16
-            final_scale = c16
-        else:
-            P_tilde = mc.cast(P, "bf16")
-            cof = np.ones_like(c)
-            final_scale = c
-        if j > 0:
-            if compensation == "cann":
-                eps = mc.div(cof_prev, cof) - mc.f(1.0)
-            elif compensation == "paper":
-                eps = mc.div(cof, cof_prev) - mc.f(1.0)
-            else:
-                eps = np.zeros_like(cof)
+        n, c = _exponent_and_scale(mc, m_new)  # lines 6-7
+        P_tilde, cof, final_scale = _scaled_p(mc, P, c, scaling)  # lines 8-10
+        if j > 0:  # lines 11-14: rescale the output in memory by 2^N with an integer AtomicAdd
             dn = np.maximum(n - n_prev, mc.f(-30.0))
-            N = dn + mc.f(1.5) * eps + mc.f(mc.amla_guard)  # line 11
-            N_int = np.rint(mc.f(N) * mc.f(int_unit)).astype(np.int64)  # line 12: Cast_to_int32(N 2^23)
+            N_int = _rescale_bits(mc, dn, _epsilon(mc, cof, cof_prev, compensation))
             hazards["lemma_domain"] += count_outside_lemma_domain(mem.view, dn.astype(np.int64)[..., None])
             mem.atomic_add_int32(N_int[..., None])  # line 14: AtomicAdd(INT32) in GM
             p.record(N=N_int)
@@ -119,12 +101,50 @@ def amla(
         m, n_prev, cof_prev = m_new, n, cof
         if p.trace is not None:
             p.record(S=S, m=m, l=l, P=P, n=n, c=c, O=mem.fp32)
-    O = mem.fp32
-    big = np.abs(O) > CLEANUP_THRESHOLD
-    if cleanup:
-        hazards["cleaned"] += int(big.sum())
-        O = np.where(big, mc.f(0.0), O)
-    else:
-        hazards["garbage"] += int(big.sum())
+    O = _clean_up(mc, mem.fp32, cleanup, hazards)
     out = mc.div(O, (l * final_scale)[..., None])  # line 20: O / (l_N S16)
     return p.finish(out, l, m, hazards)
+
+
+def _exponent_and_scale(mc: Machine, m_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Lines 6-7: n_i = round(-m_i / ln 2) and S32 = exp(ln 2 (n_i + m_i / ln 2)), the FP32 part of the scale."""
+    ms = safe_max(m_new)
+    n = _round_half_away(mc.f(-ms) * mc.f(LOG2E))
+    return n, mc.exp(mc.mul_add(ms, mc.f(LOG2E), n) * mc.f(LN2))
+
+
+def _scaled_p(mc: Machine, P: np.ndarray, c: np.ndarray, scaling: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lines 8-10: the BF16 P that goes into PV, the compensation cof_i = S32 / S16 and the final scale."""
+    if scaling == "pre":
+        c16 = mc.f(mc.cast(c, "bf16"))  # line 8: S16
+        return mc.cast(P * c16[..., None], "bf16"), mc.div(c, c16), c16  # lines 10 and 9
+    return mc.cast(P, "bf16"), np.ones_like(c), c
+
+
+def _epsilon(mc: Machine, cof: np.ndarray, cof_prev: np.ndarray, compensation: str) -> np.ndarray:
+    """The BF16 error of the scale that line 11 compensates: CANN's cof_{i-1}/cof_i - 1, the paper's line 9 as
+    printed, or none."""
+    if compensation == "cann":
+        return mc.div(cof_prev, cof) - mc.f(1.0)
+    if compensation == "paper":
+        return mc.div(cof, cof_prev) - mc.f(1.0)
+    return np.zeros_like(cof)
+
+
+def _rescale_bits(mc: Machine, dn: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """Lines 11-12: N = dn + 1.5 eps (+ the machine's guard), dn = n_i - n_{i-1} (at least -30), as
+    Cast_to_int32(N 2^23), the integer that multiplies the FP32 output by 2^N when added to its bits (2^52 for the
+    FP64 golden machine)."""
+    int_unit = float(2 ** (52 if mc.golden else 23))  # 2^mantissa_bits of the output buffer
+    N = dn + mc.f(1.5) * eps + mc.f(mc.amla_guard)
+    return np.rint(mc.f(N) * mc.f(int_unit)).astype(np.int64)
+
+
+def _clean_up(mc: Machine, O: np.ndarray, cleanup: bool, hazards: Counter) -> np.ndarray:
+    """CANN's |O| > 1e10 -> 0 (counted as ``cleaned``), or, without it, the count of such ``garbage``."""
+    big = np.abs(O) > CLEANUP_THRESHOLD
+    if not cleanup:
+        hazards["garbage"] += int(big.sum())
+        return O
+    hazards["cleaned"] += int(big.sum())
+    return np.where(big, mc.f(0.0), O)
