@@ -416,20 +416,14 @@ def _scheduling_flags(p: argparse.ArgumentParser) -> None:
                    help="numpy (the reference) or numba (compiled, same bits; the [fast] extra)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every sub-command."""
-    parser = argparse.ArgumentParser(
-        prog="amla-sim",
-        description="Bit-exact simulator of low-precision MLA attention kernels (AMLA, SnapMLA, ETAP, FlashMLA).",
-    )
-    parser.add_argument("--version", action="version", version=f"amla-sim {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_lemma(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("lemma", help="show the AMLA Lemma 3.1 bit trick in and out of its domain")
     p.add_argument("--format", default="fp32", choices=["fp32", "fp16", "bf16", "fp64"], help="float format")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_lemma)
 
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
     from .algorithms import ALGORITHMS
     from .machines import MACHINES
 
@@ -453,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON (non-finite numbers as \"inf\", \"nan\")")
     p.set_defaults(func=_cmd_run)
 
+
+def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("crosscheck", help="Triton kernel against the simulator, stage by stage (or replay a capture)")
     p.add_argument("--kernel", default="amla-sim", choices=["amla-sim", "sglang-triton", "flashmla"],
                    help="amla-sim: this project's Triton kernels; sglang-triton: SGLang's MLA decode (sglang 0.5.23); "
@@ -473,6 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_crosscheck)
 
+
+def _add_reproduce(sub: argparse._SubParsersAction) -> None:
+    from .machines import MACHINES
+
     p = sub.add_parser("reproduce", help="reproduce a paper's accuracy table (resumable; CSV, JSON, Markdown, PNG)")
     p.add_argument("table", help="amla-table3 | amla-table4 | etap-table1 | snapmla-configs | all (or a,b)")
     p.add_argument("--samples", type=_int_at_least(1), default=None, help="samples per distribution (default 100)")
@@ -486,6 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep every valid row of a damaged results.csv, set the other lines aside in results.rejected")
     _scheduling_flags(p)
     p.set_defaults(func=_cmd_reproduce)
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    from .machines import MACHINES
 
     p = sub.add_parser("sweep", help="any grid of algorithms, machines, distributions, contexts, heads, s_q, blocks "
                                      "(resumable; CSV, JSON, Markdown, PNG; local or Dask)")
@@ -511,6 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
     _scheduling_flags(p)
     p.set_defaults(func=_cmd_sweep)
 
+
+def _add_pipeline(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pipeline", help="the Preload pipeline of Theorem 4.1 for given stage durations")
     p.add_argument("--cube", required=True, help="Cube stage durations C1,...,Cn")
     p.add_argument("--vector", required=True, help="Vector stage durations V1,...,Vn")
@@ -519,11 +525,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_pipeline)
 
+
+def _add_roofline(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("roofline", help="arithmetic intensity (AMLA Table 2) and the compute-bound threshold")
     p.add_argument("--peak", type=_positive_float, default=865.0, help="peak TFLOP/s (default: H800 throttled, 865)")
     p.add_argument("--bandwidth", type=_positive_float, default=3.35, help="memory bandwidth TB/s (default: H800, 3.35)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_roofline)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="amla-sim",
+        description="Bit-exact simulator of low-precision MLA attention kernels (AMLA, SnapMLA, ETAP, FlashMLA).",
+    )
+    parser.add_argument("--version", action="version", version=f"amla-sim {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_lemma, _add_run, _add_crosscheck, _add_reproduce, _add_sweep, _add_pipeline, _add_roofline):
+        add(sub)
     return parser
 
 
