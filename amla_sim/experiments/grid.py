@@ -27,14 +27,14 @@ import numpy as np
 from .._seeds import derive_seed
 from .._validate import check_int, check_positive_int, dumps_strict
 from ..algorithms import ALGORITHMS, golden
-from ..engine import ENGINES, use_engine
+from ..engine import use_engine
 from ..formats import get_format, round_to
 from ..machines import get_machine
 from .inputs import make_inputs, parse_dist
 from .metrics import all_metrics
-from .schedulers import cap_jobs, check_scheduler, execute
+from .schedulers import check_run, execute
 from .specs import parse_algorithm
-from .store import ResultStore, StoreCorrupt, atomic_write, read_json
+from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
 
 __all__ = ["Grid", "GridResult", "run_grid", "load_grid", "parse_algorithm"]
 
@@ -313,29 +313,14 @@ def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs:
     scheduler: ``local``, ``dask`` or ``tcp://HOST:PORT`` (:mod:`.schedulers`); jobs: local processes or
     LocalCluster workers. max_tasks: stop after computing this many new tasks (as an interruption would).
     """
-    check_scheduler(scheduler)
-    check_positive_int(jobs, "jobs")
-    if engine not in ENGINES:
-        raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
-    if scheduler == "local":
-        jobs = cap_jobs(jobs)
-    with use_engine(engine):  # numba must be importable here if asked for
-        pass
+    jobs = check_run(scheduler, jobs, engine)
     _check_runs(grid)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
     identity = grid.identity()
     with ResultStore(out, FIELDS, len(KEYS)) as store:
-        meta_path = out / "grid.json"
-        if meta_path.exists():
-            old = read_json(meta_path, "the grid record")
-            if old != identity:
-                diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
-                raise ValueError(f"out: {out} holds the results of another grid (differs in {', '.join(diff)}); "
-                                 "choose another --out")
-        else:
-            atomic_write(meta_path, json.dumps(identity, indent=1))
+        claim_folder(out, identity, filename="grid.json", what="grid")
         if repair:
             store.repair()
         store.compact(sorted(store.rows, key=_sort_key))

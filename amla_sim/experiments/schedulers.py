@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["SchedulerError", "check_scheduler", "execute", "cap_jobs", "die_with_parent"]
+__all__ = ["SchedulerError", "check_scheduler", "check_run", "execute", "cap_jobs", "die_with_parent"]
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 _CONNECT_TIMEOUT = "10s"
@@ -45,6 +45,18 @@ def check_scheduler(scheduler: str) -> str:
     if not sep or proto not in ("tcp", "tls", "inproc", "ucx") or not rest:
         raise ValueError(f"scheduler: expected 'local', 'dask' or an address like tcp://HOST:PORT, got {scheduler!r}")
     return scheduler
+
+
+def check_run(scheduler: str, jobs: int, engine: str) -> int:
+    """Validate a sweep's scheduler, job count and engine before any work; the jobs to use (capped locally)."""
+    from .._validate import check_positive_int
+    from ..engine import use_engine
+
+    check_scheduler(scheduler)
+    check_positive_int(jobs, "jobs")
+    with use_engine(engine):  # refuses an unknown engine, or numba when it is not installed
+        pass
+    return cap_jobs(jobs) if scheduler == "local" else jobs
 
 
 def cap_jobs(jobs: int) -> int:

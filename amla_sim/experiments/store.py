@@ -27,7 +27,7 @@ from pathlib import Path
 from .._files import atomic_write, write_all
 from .._validate import DataError
 
-__all__ = ["StoreCorrupt", "StoreLocked", "ResultStore", "atomic_write"]
+__all__ = ["StoreCorrupt", "StoreLocked", "ResultStore", "atomic_write", "claim_folder", "read_json"]
 
 _CRC = "crc32"
 
@@ -244,6 +244,19 @@ class ResultStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def claim_folder(folder: Path, record: dict, *, filename: str, what: str) -> None:
+    """Write `record` (what the folder's rows mean) as ``folder/filename`` on first use; afterwards refuse a run
+    whose record differs in any of its keys, naming them, rather than mix two runs' rows."""
+    path = folder / filename
+    if path.exists():
+        old = read_json(path, f"the {what} record")
+        diff = sorted(k for k in record if old.get(k) != record[k])
+        if diff:
+            raise ValueError(f"out: {folder} holds the results of another {what} (differs in {', '.join(diff)}); "
+                             "choose another --out")
+    atomic_write(path, json.dumps(record, indent=1))
 
 
 def read_json(path: Path, what: str) -> dict:

@@ -11,7 +11,6 @@ sorted store and are identical either way.
 from __future__ import annotations
 
 import io
-import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -21,8 +20,8 @@ from .. import _blas_clock
 from .._validate import check_int, check_positive_int, dumps_strict
 from ..engine import use_engine
 from ..machines import get_machine
-from .schedulers import cap_jobs, check_scheduler, execute
-from .store import ResultStore, StoreCorrupt, atomic_write, read_json
+from .schedulers import check_run, execute
+from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
 from .tables import TABLES, Table, run_sample
 
 FIELDS = ("distribution", "sample", "algorithm", "rel_frobenius", "rmse", "cos_diff")
@@ -176,25 +175,16 @@ def run_table(
     samples = 100 if samples is None else samples
     context = table.context if context is None else context
     heads = table.heads if heads is None else heads
-    for arg, v in (("samples", samples), ("context", context), ("heads", heads), ("jobs", jobs)):
+    for arg, v in (("samples", samples), ("context", context), ("heads", heads)):
         check_positive_int(v, arg)
     check_int(seed, "seed", lo=0, hi=2**63 - 1)
-    check_scheduler(scheduler)
-    with use_engine(engine):  # refuses an unknown engine, or numba when it is not installed
-        pass
-    if scheduler == "local":
-        jobs = cap_jobs(jobs)
+    jobs = check_run(scheduler, jobs, engine)
     out = Path(out_dir) / name
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
     meta = {"table": name, "context": context, "heads": heads, "machine": machine, "seed": seed}
     with ResultStore(out, FIELDS, 3) as store:
-        meta_path = out / "run.json"
-        if meta_path.exists():
-            old = read_json(meta_path, "the run record")
-            if {k: old.get(k) for k in meta} != meta:
-                raise ValueError(f"out: {out} holds a run with other settings ({old}); choose another --out")
-        atomic_write(meta_path, json.dumps(meta, indent=1))
+        claim_folder(out, meta, filename="run.json", what="run")
         if repair:
             store.repair()
         store.compact(_order(store, table))  # drop a torn last line before appending
