@@ -117,6 +117,33 @@ def test_fp8_chaining_is_not_fused_across_tl_dot():
     assert (triton != fused).mean() > 0.5
 
 
+@pytest.fixture(scope="module")
+def fp8_mma_sync():
+    return np.load(DATA / "fp8_mma_sync.npz")
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("K", [32, 64])
+def test_raw_fp8_instruction_with_an_accumulator(fp8_mma_sync, fmt, K):
+    """What a raw FP8 instruction does with a nonzero C (scripts/capture_fp8_mma.py: mma.sync m16n8k32 on an
+    H100, one instruction for K = 32, two chained through C for K = 64). Neither FP8 row describes it: Triton's
+    convention (sm90: the block from zero, then an FP32 add) and MMA-Sim's (sm90-fp8-fused: C fused into the
+    14-bit truncated sum) both miss most elements; what comes closest is one exact sum of the products and C
+    rounded to nearest per instruction, which still misses a few elements by 1-128 ulp. Recorded as measured;
+    no model row claims this instruction."""
+    z, dt = fp8_mma_sync, DT[fmt]
+    a, b = z[f"{fmt}/K{K}/a"].view(dt), z[f"{fmt}/K{K}/b"].view(dt)
+    c, want = z[f"{fmt}/K{K}/c"].view(np.float32), z[f"{fmt}/K{K}/d"]
+    triton_row = np.mean(mma.matmul(a, b, c, model="sm90", dot_k=32).view(np.uint32) == want)
+    fused_row = np.mean(mma.matmul(a, b, c, model="sm90-fp8-fused").view(np.uint32) == want)
+    exact = c
+    for k0 in range(0, K, 32):
+        exact = mma.matmul(a[..., k0:k0 + 32], b[..., k0:k0 + 32, :], exact, model="exact")
+    nearest = np.mean(exact.view(np.uint32) == want)
+    assert triton_row < 0.65 and fused_row < 0.2, (triton_row, fused_row)
+    assert 0.999 < nearest < 1.0, nearest
+
+
 # --- an independent oracle on random bit patterns ---------------------------------------------------------
 
 

@@ -75,6 +75,11 @@ _SM90_FP8 = (
     "MMA-Sim (F = 13, f32_e8m13 output); chaining measured on an H200 (tests/data/triton_dot.npz): the k32 blocks of"
     " one tl.dot chain through the 14-bit accumulator from zero, then one FP32 add into the accumulator"
 )
+_SM90_FP8_FUSED = (
+    "MMA-Sim nv.py (WGMMASim, f32_e8m13 with C fused); unconfirmed for a raw wgmma. The raw FP8 mma.sync with a"
+    " nonzero C (tests/data/fp8_mma_sync.npz, H100) agrees with neither convention: 5-17% with this row, 24-63% with"
+    " sm90's; 99.94-99.998% with the exact sum of the products and C rounded once to nearest"
+)
 _SM80 = "MMA-Sim nv.py (Ampere: F = 24, k16 split into two k8 halves); not verified here (no A100 captures)"
 
 MODEL_TABLE: dict[str, MMAModel] = {
@@ -91,6 +96,16 @@ MODEL_TABLE: dict[str, MMAModel] = {
         # every NaN is written as 0x7FFFFFFF, whatever the inputs' payloads and signs or an Inf - Inf: measured on
         # an H100, bf16 wgmma (M = 64) and mma.sync (M = 16) and e4m3 tl.dot (tests/data/nan_dot.npz)
         nan_bits=0x7FFFFFFF,
+    ),
+    "sm90-fp8-fused": MMAModel(
+        "sm90-fp8-fused",
+        {
+            "e4m3": TFDPA(32, 13, "e8m13-rz", "fused", -133, _SM90_FP8_FUSED),
+            "e5m2": TFDPA(32, 13, "e8m13-rz", "fused", -133, _SM90_FP8_FUSED),
+        },
+        verified=False,
+        doc="FP8 wgmma with the accumulator fused into the 14-bit truncated sum (MMA-Sim's WGMMA model): NOT what "
+            "Triton's tl.dot computes (that is sm90's fp32-add row), and not what mma.sync does either",
     ),
     "sm90-fp16": MMAModel(
         "sm90-fp16",

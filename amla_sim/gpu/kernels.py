@@ -88,6 +88,61 @@ def _scores(q_nope, q_pe, kv_base, offs_n, S, limit, scale, offs_dn, offs_dr, D:
 
 
 @triton.jit
+def _softmax_step(s, m_i, EXP_MODE: tl.constexpr):
+    """The online-softmax step of one block: the new max, it with -inf as 0, the rescale factor and P."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, m_safe, _exp(m_i - m_safe, EXP_MODE), _exp(s - m_safe[:, None], EXP_MODE)
+
+
+@triton.jit
+def _amla_scale(p, m_safe, EXP_MODE: tl.constexpr, DIV_MODE: tl.constexpr):
+    """AMLA lines 6-10: n = round(-m / ln 2) (half away from zero), the BF16 scale S16, bf16(P S16), cof."""
+    t = -m_safe * 1.4426950408889634
+    n = tl.where(t < 0, -tl.floor(-t + 0.5), tl.floor(t + 0.5))
+    c = _exp(tl.fma(m_safe, 1.4426950408889634, n) * 0.6931471805599453, EXP_MODE)
+    c16 = c.to(tl.bfloat16).to(tl.float32)
+    return n, c16, (p * c16[:, None]).to(tl.bfloat16), _div(c, c16, DIV_MODE)
+
+
+@triton.jit
+def _amla_accumulate(o_ptrs, o_int_ptrs, pv, row_ok, j, n, n_prev, cof, cof_prev, DIV_MODE: tl.constexpr,
+                     BLOCK_M: tl.constexpr, DVH: tl.constexpr):
+    """AMLA lines 11-18 on the output in global memory: the first block stored; then the int32 AtomicAdd of
+    N 2^23 (a multiplication by 2^N) and the FP32 AtomicAdd of PV. Returns N_int (0 on the first block).
+
+    The atomics of one element may be issued by different threads (Triton picks each op's layout), so every
+    phase of the read-modify-write sequence is fenced by a CTA barrier: without them the int32 and FP32 adds
+    race, and they do not commute."""
+    tl.debug_barrier()
+    N_int = tl.zeros((BLOCK_M,), tl.int32)
+    if j == 0:
+        tl.store(o_ptrs, pv, mask=row_ok[:, None])
+    else:
+        eps = _div(cof_prev, cof, DIV_MODE) - 1.0
+        dn = tl.maximum(n - n_prev, -30.0)
+        N = dn + 1.5 * eps + 1e-6
+        N_int = libdevice.rint(N * 8388608.0).to(tl.int32)
+        tl.atomic_add(o_int_ptrs, tl.broadcast_to(N_int[:, None], (BLOCK_M, DVH)), mask=row_ok[:, None])
+        tl.debug_barrier()
+        tl.atomic_add(o_ptrs, pv, mask=row_ok[:, None])
+    tl.debug_barrier()
+    return N_int
+
+
+@triton.jit
+def _store_stages(dbg_s, dbg_p, dbg_m, dbg_l, dbg_o, blk, offs_m, offs_v, row_ok, s, p, m_i, l_i, o_now,
+                  BLOCK_N: tl.constexpr, DV: tl.constexpr):
+    """The debug copies of one block's stages S, P, m, l and O."""
+    tl.store(dbg_m + blk + offs_m, m_i, mask=row_ok)
+    tl.store(dbg_l + blk + offs_m, l_i, mask=row_ok)
+    cols = tl.arange(0, BLOCK_N)
+    tl.store(dbg_s + (blk + offs_m[:, None]) * BLOCK_N + cols[None, :], s, mask=row_ok[:, None])
+    tl.store(dbg_p + (blk + offs_m[:, None]) * BLOCK_N + cols[None, :], p, mask=row_ok[:, None])
+    tl.store(dbg_o + (blk + offs_m[:, None]) * DV + offs_v[None, :], o_now, mask=row_ok[:, None])
+
+
+@triton.jit
 def mla_decode_kernel(
     q_ptr, kv_ptr, out_ptr, obuf_ptr, obuf_int_ptr,
     dbg_s, dbg_p, dbg_m, dbg_l, dbg_n, dbg_N, dbg_o,
@@ -96,7 +151,8 @@ def mla_decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ALGO: tl.constexpr, EXP_MODE: tl.constexpr, DIV_MODE: tl.constexpr, DEBUG: tl.constexpr,
 ):
-    """ALGO 0: Base (Algorithm 1). ALGO 1: AMLA (Algorithm 2 as CANN ships it)."""
+    """ALGO 0: Base (Algorithm 1). ALGO 1: AMLA (Algorithm 2 as CANN ships it, its steps in _amla_scale and
+    _amla_accumulate)."""
     pid_m = tl.program_id(0)
     bid = tl.program_id(1)
     half = tl.program_id(2)
@@ -120,57 +176,31 @@ def mla_decode_kernel(
     for j in range(0, NBLK):
         offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
         s = _scores(q_nope, q_pe, kv_base, offs_n, S, limit, scale, offs_dn, offs_dr, D)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = _exp(m_i - m_safe, EXP_MODE)
-        p = _exp(s - m_safe[:, None], EXP_MODE)
+        m_new, m_safe, alpha, p = _softmax_step(s, m_i, EXP_MODE)
         l_i = tl.fma(l_i, alpha, tl.sum(p, 1))
         v = tl.load(kv_base + offs_n[:, None] * D + offs_v[None, :], mask=(offs_n < S)[:, None], other=0.0)
         if ALGO == 0:
             acc = acc * alpha[:, None]
             acc = tl.dot(p.to(tl.bfloat16), v, acc)
         else:
-            t = -m_safe * 1.4426950408889634
-            n = tl.where(t < 0, -tl.floor(-t + 0.5), tl.floor(t + 0.5))  # round half away from zero
-            c = _exp(tl.fma(m_safe, 1.4426950408889634, n) * 0.6931471805599453, EXP_MODE)
-            c16 = c.to(tl.bfloat16).to(tl.float32)
-            p_t = (p * c16[:, None]).to(tl.bfloat16)
-            cof = _div(c, c16, DIV_MODE)
+            n, c16, p_t, cof = _amla_scale(p, m_safe, EXP_MODE, DIV_MODE)
             pv = tl.dot(p_t, v)
-            # The atomics of one element may be issued by different threads (Triton picks each op's layout), so
-            # every phase of the read-modify-write sequence on the buffer is fenced by a CTA barrier: without
-            # them the int32 and FP32 adds race, and they do not commute.
-            tl.debug_barrier()
-            if j == 0:
-                tl.store(o_ptrs, pv, mask=row_ok[:, None])
-            else:
-                eps = _div(cof_prev, cof, DIV_MODE) - 1.0
-                dn = tl.maximum(n - n_prev, -30.0)
-                N = dn + 1.5 * eps + 1e-6
-                N_int = libdevice.rint(N * 8388608.0).to(tl.int32)
-                tl.atomic_add(o_int_ptrs, tl.broadcast_to(N_int[:, None], (BLOCK_M, DVH)), mask=row_ok[:, None])
-                tl.debug_barrier()
-                tl.atomic_add(o_ptrs, pv, mask=row_ok[:, None])
-                if DEBUG:
-                    tl.store(dbg_N + (bid * NBLK + j) * R + offs_m, N_int, mask=row_ok)
-            tl.debug_barrier()
+            N_int = _amla_accumulate(o_ptrs, o_int_ptrs, pv, row_ok, j, n, n_prev, cof, cof_prev, DIV_MODE,
+                                     BLOCK_M, DVH)
             if DEBUG:
                 tl.store(dbg_n + (bid * NBLK + j) * R + offs_m, n, mask=row_ok)
+                if j > 0:
+                    tl.store(dbg_N + (bid * NBLK + j) * R + offs_m, N_int, mask=row_ok)
             n_prev = n
             cof_prev = cof
         m_i = m_new
         if DEBUG:
-            blk = (bid * NBLK + j) * R
-            tl.store(dbg_m + blk + offs_m, m_i, mask=row_ok)
-            tl.store(dbg_l + blk + offs_m, l_i, mask=row_ok)
-            cols = tl.arange(0, BLOCK_N)
-            tl.store(dbg_s + (blk + offs_m[:, None]) * BLOCK_N + cols[None, :], s, mask=row_ok[:, None])
-            tl.store(dbg_p + (blk + offs_m[:, None]) * BLOCK_N + cols[None, :], p, mask=row_ok[:, None])
             if ALGO == 0:
                 o_now = acc
             else:
                 o_now = tl.load(o_ptrs, mask=row_ok[:, None], other=0.0, volatile=True)
-            tl.store(dbg_o + (blk + offs_m[:, None]) * DV + offs_v[None, :], o_now, mask=row_ok[:, None])
+            _store_stages(dbg_s, dbg_p, dbg_m, dbg_l, dbg_o, (bid * NBLK + j) * R, offs_m, offs_v, row_ok, s, p,
+                          m_i, l_i, o_now, BLOCK_N, DV)
     if ALGO == 1:
         tl.debug_barrier()
         acc = tl.load(o_ptrs, mask=row_ok[:, None], other=0.0, volatile=True)
