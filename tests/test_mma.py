@@ -122,18 +122,33 @@ def fp8_mma_sync():
     return np.load(DATA / "fp8_mma_sync.npz")
 
 
+def _fp8_case(z, fmt, K, wgmma):
+    dt = DT[fmt]
+    a, c = z[f"{fmt}/K{K}/a"].view(dt), z[f"{fmt}/K{K}/c"].view(np.float32)
+    if not wgmma:
+        return a, z[f"{fmt}/K{K}/b"].view(dt), c, z[f"{fmt}/K{K}/d"]
+    return (a.reshape(-1, 64, K), z[f"wgmma/{fmt}/K{K}/b"].view(dt), c.reshape(-1, 64, 8),
+            z[f"wgmma/{fmt}/K{K}/d"])
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("K", [32, 64])
-def test_raw_fp8_instruction_with_an_accumulator(fp8_mma_sync, fmt, K):
-    """What a raw FP8 instruction does with a nonzero C (scripts/capture_fp8_mma.py: mma.sync m16n8k32 on an
-    H100, one instruction for K = 32, two chained through C for K = 64). Neither FP8 row describes it: Triton's
-    convention (sm90: the block from zero, then an FP32 add) and MMA-Sim's (sm90-fp8-fused: C fused into the
-    14-bit truncated sum) both miss most elements; what comes closest is one exact sum of the products and C
-    rounded to nearest per instruction, which still misses a few elements by 1-128 ulp. Recorded as measured;
-    no model row claims this instruction."""
-    z, dt = fp8_mma_sync, DT[fmt]
-    a, b = z[f"{fmt}/K{K}/a"].view(dt), z[f"{fmt}/K{K}/b"].view(dt)
-    c, want = z[f"{fmt}/K{K}/c"].view(np.float32), z[f"{fmt}/K{K}/d"]
+def test_raw_fp8_wgmma_fuses_the_accumulator(fp8_mma_sync, fmt, K, engine):
+    """A raw FP8 wgmma with a nonzero C (scripts/capture_fp8_mma.py, H100; K = 64: two instructions chained
+    through C) is MMA-Sim's model, bit for bit: C fused into the 14-bit truncated sum. Triton's convention (each
+    tl.dot from zero, then an FP32 add: the sm90 row, right for Triton kernels) misses most of it."""
+    a, b, c, want = _fp8_case(fp8_mma_sync, fmt, K, wgmma=True)
+    assert_bitwise_equal(mma.matmul(a, b, c, model="sm90-fp8-fused"), want.view(np.float32))
+    assert np.mean(mma.matmul(a, b, c, model="sm90", dot_k=32).view(np.uint32) == want) < 0.3
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("K", [32, 64])
+def test_raw_fp8_mma_sync_is_neither_convention(fp8_mma_sync, fmt, K):
+    """The FP8 mma.sync of the same capture (m16n8k32) is neither row: it misses most of both, and comes closest
+    to one exact sum of the products and C rounded to nearest per instruction, which still misses a few elements
+    by 1-128 ulp. Recorded as measured; no row claims this instruction."""
+    a, b, c, want = _fp8_case(fp8_mma_sync, fmt, K, wgmma=False)
     triton_row = np.mean(mma.matmul(a, b, c, model="sm90", dot_k=32).view(np.uint32) == want)
     fused_row = np.mean(mma.matmul(a, b, c, model="sm90-fp8-fused").view(np.uint32) == want)
     exact = c
