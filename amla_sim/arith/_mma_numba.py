@@ -67,6 +67,13 @@ def _max_exponent(ek: np.int32, ebrow: np.ndarray, em: np.ndarray) -> None:
 
 
 @nb.njit(cache=True, nogil=True)
+def _zeros_set_e_zero(ek: np.int32, ebrow: np.ndarray, em: np.ndarray, e_zero: int) -> None:
+    for j in range(em.size):
+        if ek < _ZERO_FLOOR or ebrow[j] < _ZERO_FLOOR:
+            em[j] = max(em[j], np.int32(e_zero))
+
+
+@nb.njit(cache=True, nogil=True)
 def _add_terms(ak: np.float32, brow: np.ndarray, sc: np.ndarray, acc: np.ndarray) -> None:
     """acc += trunc(ak b sc) in float64 and int64 (exact for every finite operand)."""
     a64 = np.float64(ak)
@@ -87,11 +94,12 @@ def _block(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.ndarray, j
            acc: np.ndarray, acc32: np.ndarray, scb: np.ndarray, sc32b: np.ndarray, p2b: np.ndarray) -> None:
     """One T-FDPA of L = ke - kb products for a tile of columns, with cur as c; cur takes d.
 
-    Plain loops that vectorise cover the usual block. The products go in FP32 and an int32 sum when every
-    e_max of the tile is in [F - 124, 126] and the row's L 2^(F + 2) fits an int32: then a b is an exact FP32
-    product, the scaling by 2^(F - e_max) is exact or leaves a term below 1 that truncates to 0 either way,
-    and no sum overflows. Otherwise in float64 and int64. A block with a non-finite c, an element whose zeros
-    may set e_max, or a result outside FP32's normal range is redone by :func:`_block_general`."""
+    Plain loops that vectorise cover every finite block. Where only tiny products are seen, a zero product
+    (or c) sets e_max to the row's e_zero; where everything is zero, S = 0. The products go in FP32 and an int32
+    sum when every e_max of the tile is in [F - 124, 126] and the row's L 2^(F + 2) fits an int32: then a b is
+    an exact FP32 product, the scaling by 2^(F - e_max) is exact or leaves a term below 1 that truncates to 0
+    either way, and no sum overflows. Otherwise in float64 and int64. A block with a non-finite c goes to
+    :func:`_block_general`; a result outside FP32's normal range takes the general rounding."""
     w = cur.size
     cbits = cur.view(np.uint64)
     odd = 0
@@ -101,10 +109,15 @@ def _block(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.ndarray, j
         odd |= (cbits[j] & _EXP_MASK) == _EXP_MASK
     for k in range(kb, ke):
         _max_exponent(earow[k], eb[k, j0 : j0 + w], em)
-    floor = max(e_zero + 1, -300)  # below: zeros may set e_max, or everything is zero
+    low = 0
+    for j in range(w):
+        low |= em[j] < e_zero
+    if low and e_zero != _NO_E_ZERO:  # only tiny products somewhere: a zero product sets e_max to e_zero
+        for k in range(kb, ke):
+            _zeros_set_e_zero(earow[k], eb[k, j0 : j0 + w], em, e_zero)
     wide = 0
     for j in range(w):
-        odd |= em[j] < floor
+        em[j] = 0 if em[j] < _ZERO_FLOOR else em[j]  # every product and c zero: S = 0 with any exponent
         wide |= (em[j] < F - 124) | (em[j] > 126)
         scb[j] = np.int64(1023 + F - em[j]) << 52  # 2^(F - e_max)
         sc32b[j] = np.int32(127 + F - em[j]) << 23
