@@ -29,6 +29,9 @@ __all__ = [
     "is_float_dtype",
     "round_to",
     "round_significand",
+    "Accumulator",
+    "ACCUMULATORS",
+    "round_accumulator",
 ]
 
 RoundingMode = Literal["nearest-even", "toward-zero", "stochastic"]
@@ -408,3 +411,42 @@ def round_significand(
         raise ValueError(f"significant_bits: expected 1..24, got {significant_bits}")
     fmt = _fp32_container(f"fp32[{significant_bits}]", int(significant_bits) - 1)
     return round_to(x, fmt, mode=mode, overflow="ieee", seed=seed)
+
+
+# --- tensor-core accumulators: the final normalisation of an exact sum --------------------------------------
+
+Accumulator = Literal["fp32-rz", "e8m13-rz", "fp16-rne", "fp32-rne"]
+
+
+@dataclass(frozen=True)
+class AccumulatorFormat:
+    """How a tensor-core accumulator holds a sum: significant bits, rounding, and the storage dtype."""
+
+    significant_bits: int
+    mode: RoundingMode
+    dtype: np.dtype
+    fmt: str  # the format the result is rounded into
+
+
+ACCUMULATORS: dict[str, AccumulatorFormat] = {
+    "fp32-rz": AccumulatorFormat(24, "toward-zero", np.dtype(np.float32), "fp32"),
+    "e8m13-rz": AccumulatorFormat(14, "toward-zero", np.dtype(np.float32), "fp32[14]"),  # FP8 wgmma's 14 bits
+    "fp16-rne": AccumulatorFormat(11, "nearest-even", np.dtype(np.float16), "fp16"),
+    "fp32-rne": AccumulatorFormat(24, "nearest-even", np.dtype(np.float32), "fp32"),
+}
+
+
+def round_accumulator(v: np.ndarray, accumulator: str) -> np.ndarray:
+    """An exact float64 sum rounded as the accumulator holds it, as float64; overflow gives Inf (toward zero too,
+    as the hardware does). Toward zero in FP32's normal range clears the low bits of the float64 significand;
+    below 2^-126 the grid is FP32's subnormal one (2^-149; 2^-139 for 14 bits)."""
+    acc = ACCUMULATORS[accumulator]
+    v = np.ascontiguousarray(v, dtype=np.float64)
+    if acc.mode == "nearest-even":
+        return round_to(v, acc.fmt).astype(np.float64)
+    drop = 53 - acc.significant_bits
+    r = (v.view(np.uint64) & np.uint64(~((1 << drop) - 1) & 0xFFFF_FFFF_FFFF_FFFF)).view(np.float64)
+    tiny = (np.abs(v) < 2.0**-126) & (v != 0)
+    if tiny.any():
+        r[tiny] = round_significand(v[tiny], acc.significant_bits).astype(np.float64)
+    return np.where(np.abs(v) >= 2.0**128, np.copysign(np.inf, v), r)

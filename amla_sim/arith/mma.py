@@ -30,18 +30,19 @@ import numpy.typing as npt
 from .. import _blas_clock
 from ..engine import get_engine
 from ..formats import (
+    ACCUMULATORS,
     FORMATS,
+    Accumulator,
     Format,
     get_format,
     is_float_dtype,
-    round_significand,
+    round_accumulator,
     round_to,
 )
 from .elementwise import fma
 
 __all__ = ["TFDPA", "MMAModel", "MODEL_TABLE", "MODELS", "matmul", "t_fdpa", "get_model"]
 
-Output = Literal["fp32-rz", "e8m13-rz", "fp16-rne", "fp32-rne"]
 Chain = Literal["fused", "fp32-add"]
 
 
@@ -51,7 +52,7 @@ class TFDPA:
 
     L: int  # products fused per block
     F: int  # fraction bits kept after alignment to e_max
-    output: Output  # final normalisation and rounding
+    output: Accumulator  # the accumulator's format and rounding (formats.ACCUMULATORS)
     chain: Chain  # how blocks are chained across K
     e_zero: int | None = None  # exponent of zero terms; None: zeros never set e_max
     source: str = ""
@@ -171,27 +172,6 @@ def _exponent_of_c(c: np.ndarray, e_zero: int | None) -> np.ndarray:
     return np.where(c == 0, 2 * _ZERO if e_zero is None else e_zero, e)
 
 
-def _truncate_bits(v: np.ndarray, kept_fraction_bits: int) -> np.ndarray:
-    """Round float64 toward zero to `kept_fraction_bits` by clearing the low bits (normal FP32 range only)."""
-    mask = np.uint64(~((1 << (52 - kept_fraction_bits)) - 1) & 0xFFFF_FFFF_FFFF_FFFF)
-    return (v.view(np.uint64) & mask).view(np.float64)
-
-
-def _round_output(v: np.ndarray, output: Output) -> np.ndarray:
-    """Final normalisation of an exact float64 value; overflow gives Inf as the hardware does."""
-    if output == "fp16-rne":
-        return round_to(v, "fp16").astype(np.float64)
-    if output == "fp32-rne":
-        return round_to(v, "fp32").astype(np.float64)
-    bits = 13 if output == "e8m13-rz" else 23
-    r = _truncate_bits(np.ascontiguousarray(v, dtype=np.float64), bits)
-    tiny = (np.abs(v) < 2.0**-126) & (v != 0)
-    if tiny.any():  # FP32 subnormal range: the grid is 2^-149 (2^-139 for e8m13), not relative
-        slow = round_significand(v[tiny], bits + 1) if bits == 13 else round_to(v[tiny], "fp32", mode="toward-zero")
-        r[tiny] = slow.astype(np.float64)
-    return np.where(np.abs(v) >= 2.0**128, np.copysign(np.inf, v), r)
-
-
 def t_fdpa(
     a: np.ndarray, b: np.ndarray, c: np.ndarray, row: TFDPA, ea: np.ndarray, eb: np.ndarray
 ) -> np.ndarray:
@@ -211,7 +191,7 @@ def t_fdpa(
         p *= scale[..., None]
         np.trunc(p, out=p)
         s = p.sum(axis=-1) + np.trunc(c * scale)  # exact integers < 2^40
-        d = _round_output(s / scale, row.output)
+        d = round_accumulator(s / scale, row.output)
         finite = np.isfinite(s)
         if not finite.all():  # Inf and NaN follow the FP64 sum; NaN comes out as the canonical 0x7FFFFFFF
             with np.errstate(invalid="ignore"):
@@ -289,10 +269,7 @@ def _t_fdpa_blas(
     inverse = ((1023 - row.F + e_max).astype(np.int64) << 52).view(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         v = (acc + np.trunc(c * grid)) * inverse  # an exact integer sum, scaled back exactly
-    if row.output in ("fp32-rz", "e8m13-rz"):  # |v| is 0 or in [2^-125, 2^107]: normal, no overflow
-        out = _truncate_bits(v, 13 if row.output == "e8m13-rz" else 23)
-    else:
-        out = _round_output(v, row.output)
+    out = round_accumulator(v, row.output)
     if ok is not True:  # the general path, element by element
         bad = np.nonzero(~ok)
         *batch, i, j = bad
@@ -432,7 +409,7 @@ def matmul(
     a_arr, b_arr = np.asarray(a), np.asarray(b)
     fmt, out_shape = _check(a_arr, b_arr, None if acc is None else np.asarray(acc), dot_k)
     K = a_arr.shape[-1]
-    out_dtype = np.float16 if m.name == "sm90-fp16" else np.float32
+    out_dtype = np.float32
     if m.kind == "blas":  # straight to float32: the fast path does no exact arithmetic at all
         with np.errstate(invalid="ignore", over="ignore"):
             out = _blas_clock.matmul(np.asarray(a_arr, dtype=np.float32), np.asarray(b_arr, dtype=np.float32))
@@ -457,13 +434,14 @@ def matmul(
     if name not in m.rows:
         raise ValueError(f"a: model {m.name!r} has no tensor-core path for {fmt.name} inputs ({sorted(m.rows)})")
     row = m.rows[name]
+    out_dtype = ACCUMULATORS[row.output].dtype
     a32, b32 = operands(np.float32)  # exact for every tensor-core input format
     if name == "tf32":  # the tensor core reads the 19 high bits of each FP32 operand
         mask = np.uint32(0xFFFFE000)
         a32, b32 = (a32.view(np.uint32) & mask).view(np.float32), (b32.view(np.uint32) & mask).view(np.float32)
         fmt = FORMATS["tf32"]
-    if m.name == "sm90-fp16" and acc is not None:
-        c64 = round_to(c64, "fp16").astype(np.float64)
+    if acc is not None and out_dtype != np.float32:  # an FP16 accumulator reads C as FP16
+        c64 = round_to(c64, out_dtype).astype(np.float64)
     if 0 in out_shape:  # nothing to compute: an empty result, as NumPy's matmul gives
         return np.zeros(out_shape, out_dtype)
     if get_engine() == "numba" and np.isfinite(a32).all() and np.isfinite(b32).all():
