@@ -32,6 +32,9 @@ __all__ = [
     "Accumulator",
     "ACCUMULATORS",
     "round_accumulator",
+    "FP32_MIN_NORMAL",
+    "exponent",
+    "flush_subnormals",
 ]
 
 RoundingMode = Literal["nearest-even", "toward-zero", "stochastic"]
@@ -204,6 +207,23 @@ def _as_float64(x: npt.ArrayLike, argname: str) -> np.ndarray:
         return arr.astype(np.float64)
 
 
+FP32_MIN_NORMAL = np.float32(2.0**-126)
+
+
+def exponent(x: np.ndarray, emin: int) -> np.ndarray:
+    """The unnormalised exponent of each (finite, nonzero) x as int64: floor(log2|x|), at least `emin`, so that a
+    subnormal of a format with that emin counts with it. Zeros give `emin` too; callers mark them."""
+    return np.maximum(np.frexp(x)[1].astype(np.int64) - 1, emin)
+
+
+def flush_subnormals(x: np.ndarray, *, keep_sign: bool = True) -> np.ndarray:
+    """FP32 subnormals replaced by zero: of their sign (PTX ``.ftz``) or +0 (``atom.add.f32``)."""
+    tiny = np.abs(x) < FP32_MIN_NORMAL
+    if not tiny.any():
+        return x
+    return np.where(tiny, np.copysign(0.0, x) if keep_sign else 0.0, x).astype(x.dtype)
+
+
 def _check_mode(mode: str, overflow: str) -> None:
     if mode not in ROUNDING_MODES:
         raise ValueError(f"mode: unknown rounding mode {mode!r}; expected one of {ROUNDING_MODES}")
@@ -224,8 +244,7 @@ def _round_float64(
     ax = np.abs(x)
     finite = np.isfinite(ax)
     ax_f = np.where(finite, ax, 0.0)
-    e = np.frexp(ax_f)[1].astype(np.int64) - 1  # ax in [2^e, 2^(e+1))
-    q = np.maximum(e, fmt.emin) - fmt.mantissa_bits  # exponent of the quantum at ax
+    q = exponent(ax_f, fmt.emin) - fmt.mantissa_bits  # exponent of the quantum at ax
     scaled = np.ldexp(ax_f, -q)  # exact: a multiplication by a power of two that neither under- nor overflows
     if mode == "nearest-even":
         r = np.rint(scaled)

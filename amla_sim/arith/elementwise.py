@@ -46,7 +46,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..formats import is_float_dtype
+from ..formats import FP32_MIN_NORMAL, flush_subnormals, is_float_dtype
 
 __all__ = [
     "LN2",
@@ -216,14 +216,13 @@ def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike, *, ftz: bool = Fal
 
 def _flush(x: np.ndarray) -> np.ndarray:
     """Subnormals (of FP32) replaced by a zero of their sign, as ``.ftz`` does."""
-    return np.where(np.abs(x) < _MIN_NORMAL, np.copysign(0.0, x), x).astype(x.dtype)
+    return flush_subnormals(x, keep_sign=True)
 
 
 # exp_poly: a software exp both the kernels (amla_sim.gpu, exact mode) and NumPy compute bit for bit alike
 LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))  # 0x3F317200: the high bits of ln 2, exact products with n
 LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))  # 0x35BFBE8E: ln 2 - LN2_HI
 EXP_POLY = tuple(np.float32(c) for c in (1 / 720, 1 / 120, 1 / 24, 1 / 6, 1 / 2, 1.0, 1.0))  # Taylor, Horner
-_MIN_NORMAL = np.float32(2.0**-126)
 
 
 def _pow2(k: np.ndarray) -> np.ndarray:
@@ -246,6 +245,6 @@ def exp_poly(x: npt.ArrayLike) -> np.ndarray:
             p = fma(p, r, np.full_like(r, c))
         nh = np.floor(n * np.float32(0.5))
         y = (p * _pow2(nh)) * _pow2(n - nh)
-        y = np.where(y < _MIN_NORMAL, np.float32(0.0), y)
+        y = np.where(y < FP32_MIN_NORMAL, np.float32(0.0), y)
         y = np.where(xf > np.float32(88.72283), np.float32(np.inf), y)
         return np.where(np.isnan(xf), xf, y).astype(np.float32)

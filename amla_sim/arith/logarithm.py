@@ -26,7 +26,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from .elementwise import _MIN_NORMAL, _NAN, LN2_F32, as_f32, fma
+from ..formats import FP32_MIN_NORMAL
+from .elementwise import _NAN, LN2_F32, as_f32, fma
 
 __all__ = ["log", "lg2_approx", "LOGF_POLY"]
 
@@ -44,7 +45,7 @@ _TWO_THIRDS_BITS = 0x3F2AAAAB
 
 
 def _logf_sm90(x: np.ndarray) -> np.ndarray:
-    small = x < _MIN_NORMAL
+    small = x < FP32_MIN_NORMAL
     xs = np.where(small, x * np.float32(2.0**23), x).astype(np.float32)
     bits = xs.view(np.int32)
     e_bits = (bits - np.int32(_TWO_THIRDS_BITS)) & np.int32(-(1 << 23))

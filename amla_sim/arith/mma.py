@@ -34,6 +34,7 @@ from ..formats import (
     FORMATS,
     Accumulator,
     Format,
+    exponent,
     get_format,
     is_float_dtype,
     round_accumulator,
@@ -163,13 +164,11 @@ _POW2 = np.ldexp(1.0, np.arange(-_POW2_BIAS, _POW2_BIAS, dtype=np.int64))  # exa
 def _exponents(x64: np.ndarray, fmt: Format) -> np.ndarray:
     """Unnormalised exponent of each operand as int16: floor(log2|x|), at least the format's minimum
     (subnormals); zeros get a sentinel far below every product."""
-    e = np.maximum(np.frexp(x64)[1].astype(np.int16) - 1, fmt.emin)
-    return np.where(x64 == 0, np.int16(_ZERO), e).astype(np.int16)
+    return np.where(x64 == 0, np.int16(_ZERO), exponent(x64, fmt.emin)).astype(np.int16)
 
 
 def _exponent_of_c(c: np.ndarray, e_zero: int | None) -> np.ndarray:
-    e = np.maximum(np.frexp(c)[1].astype(np.int32) - 1, -126)
-    return np.where(c == 0, 2 * _ZERO if e_zero is None else e_zero, e)
+    return np.where(c == 0, 2 * _ZERO if e_zero is None else e_zero, exponent(c, -126))
 
 
 def t_fdpa(
