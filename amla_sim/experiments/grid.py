@@ -108,7 +108,7 @@ class Grid:
     def from_mapping(cls, data: Mapping[str, Any], where: str = "grid") -> Grid:
         """A grid from a TOML table or a dict; unknown keys are errors naming them."""
         known = {f.name for f in fields(cls)}
-        aliases = {"dists": "distributions", "blocks": "blocks", "block": "blocks", "context": "contexts"}
+        aliases = {"dists": "distributions", "block": "blocks", "context": "contexts"}
         out: dict[str, Any] = {}
         for key, value in data.items():
             k = aliases.get(key, key)
@@ -273,7 +273,8 @@ def plot(summary: dict[str, Any], path: Path) -> bool:
     machines, algs = g["machines"], [parse_algorithm(a)[0] for a in g["algorithms"]]
     fig, axes = plt.subplots(len(machines), len(algs), figsize=(3.2 * len(algs) + 1, 2.6 * len(machines) + 0.6),
                              squeeze=False, sharex=True, sharey=True)
-    extra = [k for k in ("heads", "sq", "block") if len(g[{"heads": "heads", "sq": "sq", "block": "blocks"}[k]]) > 1]
+    extra = [cell_key for cell_key, grid_key in (("heads", "heads"), ("sq", "sq"), ("block", "blocks"))
+             if len(g[grid_key]) > 1]  # named in the legend only where the grid varies them
     for i, mach in enumerate(machines):
         for j, alg in enumerate(algs):
             ax = axes[i][j]
