@@ -407,7 +407,11 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _scheduling_flags(p: argparse.ArgumentParser) -> None:
+def _sweep_flags(p: argparse.ArgumentParser) -> None:
+    """What reproduce and sweep share: progress, repair, and where and on which engine the samples run."""
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--repair", action="store_true",
+                   help="keep every valid row of a damaged results.csv, set the other lines aside in results.rejected")
     p.add_argument("--jobs", type=_int_at_least(1), default=1,
                    help="local processes, or workers of --scheduler dask (default 1)")
     p.add_argument("--scheduler", default="local",
@@ -481,10 +485,7 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--machine", default="ieee32-fast", choices=sorted(MACHINES))
     p.add_argument("--seed", type=_int_at_least(0), default=0)
     p.add_argument("--out", default="results", help="output folder (one subfolder per table)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--repair", action="store_true",
-                   help="keep every valid row of a damaged results.csv, set the other lines aside in results.rejected")
-    _scheduling_flags(p)
+    _sweep_flags(p)
     p.set_defaults(func=_cmd_reproduce)
 
 
@@ -509,10 +510,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metric", choices=["rel_frobenius", "rmse", "cos_diff", "max_abs"],
                    help="the metric of the Markdown table and the plot (all are stored)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--repair", action="store_true",
-                   help="keep every valid row of a damaged results.csv, set the other lines aside in results.rejected")
-    _scheduling_flags(p)
+    _sweep_flags(p)
     p.set_defaults(func=_cmd_sweep)
 
 

@@ -36,13 +36,13 @@ def _check(name: object, argname: str) -> str:
     return str(name)
 
 
-_current = os.environ.get(_ENV, "numpy") or "numpy"
-if _current not in ENGINES:
-    raise ValueError(f"{_ENV}: expected one of {ENGINES}, got {_current!r}")
+_current = os.environ.get(_ENV, "numpy") or "numpy"  # checked when used: a bad value never breaks the import
 
 
 def get_engine() -> str:
-    """The engine in use; ``numba`` set by the environment without numba installed is an error here."""
+    """The engine in use; a bad ``AMLA_SIM_ENGINE``, or ``numba`` without numba installed, is an error here."""
+    if _current not in ENGINES:
+        raise ValueError(f"{_ENV}: expected one of {ENGINES}, got {_current!r}")
     if _current == "numba" and not numba_available():
         raise ImportError(f"{_ENV}=numba: the numba engine needs numba: pip install \"amla-sim[fast]\"")
     return _current

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
 from typing import Any
+
+from ._files import atomic_write
 
 
 def _pyplot() -> Any:
@@ -14,6 +18,14 @@ def _pyplot() -> Any:
     except ImportError:
         raise RuntimeError("plots need matplotlib: pip install 'amla-sim[notebooks]'") from None
     return plt
+
+
+def save_png(fig: Any, path: str | Path) -> None:
+    """Write a figure as a PNG atomically (no half-written picture), without the software stamp, and close it."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    _pyplot().close(fig)
+    atomic_write(Path(path), buf.getvalue())
 
 
 def gantt(timeline: Any, path: str, *, title: str = "") -> None:

@@ -4,6 +4,10 @@ The reference itself is held to the hardware captures and to a Fraction oracle (
 also run on both engines (the ``engine`` fixture).
 """
 
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -103,3 +107,13 @@ def test_engine_setting():
         assert get_engine() == "numba"
     with pytest.raises(ValueError, match="engine"):
         set_engine("cuda")
+
+
+def test_a_bad_engine_variable_is_refused_when_used_not_at_import():
+    env = {**os.environ, "AMLA_SIM_ENGINE": "gpu"}
+    use = ("import numpy as np; from amla_sim import mma; "
+           "mma.matmul(np.ones((2, 2), np.float16), np.ones((2, 2), np.float16), model='sm90')")
+    r = subprocess.run([sys.executable, "-c", use], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "AMLA_SIM_ENGINE: expected one of" in r.stderr
+    r = subprocess.run([sys.executable, "-c", "import amla_sim"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

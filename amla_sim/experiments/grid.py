@@ -12,7 +12,6 @@ another grid (anything but ``samples``) is refused rather than mixed into the fo
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import statistics
@@ -264,7 +263,7 @@ def plot(summary: dict[str, Any], path: Path) -> bool:
     """Error against context: one panel per (machine, algorithm), one line per distribution (and per heads,
     s_q and block where the grid has several); bars are the standard error. False without matplotlib."""
     try:
-        from ..plots import _pyplot
+        from ..plots import _pyplot, save_png
 
         plt = _pyplot()
     except RuntimeError:
@@ -296,10 +295,7 @@ def plot(summary: dict[str, Any], path: Path) -> bool:
                 ax.set_ylabel(metric)
     axes[0][-1].legend(fontsize=6)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_png(fig, path)
     return True
 
 

@@ -10,7 +10,6 @@ sorted store and are identical either way.
 
 from __future__ import annotations
 
-import io
 import statistics
 import time
 from dataclasses import dataclass
@@ -115,7 +114,7 @@ def plot(summary: dict, path: Path) -> bool:
     (bars on a log axis from an arbitrary floor would make a 5% gap look like 3x); a table with no published
     numbers gets its metric as points on a log axis. False when matplotlib is missing."""
     try:
-        from ..plots import _pyplot
+        from ..plots import _pyplot, save_png
 
         plt = _pyplot()
     except RuntimeError:
@@ -142,10 +141,7 @@ def plot(summary: dict, path: Path) -> bool:
     ax.set_title(summary["title"], fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_png(fig, path)
     return True
 
 
