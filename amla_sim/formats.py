@@ -35,6 +35,7 @@ __all__ = [
     "FP32_MIN_NORMAL",
     "exponent",
     "flush_subnormals",
+    "tf32_operand",
 ]
 
 RoundingMode = Literal["nearest-even", "toward-zero", "stochastic"]
@@ -214,6 +215,14 @@ def exponent(x: np.ndarray, emin: int) -> np.ndarray:
     """The unnormalised exponent of each (finite, nonzero) x as int64: floor(log2|x|), at least `emin`, so that a
     subnormal of a format with that emin counts with it. Zeros give `emin` too; callers mark them."""
     return np.maximum(np.frexp(x)[1].astype(np.int64) - 1, emin)
+
+
+def tf32_operand(x: np.ndarray) -> np.ndarray:
+    """An FP32 array as the tensor core reads it in TF32: its 19 high bits (sign, exponent, 10 fraction bits), the
+    13 low fraction bits cleared, which truncates toward zero (an FP32 NaN whose payload is all in those bits
+    reads as Inf)."""
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    return (x32.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 def flush_subnormals(x: np.ndarray, *, keep_sign: bool = True) -> np.ndarray:

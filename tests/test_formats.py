@@ -300,3 +300,15 @@ def test_float64_inputs_against_fraction_oracle(name):
             assert np.isnan(gi)
         else:
             assert gi == want, (xi, gi, want)
+
+
+def test_tf32_operand_is_toward_zero_on_finite_values_and_keeps_19_bits():
+    from amla_sim.formats import tf32_operand
+
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    finite = np.isfinite(x)
+    got = tf32_operand(x)
+    assert_bitwise_equal(got[finite], round_to(x[finite], "tf32", mode="toward-zero"))
+    assert (got.view(np.uint32) & np.uint32(0x1FFF) == 0).all()
+    assert np.isinf(tf32_operand(np.uint32([0x7F800001]).view(np.float32)))[0]  # payload only in the low bits

@@ -39,6 +39,7 @@ from ..formats import (
     is_float_dtype,
     round_accumulator,
     round_to,
+    tf32_operand,
 )
 from .elementwise import fma
 
@@ -436,9 +437,7 @@ def matmul(
     out_dtype = ACCUMULATORS[row.output].dtype
     a32, b32 = operands(np.float32)  # exact for every tensor-core input format
     if name == "tf32":  # the tensor core reads the 19 high bits of each FP32 operand
-        mask = np.uint32(0xFFFFE000)
-        a32, b32 = (a32.view(np.uint32) & mask).view(np.float32), (b32.view(np.uint32) & mask).view(np.float32)
-        fmt = FORMATS["tf32"]
+        a32, b32, fmt = tf32_operand(a32), tf32_operand(b32), FORMATS["tf32"]
     if acc is not None and out_dtype != np.float32:  # an FP16 accumulator reads C as FP16
         c64 = round_to(c64, out_dtype).astype(np.float64)
     if 0 in out_shape:  # nothing to compute: an empty result, as NumPy's matmul gives
