@@ -1,11 +1,13 @@
-"""Write the notebooks of this folder from the cells below (``python notebooks/build.py``).
+"""Write the notebooks of this folder from the cells below, executed (``python notebooks/build.py``).
 
-The notebooks are committed without outputs; tests/test_notebooks.py executes every one of them on a CPU.
-Each runs in about a minute at the reduced sizes chosen here.
+The notebooks are committed with their outputs, pictures included, so that they read well on GitHub;
+tests/test_notebooks.py executes every one of them again on a CPU and checks that the sources are these. Each
+runs in about a minute at the reduced sizes chosen here. ``--no-execute`` writes them without outputs.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nbformat
@@ -95,6 +97,28 @@ literal = amla(q, kv, machine="ieee32", cleanup=False)
 cleaned = amla(q, kv, machine="ieee32")
 print("literal:", dict(literal.hazards), "column 7:", literal.out[0, 0, 0, 7])
 print("CANN:   ", dict(cleaned.hazards), "column 7:", cleaned.out[0, 0, 0, 7])"""),
+        ("md", """## Error against context
+
+The same comparison as the context grows (G = 16, one draw per context, the shorter contexts' keys a prefix of
+the longer ones', as `amla-sim sweep` pairs them). For grids of your own, at scale: `amla-sim sweep`."""),
+        ("code", """import matplotlib.pyplot as plt
+
+contexts = (256, 512, 1024, 2048, 4096)
+curves = {"base": [], "amla (CANN)": [], "amla, no compensation": []}
+q, kv_all = make_inputs("normal:1", heads=16, context=max(contexts), seed=11)
+for L in contexts:
+    kv = kv_all[:, :L]
+    ref = golden(q, kv).out
+    for k in curves:
+        curves[k].append(rel_frobenius(variants[k](q, kv).out, ref))
+fig, ax = plt.subplots(figsize=(5.5, 3.2))
+for k, v in curves.items():
+    ax.plot(contexts, v, "o-", label=k)
+ax.set_xscale("log", base=2)
+ax.set_xlabel("context")
+ax.set_ylabel("relative Frobenius error")
+ax.legend(fontsize=8)
+plt.show()"""),
     ],
     "03_snapmla_configs.ipynb": [
         ("md", """# SnapMLA's FP8 pipeline and its ablation configs
@@ -151,16 +175,49 @@ data = Path("..") / "tests" / "data" if Path("..", "tests").exists() else Path("
 for name in ("base_poly", "amla_poly", "amla_hw"):
     print(format_report(replay(data / f"crosscheck_{name}.npz")))
     print()"""),
+        ("md", """## Per stage, how far from the device
+
+AMLA's hardware-mode capture, stage by stage: the ULP distance of every element from the H200's value, on
+`sm90-triton` and on a what-if machine that differs in one unit choice, IEEE exp and division instead of the
+MUFU units' bit-exact models."""),
+        ("code", """import matplotlib.pyplot as plt
+import numpy as np
+from amla_sim.crosscheck import load_capture, run_stages
+from amla_sim.machines import get_machine
+from amla_sim.testing import ulp_distance
+
+meta, q, kv, device = load_capture(data / "crosscheck_amla_hw.npz")
+machines = {"sm90-triton": get_machine("sm90-triton"),
+            "IEEE exp and division": get_machine("sm90-triton", exp_mode="correctly-rounded", div_mode="ieee")}
+sims = {name: run_stages("amla", q, kv, machine=m, scale=meta["scale"]) for name, m in machines.items()}
+stages, edges, labels = ("S", "P", "l", "O"), [0, 1, 2, 4, 16, 2**62], ["0", "1", "2-3", "4-15", ">= 16"]
+fig, axes = plt.subplots(1, len(stages), figsize=(12, 2.8), sharey=True)
+for ax, s in zip(axes, stages):
+    for k, (name, sim) in enumerate(sims.items()):
+        d = np.abs(ulp_distance(sim[s].astype(np.float32), device[s]))
+        ax.bar(np.arange(len(labels)) + 0.4 * k - 0.2, np.histogram(d, bins=edges)[0] / d.size, 0.4, label=name)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_title(f"stage {s}", fontsize=9)
+    ax.set_xlabel("ULP from the device")
+axes[0].set_ylabel("fraction of elements")
+axes[-1].legend(fontsize=7)
+fig.tight_layout()
+plt.show()"""),
     ],
 }
 
 
-def build(folder: Path = Path(__file__).parent) -> None:
+def build(folder: Path = Path(__file__).parent, *, execute: bool = True) -> None:
     for name, cells in NOTEBOOKS.items():
         nb = new_notebook(cells=[new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells])
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        if execute:
+            import nbclient
+
+            nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                    resources={"metadata": {"path": str(folder)}}).execute()
         nbformat.write(nb, folder / name)
 
 
 if __name__ == "__main__":
-    build()
+    build(execute="--no-execute" not in sys.argv[1:])

@@ -28,3 +28,16 @@ def test_notebooks_match_their_builder():
     for p in NOTEBOOKS:
         sources = [c.source for c in nbformat.read(p, as_version=4).cells]
         assert sources == [src for _, src in build.NOTEBOOKS[p.name]], p.name
+
+
+def test_committed_notebooks_are_executed_with_their_pictures():
+    """The notebooks are committed as `python notebooks/build.py` writes them: executed, no errors, and the
+    pictures a reader wants (error against context; per-stage ULP distances from the device)."""
+    nbformat = pytest.importorskip("nbformat")
+    for p in NOTEBOOKS:
+        nb = nbformat.read(p, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(c.execution_count is not None for c in code), p.name
+        assert not [o for c in code for o in c.outputs if o.output_type == "error"], p.name
+        images = sum("image/png" in o.get("data", {}) for c in code for o in c.outputs)
+        assert images >= (1 if p.stem in ("02_amla_vs_base", "05_simulated_vs_device") else 0), p.name
