@@ -83,3 +83,17 @@ def test_the_rule_catches_an_upward_import(line):
     path = PACKAGE / "arith" / "mma.py"
     source = path.read_text() + f"\n\ndef _probe():\n    {line}\n"
     assert upward(path, source) and not upward(path)
+
+
+def test_no_algorithm_asks_which_machine_it_runs_on():
+    """Algorithms use the machine's units and formats, never its identity (`.golden`, `.name`): a what-if machine
+    with one unit swapped must run every algorithm unchanged."""
+    found = []
+    for path in sorted((PACKAGE / "algorithms").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        in_messages = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("golden", "name") and id(node) not in in_messages \
+                    and isinstance(node.value, ast.Name) and node.value.id in ("mc", "machine", "m"):
+                found.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not found, found

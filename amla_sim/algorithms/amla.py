@@ -133,9 +133,9 @@ def _epsilon(mc: Machine, cof: np.ndarray, cof_prev: np.ndarray, compensation: s
 
 def _rescale_bits(mc: Machine, dn: np.ndarray, eps: np.ndarray) -> np.ndarray:
     """Lines 11-12: N = dn + 1.5 eps (+ the machine's guard), dn = n_i - n_{i-1} (at least -30), as
-    Cast_to_int32(N 2^23), the integer that multiplies the FP32 output by 2^N when added to its bits (2^52 for the
-    FP64 golden machine)."""
-    int_unit = float(2 ** (52 if mc.golden else 23))  # 2^mantissa_bits of the output buffer
+    Cast_to_int32(N 2^23), the integer that multiplies the FP32 output by 2^N when added to its bits (2^52 for a
+    machine whose buffer is FP64)."""
+    int_unit = float(2 ** np.finfo(mc.dtype).nmant)  # 2^mantissa_bits of the output buffer's format
     N = dn + mc.f(1.5) * eps + mc.f(mc.amla_guard)
     return np.rint(mc.f(N) * mc.f(int_unit)).astype(np.int64)
 

@@ -72,7 +72,7 @@ def snapmla(
     l = np.zeros((b, R), mc.dtype)
     sigma = np.ones((b, R), mc.dtype)
     O = np.zeros((b, R, d_v), mc.dtype)
-    machine_dot = mc if mc.golden else replace(mc, dot_k=128)  # the content product: tl.dot over 128-wide tiles
+    machine_dot = replace(mc, dot_k=128)  # the content product: tl.dot over 128-wide tiles (exact units ignore it)
     for blk in p.blocks():
         qk = machine_dot.matmul(q8, np.swapaxes(c8[:, blk], -1, -2))  # step 1: content in FP8
         qk = mc.matmul(qr, np.swapaxes(kr[:, blk], -1, -2), acc=qk)  # RoPE tile last, BF16
