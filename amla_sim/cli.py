@@ -409,6 +409,8 @@ def _positive_float(text: str) -> float:
 
 def _sweep_flags(p: argparse.ArgumentParser) -> None:
     """What reproduce and sweep share: progress, repair, and where and on which engine the samples run."""
+    from .engine import ENGINES
+
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--repair", action="store_true",
                    help="keep every valid row of a damaged results.csv, set the other lines aside in results.rejected")
@@ -416,7 +418,7 @@ def _sweep_flags(p: argparse.ArgumentParser) -> None:
                    help="local processes, or workers of --scheduler dask (default 1)")
     p.add_argument("--scheduler", default="local",
                    help="local (default), dask (a LocalCluster here) or tcp://HOST:PORT (an existing Dask cluster)")
-    p.add_argument("--engine", default=os.environ.get("AMLA_SIM_ENGINE") or "numpy", choices=["numpy", "numba"],
+    p.add_argument("--engine", default=os.environ.get("AMLA_SIM_ENGINE") or "numpy", choices=ENGINES,
                    help="numpy (the reference) or numba (compiled, same bits; the [fast] extra)")
 
 
@@ -490,6 +492,7 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    from .experiments.grid import METRICS
     from .machines import MACHINES
 
     p = sub.add_parser("sweep", help="any grid of algorithms, machines, distributions, contexts, heads, s_q, blocks "
@@ -507,7 +510,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=_int_at_least(0))
     p.add_argument("--input-format", dest="input_format", help="format of q and kv (default bf16)")
     p.add_argument("--sampler", choices=["round", "table"], help="how inputs are drawn (default round)")
-    p.add_argument("--metric", choices=["rel_frobenius", "rmse", "cos_diff", "max_abs"],
+    p.add_argument("--metric", choices=METRICS,
                    help="the metric of the Markdown table and the plot (all are stored)")
     p.add_argument("--out", required=True, help="output folder")
     _sweep_flags(p)

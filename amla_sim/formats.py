@@ -213,7 +213,7 @@ FP32_MIN_NORMAL = np.float32(2.0**-126)
 
 def exponent(x: np.ndarray, emin: int) -> np.ndarray:
     """The unnormalised exponent of each (finite, nonzero) x as int64: floor(log2|x|), at least `emin`, so that a
-    subnormal of a format with that emin counts with it. Zeros give `emin` too; callers mark them."""
+    subnormal of a format with that emin counts with it. Zeros give no meaningful value: callers mark them."""
     return np.maximum(np.frexp(x)[1].astype(np.int64) - 1, emin)
 
 
@@ -452,15 +452,14 @@ class AccumulatorFormat:
 
     significant_bits: int
     mode: RoundingMode
-    dtype: np.dtype
-    fmt: str  # the format the result is rounded into
+    dtype: np.dtype  # the storage type (FP16 or FP32); nearest-even rounds into it
 
 
 ACCUMULATORS: dict[str, AccumulatorFormat] = {
-    "fp32-rz": AccumulatorFormat(24, "toward-zero", np.dtype(np.float32), "fp32"),
-    "e8m13-rz": AccumulatorFormat(14, "toward-zero", np.dtype(np.float32), "fp32[14]"),  # FP8 wgmma's 14 bits
-    "fp16-rne": AccumulatorFormat(11, "nearest-even", np.dtype(np.float16), "fp16"),
-    "fp32-rne": AccumulatorFormat(24, "nearest-even", np.dtype(np.float32), "fp32"),
+    "fp32-rz": AccumulatorFormat(24, "toward-zero", np.dtype(np.float32)),
+    "e8m13-rz": AccumulatorFormat(14, "toward-zero", np.dtype(np.float32)),  # FP8 wgmma's 14 bits
+    "fp16-rne": AccumulatorFormat(11, "nearest-even", np.dtype(np.float16)),
+    "fp32-rne": AccumulatorFormat(24, "nearest-even", np.dtype(np.float32)),
 }
 
 
@@ -471,7 +470,7 @@ def round_accumulator(v: np.ndarray, accumulator: str) -> np.ndarray:
     acc = ACCUMULATORS[accumulator]
     v = np.ascontiguousarray(v, dtype=np.float64)
     if acc.mode == "nearest-even":
-        return round_to(v, acc.fmt).astype(np.float64)
+        return round_to(v, acc.dtype).astype(np.float64)
     drop = 53 - acc.significant_bits
     r = (v.view(np.uint64) & np.uint64(~((1 << drop) - 1) & 0xFFFF_FFFF_FFFF_FFFF)).view(np.float64)
     tiny = (np.abs(v) < 2.0**-126) & (v != 0)

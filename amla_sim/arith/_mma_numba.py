@@ -23,7 +23,7 @@ import numba as nb
 import numpy as np
 
 OUTPUT_CODES = {"fp32-rz": 0, "e8m13-rz": 1, "fp32-rne": 2, "fp16-rne": 3}
-_TILE = 512  # columns per task: a 576-deep tile of B (float64 and int32) stays in the core's L2
+_TILE = 512  # columns per task: the fastest of 64-1024 on benchmarks/bench_mma.py
 _NO_E_ZERO = -(1 << 20)  # e_zero of rows whose zeros never set e_max
 _ZERO_FLOOR = -4000  # e_max below this: every product and c are zero (zero operands carry -8000)
 _EXP_MASK = np.uint64(0x7FF0_0000_0000_0000)  # a float64's exponent field: all ones for Inf and NaN
@@ -44,7 +44,7 @@ def _round_fp16_rne(v: float) -> float:
 
 @nb.njit(cache=True, nogil=True)
 def _round_output(v: float, out_code: int) -> float:
-    """The row's final normalisation of an exact float64 value (the reference's ``_round_output``)."""
+    """The row's final normalisation of an exact float64 value (the reference: ``formats.round_accumulator``)."""
     if out_code == 2:
         return np.float64(np.float32(v))
     if out_code == 3:
@@ -83,7 +83,7 @@ def _add_terms(ak: np.float32, brow: np.ndarray, sc: np.ndarray, acc: np.ndarray
 
 @nb.njit(cache=True, nogil=True)
 def _add_terms32(ak: np.float32, brow: np.ndarray, sc: np.ndarray, acc: np.ndarray) -> None:
-    """acc += trunc(ak b sc) in float32 and int32: exact where e_max is in :func:`_narrow`'s range."""
+    """acc += trunc(ak b sc) in float32 and int32: exact where :func:`_block` allows it (e_max in range)."""
     for j in range(acc.size):
         acc[j] += np.int32(ak * brow[j] * sc[j])
 
@@ -179,8 +179,8 @@ def _block_general(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.nd
 def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.ndarray, L: int, F: int,
           out_code: int, e_zero: int, dot_k: int, fp32_add: bool) -> np.ndarray:
     """acc + a @ b as a chain of T-FDPA blocks: a (B, M, K), b (B, K, N) float32 (finite) with exponents ea, eb
-    (int32, zeros -8000), c (B, M, N) float64. ``fp32_add``: each `dot_k` of K runs from a zero accumulator and is added to the
-    FP32 accumulator (nearest even); else every block takes the previous block's result."""
+    (int32, zeros -8000), c (B, M, N) float64. ``fp32_add``: each `dot_k` of K runs from a zero accumulator and is
+    added to the FP32 accumulator (nearest even); else every block takes the previous block's result."""
     nb_, M, K = a.shape
     N = b.shape[2]
     out = np.empty((nb_, M, N))
@@ -190,7 +190,7 @@ def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.nd
     for t in nb.prange(nb_ * tiles):
         bi, j0 = t // tiles, (t % tiles) * _TILE
         w = min(_TILE, N - j0)
-        cur = np.empty((M, w))  # the tile's accumulators (in L2) while the B block stays in L1
+        cur = np.empty((M, w))  # the tile's accumulators: every row of A meets the block's rows of B in turn
         part = np.zeros((M, w)) if fp32_add else cur
         for i in range(M):
             for j in range(w):

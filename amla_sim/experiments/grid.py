@@ -16,7 +16,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,10 @@ from .._validate import check_int, check_positive_int, dumps_strict
 from ..algorithms import ALGORITHMS, golden
 from ..engine import use_engine
 from ..formats import get_format, round_to
-from ..machines import get_machine
+from ..machines import Machine, get_machine
 from .inputs import make_inputs, parse_dist
 from .metrics import all_metrics
-from .schedulers import check_run, execute
+from .schedulers import check_run, execute, progress_bar
 from .specs import parse_algorithm
 from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
 
@@ -165,23 +165,30 @@ def reference(q: np.ndarray, kv: np.ndarray, kind: str) -> np.ndarray:
     return golden(q, kv).out
 
 
+def sample_errors(specs: Iterable[str], dist: str, *, seed: int, heads: int, sq: int, context: int, block: int,
+                  machine: str | Machine, input_format: str = "bf16", sampler: str = "round",
+                  reference_kind: str = "golden") -> list[tuple[str, dict[str, float]]]:
+    """One sample: the inputs drawn from `seed`, the FP64 reference, and (label, errors) of every algorithm spec."""
+    q, kv = make_inputs(dist, heads=heads, sq=sq, context=context, fmt=input_format, seed=seed, sampler=sampler)
+    ref = reference(q, kv, reference_kind)
+    mc = get_machine(machine)
+    out = []
+    for spec in specs:
+        label, name, options = parse_algorithm(spec)
+        out.append((label, all_metrics(ALGORITHMS[name](q, kv, machine=mc, block=block, **options).out, ref)))
+    return out
+
+
 def run_task(task: tuple) -> list[tuple[str, ...]]:
     """One sample of one cell on one machine: every algorithm's row, as the store's fields (strings)."""
     grid_json, cell, sample, engine = task
     grid = Grid.from_mapping(json.loads(grid_json))
     machine, dist, context, heads, sq, block = cell
     with use_engine(engine):
-        q, kv = make_inputs(dist, heads=heads, sq=sq, context=context, fmt=grid.input_format,
-                            seed=derive_seed(grid.seed, grid.name, dist, sample), sampler=grid.sampler)
-        ref = reference(q, kv, grid.reference)
-        rows = []
-        mc = get_machine(machine)
-        for spec in grid.algorithms:
-            label, name, options = parse_algorithm(spec)
-            out = ALGORITHMS[name](q, kv, machine=mc, block=block, **options).out
-            m = all_metrics(out, ref)
-            rows.append((*map(str, (*cell, sample)), label, *(repr(float(m[k])) for k in METRICS)))
-    return rows
+        errors = sample_errors(grid.algorithms, dist, seed=derive_seed(grid.seed, grid.name, dist, sample),
+                               heads=heads, sq=sq, context=context, block=block, machine=machine,
+                               input_format=grid.input_format, sampler=grid.sampler, reference_kind=grid.reference)
+    return [(*map(str, (*cell, sample)), label, *(repr(float(m[k])) for k in METRICS)) for label, m in errors]
 
 
 def _check_runs(grid: Grid) -> None:
@@ -304,7 +311,7 @@ def plot(summary: dict[str, Any], path: Path) -> bool:
 
 def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs: int = 1, engine: str = "numpy",
              progress: bool = True, max_tasks: int | None = None, repair: bool = False,
-             log=None) -> GridResult:
+             log: Callable[[str], None] | None = None) -> GridResult:
     """Run (or resume) `grid` into out_dir: results.csv, grid.json, summary.json, summary.md, errors.png.
 
     scheduler: ``local``, ``dask`` or ``tcp://HOST:PORT`` (:mod:`.schedulers`); jobs: local processes or
@@ -331,7 +338,7 @@ def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs:
         if max_tasks is not None:
             todo = todo[:max_tasks]
         t0 = time.perf_counter()
-        bar = _progress(len(todo), grid.name, progress)
+        bar = progress_bar(len(todo), grid.name, progress)
         for rows in execute(run_task, todo, scheduler=scheduler, jobs=jobs, log=log):
             store.append(rows)  # a row already there (a retried task) is not written twice
             bar.update(1)
@@ -348,10 +355,3 @@ def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs:
 def _sort_key(key: tuple[str, ...]) -> tuple:
     """Rows in a readable order: numbers as numbers."""
     return tuple((0, int(v), "") if v.isdigit() else (1, 0, v) for v in key)
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    from .sweep import _progress as bar
-
-    return bar(total, desc, enabled)
-

@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["SchedulerError", "check_scheduler", "check_run", "execute", "cap_jobs", "die_with_parent"]
+__all__ = ["SchedulerError", "check_scheduler", "check_run", "execute", "cap_jobs", "die_with_parent", "progress_bar"]
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 _CONNECT_TIMEOUT = "10s"
@@ -174,3 +174,22 @@ def die_with_parent() -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, enabled: bool):
+    """A tqdm bar of `total` samples when enabled and tqdm is installed, else one that does nothing."""
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="sample")

@@ -19,11 +19,11 @@ from .. import _blas_clock
 from .._validate import check_int, check_positive_int, dumps_strict
 from ..engine import use_engine
 from ..machines import get_machine
-from .schedulers import check_run, execute
+from .schedulers import check_run, execute, progress_bar
 from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
-from .tables import TABLES, Table, run_sample
+from .tables import TABLE_METRICS, TABLES, Table, run_sample
 
-FIELDS = ("distribution", "sample", "algorithm", "rel_frobenius", "rmse", "cos_diff")
+FIELDS = ("distribution", "sample", "algorithm", *TABLE_METRICS)
 
 
 @dataclass
@@ -195,7 +195,7 @@ def run_table(
             todo = todo[:max_tasks]
         t0 = time.perf_counter()
         blas = 0.0
-        bar = _progress(len(todo), name, progress)
+        bar = progress_bar(len(todo), name, progress)
         for rows, blas_s in execute(_task, todo, scheduler=scheduler, jobs=jobs):
             store.append(_fields(r) for r in rows)
             done[(rows[0]["distribution"], rows[0]["sample"])] = rows
@@ -211,21 +211,3 @@ def run_table(
         atomic_write(out / "table.md", markdown(summary))
         plot(summary, out / "table.png")
     return SweepResult(table, out, summary, len(todo), seconds, blas)
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, unit="sample")

@@ -6,12 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 from .._seeds import derive_seed
-from ..algorithms import ALGORITHMS
 from ..machines import Machine
-from .grid import Grid, reference
-from .inputs import make_inputs
-from .metrics import cos_diff, rel_frobenius, rmse
-from .specs import parse_algorithm
+from .grid import Grid, sample_errors
 
 
 @dataclass(frozen=True)
@@ -75,6 +71,8 @@ TABLES: dict[str, Table] = {
 }
 
 
+TABLE_METRICS = ("rel_frobenius", "rmse", "cos_diff")  # the metric columns of reproduce's results.csv
+
 SPECS: dict[str, str] = {  # the tables' algorithm columns as sweep specs (label=algorithm:options)
     "base": "base",
     "amla": "amla",
@@ -108,13 +106,9 @@ def table_grid(name: str, *, samples: int = 100, context: int | None = None, hea
 def run_sample(table: Table, dist: str, sample: int, *, machine: Machine, context: int, heads: int,
                seed: int) -> list[dict]:
     """One sample of one distribution: inputs, the reference, every algorithm of the table, its metrics."""
-    q, kv = make_inputs(dist, heads=heads, sq=table.sq, context=context, seed=derive_seed(seed, table.name, dist, sample),
-                        fmt=table.input_format, sampler=table.sampler)
-    ref = reference(q, kv, _reference(table))
-    rows = []
-    for alg in table.algorithms:
-        _, fn, options = parse_algorithm(SPECS[alg])
-        out = ALGORITHMS[fn](q, kv, machine=machine, block=table.block, **options).out
-        rows.append({"distribution": dist, "sample": sample, "algorithm": alg,
-                     "rel_frobenius": rel_frobenius(out, ref), "rmse": rmse(out, ref), "cos_diff": cos_diff(out, ref)})
-    return rows
+    errors = sample_errors([SPECS[a] for a in table.algorithms], dist, seed=derive_seed(seed, table.name, dist, sample),
+                           heads=heads, sq=table.sq, context=context, block=table.block, machine=machine,
+                           input_format=table.input_format, sampler=table.sampler, reference_kind=_reference(table))
+    return [{"distribution": dist, "sample": sample, "algorithm": alg, **{k: m[k] for k in TABLE_METRICS}}
+            for alg, (_, m) in zip(table.algorithms, errors, strict=True)]
+

@@ -14,6 +14,7 @@ ALGOS = {"base": 0, "amla": 1, "snapmla": 2, "etap": 3}
 EXP_MODES = {"hw": 0, "poly": 1}
 DIV_MODES = {"hw": 0, "ieee": 1}
 BLOCK_M = BLOCK_N = 64
+D_K, D_V = 576, 512  # DeepSeek-V3 MLA: the kernels are compiled for these (V = the first D_V of K)
 
 
 _STAGE_SHAPES = {"S": "block", "P": "block", "m": "row", "l": "row", "n": "row", "N": "row", "O": "dv"}
@@ -27,7 +28,7 @@ def _debug_buffers(stages: str, b: int, nblk: int, R: int, debug: bool, torch, d
         if not debug:
             bufs[k] = torch.zeros(1, device=device, dtype=dt)
             continue
-        tail = {"block": (BLOCK_N,), "row": (), "dv": (512,)}[_STAGE_SHAPES[k]]
+        tail = {"block": (BLOCK_N,), "row": (), "dv": (D_V,)}[_STAGE_SHAPES[k]]
         bufs[k] = torch.zeros((b, nblk, R, *tail), device=device, dtype=dt)
     return bufs
 
@@ -85,16 +86,16 @@ def run_kernel(
             raise ValueError(f"{arg}: expected one of {sorted(allowed)}, got {val!r}")
     b, s_q, G, D = q.shape
     S = kv.shape[1]
-    if D != 576 or kv.shape != (b, S, 576):
-        raise ValueError(f"q and kv: expected (b, s_q, G, 576) and (b, S, 576), got {q.shape} and {kv.shape}")
+    if D != D_K or kv.shape != (b, S, D_K):
+        raise ValueError(f"q and kv: expected (b, s_q, G, {D_K}) and (b, S, {D_K}), got {q.shape} and {kv.shape}")
     if algorithm == "snapmla":
         if quantized is None:
             raise ValueError("quantized: the snapmla kernel takes the quantized cache and query "
                              "(amla_sim.crosscheck.device_run makes them)")
         return _run_snapmla(q, quantized, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
-    R, DV = s_q * G, 512
+    R, DV = s_q * G, D_V
     nblk = -(-S // BLOCK_N)
-    scale = 1.0 / math.sqrt(576) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(D_K) if scale is None else float(scale)
     qt = _to_torch(q.reshape(b, R, D), torch, device)
     kvt = _to_torch(kv, torch, device)
     out = torch.empty((b, R, DV), device=device, dtype=torch.bfloat16)
@@ -106,7 +107,7 @@ def run_kernel(
 
         dbg = _debug_buffers("SPmO", b, nblk, R, debug, torch, device)
         etap_decode_kernel[grid](qt, kvt, out, dbg["S"], dbg["P"], dbg["m"], dbg["O"], R, S, G, s_q, nblk, scale,
-                                 D=576, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **modes)
+                                 D=D_K, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **modes)
         return _collect(out, dbg, debug, (b, s_q, G, DV))
     obuf = torch.zeros((b, R, DV), device=device, dtype=torch.float32)
     dbg = _debug_buffers("SPmlnNO", b, nblk, R, debug, torch, device)
@@ -114,7 +115,7 @@ def run_kernel(
         qt, kvt, out, obuf, obuf.view(torch.int32),
         dbg["S"], dbg["P"], dbg["m"], dbg["l"], dbg["n"], dbg["N"], dbg["O"],
         R, S, G, s_q, nblk, scale,
-        D=576, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, ALGO=ALGOS[algorithm], **modes,
+        D=D_K, DV=DV, DVH=DV // 2, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, ALGO=ALGOS[algorithm], **modes,
     )
     return _collect(out, dbg, debug, (b, s_q, G, DV))
 
@@ -127,7 +128,7 @@ def _run_snapmla(q, quantized, *, exp_mode, div_mode, debug, device) -> dict[str
 
     b, s_q, G, _ = q.shape
     qz = SimpleNamespace(**quantized)
-    R, DV, S, S_pad = s_q * G, 512, int(qz.context), qz.c8.shape[1]
+    R, DV, S, S_pad = s_q * G, D_V, int(qz.context), qz.c8.shape[1]
     nblk = S_pad // BLOCK_N
 
     args = [to_torch(x, device) for x in (qz.q8, qz.qr, np.float32(qz.row_scale), qz.c8, qz.kr, np.float32(qz.s_k))]
