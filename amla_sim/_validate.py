@@ -5,14 +5,15 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["check_positive_int", "check_int", "dumps_strict", "strict_json", "quiet_fp"]
+__all__ = ["check_positive_int", "check_int", "from_registry", "dumps_strict", "strict_json", "quiet_fp"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def check_int(value: Any, name: str, *, lo: int | None = None, hi: int | None = None) -> int:
@@ -24,6 +25,15 @@ def check_int(value: Any, name: str, *, lo: int | None = None, hi: int | None = 
         rng = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in [{lo}, {hi}]")
         raise ValueError(f"{name}: expected an int {rng}, got {v}")
     return v
+
+
+def from_registry(value: Any, registry: Mapping[str, T], cls: type, name: str) -> T:
+    """`value` itself when it is a `cls`, else its entry in `registry`, or an error naming the argument."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str) and value in registry:
+        return registry[value]
+    raise ValueError(f"{name}: unknown {name} {value!r}; expected one of {sorted(registry)}")
 
 
 def check_positive_int(value: Any, name: str) -> int:

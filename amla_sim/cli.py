@@ -106,7 +106,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     mc = get_machine(args.machine)
     _check_options(args)
     need = run_bytes(batch=args.batch, sq=args.sq, heads=args.heads, context=args.context,
-                     mufu_tables=mc.exp_mode == "sm90" or mc.div_mode == "sm90")
+                     mufu_tables=mc.exponential.mode == "sm90" or mc.division.mode == "sm90")
     check_fits(need, what=f"run (b={args.batch}, s_q={args.sq}, G={args.heads}, context={args.context})",
                lower="--context, --heads, --batch or --sq", limit=_limit(args))
     q, kv = make_inputs(args.dist, batch=args.batch, heads=args.heads, sq=args.sq, context=args.context,
@@ -116,12 +116,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.no_cleanup:
         options["cleanup"] = False
     t0 = time.perf_counter()
-    res = ALGORITHMS[args.algorithm](q, kv, machine=mc, scale=args.scale, block=args.block, **options)
+    res = ALGORITHMS[args.algorithm](q, kv, machine=mc, schedule=args.schedule, scale=args.scale, block=args.block,
+                                     **options)
     seconds = time.perf_counter() - t0
     ref = golden(q, kv, scale=args.scale)
     report = {
         "algorithm": args.algorithm,
         "machine": mc.name,
+        "schedule": args.schedule,
         "options": options,
         "shape": {"batch": args.batch, "sq": args.sq, "heads": args.heads, "context": args.context,
                   "block": args.block},
@@ -319,7 +321,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         raise ValueError(f"table: expected names from {sorted(TABLES)} or 'all', got {bad[0]!r}")
     for name in dict.fromkeys(names):
         res = run_table(name, out_dir=args.out, samples=args.samples, context=args.context, heads=args.heads,
-                        machine=args.machine, seed=args.seed, jobs=args.jobs, progress=not args.quiet,
+                        machine=args.machine, schedule=args.schedule, seed=args.seed, jobs=args.jobs, progress=not args.quiet,
                         repair=args.repair, scheduler=args.scheduler, engine=args.engine)
         print(markdown(res.summary))
         if res.computed:
@@ -344,7 +346,7 @@ def _csv(kind: Callable[[str], object]) -> Callable[[str], tuple]:
 
 
 _GRID_FLAGS = {"algorithms": "algorithms", "machines": "machines", "dists": "distributions", "contexts": "contexts",
-               "heads": "heads", "sq": "sq", "blocks": "blocks", "samples": "samples", "seed": "seed",
+               "heads": "heads", "sq": "sq", "blocks": "blocks", "schedule": "schedule", "samples": "samples", "seed": "seed",
                "input_format": "input_format", "sampler": "sampler", "metric": "metric"}
 
 
@@ -429,6 +431,14 @@ def _add_lemma(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_lemma)
 
 
+def _schedule_flag(p: argparse.ArgumentParser, default: str | None = "reference") -> None:
+    from .schedules import SCHEDULES
+
+    p.add_argument("--schedule", default=default, choices=sorted(SCHEDULES),
+                   help="how a kernel lays the blocks out (default reference: the papers' pseudo-code; amla-sim-gpu: "
+                        "this project's Triton kernels, whose bits sm90-triton predicts)")
+
+
 def _add_run(sub: argparse._SubParsersAction) -> None:
     from .algorithms import ALGORITHMS
     from .machines import MACHINES
@@ -436,6 +446,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run one algorithm on one machine and compare it with the FP64 golden")
     p.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS))
     p.add_argument("--machine", default="ieee32", choices=sorted(MACHINES))
+    _schedule_flag(p)
     p.add_argument("--batch", type=_int_at_least(1), default=1)
     p.add_argument("--heads", type=_int_at_least(1), default=128)
     p.add_argument("--sq", type=_int_at_least(1), default=1, help="query tokens per step (MTP), causal within the step")
@@ -485,6 +496,7 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=_int_at_least(1), default=None, help="context length (default: the paper's)")
     p.add_argument("--heads", type=_int_at_least(1), default=None, help="query heads G (default: the paper's)")
     p.add_argument("--machine", default="ieee32-fast", choices=sorted(MACHINES))
+    _schedule_flag(p)
     p.add_argument("--seed", type=_int_at_least(0), default=0)
     p.add_argument("--out", default="results", help="output folder (one subfolder per table)")
     _sweep_flags(p)
@@ -506,6 +518,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heads", type=_csv(_int_at_least(1)), help="query heads G, e.g. 64,128")
     p.add_argument("--sq", type=_csv(_int_at_least(1)), help="query tokens per step, e.g. 1,2")
     p.add_argument("--blocks", type=_csv(_int_at_least(1)), help="KV block sizes, e.g. 64,128")
+    _schedule_flag(p, default=None)
     p.add_argument("--samples", type=_int_at_least(1), help="samples per cell (default 10)")
     p.add_argument("--seed", type=_int_at_least(0))
     p.add_argument("--input-format", dest="input_format", help="format of q and kv (default bf16)")

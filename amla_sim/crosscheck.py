@@ -39,6 +39,7 @@ RESPONSIBLE = {
     "out": "division model and the BF16 cast",
 }
 MACHINE_FOR_MODE = {"poly": "sm90-triton-exact", "hw": "sm90-triton"}
+KERNEL_SCHEDULE = "amla-sim-gpu"  # how amla_sim.gpu's kernels lay the blocks out
 _HIST_EDGES = (0, 1, 2, 4, 16, 256)
 
 
@@ -61,13 +62,15 @@ def simulate(algorithm: str, q: np.ndarray, kv: np.ndarray, *, scale: float | No
         raise ValueError(f"algorithm: the cross-check covers {sorted(STAGES)}, got {algorithm!r}")
     if exp_mode not in MACHINE_FOR_MODE:
         raise ValueError(f"exp_mode: expected one of {sorted(MACHINE_FOR_MODE)}, got {exp_mode!r}")
-    return run_stages(algorithm, q, kv, machine=MACHINE_FOR_MODE[exp_mode], scale=scale)
+    return run_stages(algorithm, q, kv, machine=MACHINE_FOR_MODE[exp_mode], schedule=KERNEL_SCHEDULE, scale=scale)
 
 
 @quiet_fp
-def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine, scale: float | None = None) -> dict:
-    """Run `algorithm` on any machine with its trace on; the stages stacked per block, and the output."""
-    res = ALGORITHMS[algorithm](q, kv, machine=machine, scale=scale, trace=True)
+def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine, schedule="reference",
+               scale: float | None = None) -> dict:
+    """Run `algorithm` on any machine and schedule with its trace on; the stages stacked per block, and the
+    output."""
+    res = ALGORITHMS[algorithm](q, kv, machine=machine, schedule=schedule, scale=scale, trace=True)
     stages = {k: np.stack(v) for k, v in res.trace.items() if k in STAGES[algorithm]}
     if "N" in stages:  # the first block adds no N
         stages["N"] = np.concatenate([np.zeros_like(stages["N"][:1]), stages["N"]]).astype(np.int32)

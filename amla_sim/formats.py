@@ -9,6 +9,7 @@ that the target's quantum becomes 1, rounded to an integer, and scaled back. No 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -26,6 +27,7 @@ __all__ = [
     "ROUNDING_MODES",
     "OVERFLOW_MODES",
     "get_format",
+    "fsum_to_fp32",
     "is_float_dtype",
     "round_to",
     "round_significand",
@@ -477,3 +479,29 @@ def round_accumulator(v: np.ndarray, accumulator: str) -> np.ndarray:
     if tiny.any():
         r[tiny] = round_significand(v[tiny], acc.significant_bits).astype(np.float64)
     return np.where(np.abs(v) >= 2.0**128, np.copysign(np.inf, v), r)
+
+
+def fsum_to_fp32(terms: list[float]) -> float:
+    """The exact sum of float64 terms rounded once to FP32, nearest even (fsum, then midpoints settled by the sign of
+    the exact residual); Inf and NaN as IEEE addition has them."""
+    if not all(map(math.isfinite, terms)):  # Inf and NaN as IEEE addition has them: inf - inf is NaN
+        with np.errstate(invalid="ignore"):
+            return float(np.sum(np.asarray(terms, dtype=np.float64)))
+    s = math.fsum(terms)  # products of formats up to FP32 stay below 2^256: no float64 overflow
+    if not math.isfinite(s):
+        return s
+    r = float(np.float32(s))
+    if r == s:
+        return r
+    lo, hi = (r, float(np.nextafter(np.float32(r), np.float32(np.inf if s > r else -np.inf))))
+    lo, hi = min(lo, hi), max(lo, hi)
+    mid = (lo + hi) / 2  # exact in float64
+    if math.isfinite(mid) and lo < s < hi and abs(s - mid) < abs(hi - lo) * 2.0**-27:
+        # s may have been rounded onto or across the midpoint: the sign of the exact residual decides
+        residual = math.fsum([*terms, -mid])
+        if residual > 0:
+            return hi
+        if residual < 0:
+            return lo
+        return lo if int(np.float32(lo).view(np.uint32)) % 2 == 0 else hi
+    return r

@@ -185,11 +185,15 @@ import numpy as np
 from amla_sim.crosscheck import load_capture, run_stages
 from amla_sim.machines import get_machine
 from amla_sim.testing import ulp_distance
+from amla_sim.units import DivUnit, ExpUnit
 
 meta, q, kv, device = load_capture(data / "crosscheck_amla_hw.npz")
 machines = {"sm90-triton": get_machine("sm90-triton"),
-            "IEEE exp and division": get_machine("sm90-triton", exp_mode="correctly-rounded", div_mode="ieee")}
-sims = {name: run_stages("amla", q, kv, machine=m, scale=meta["scale"]) for name, m in machines.items()}
+            "IEEE exp and division": get_machine("sm90-triton", exponential=ExpUnit("correctly-rounded"),
+                                                 division=DivUnit("ieee"))}
+# the machine is the hardware; the schedule is how amla_sim.gpu's kernel lays the blocks out
+sims = {name: run_stages("amla", q, kv, machine=m, schedule="amla-sim-gpu", scale=meta["scale"])
+        for name, m in machines.items()}
 stages, edges, labels = ("S", "P", "l", "O"), [0, 1, 2, 4, 16, 2**62], ["0", "1", "2-3", "4-15", ">= 16"]
 fig, axes = plt.subplots(1, len(stages), figsize=(12, 2.8), sharey=True)
 for ax, s in zip(axes, stages):

@@ -257,7 +257,7 @@ USAGE = [
     ["run", "--algorithm", "base", "--seed", "-1"],
     ["run", "--algorithm", "base", "--compensation", "cann"],
     ["run", "--algorithm", "amla", "--config", "A"],
-    ["run", "--algorithm", "base", "--machine", "sm90-triton", "--block", "3", "--heads", "4", "--context", "64"],
+    ["run", "--algorithm", "base", "--machine", "sm90-triton", "--schedule", "amla-sim-gpu", "--block", "3", "--heads", "4", "--context", "64"],
     ["run", "--algorithm", "base", "--heads", "0"],
     ["run", "--algorithm", "base", "--context", "1000000", "--heads", "128"],
     ["run", "--algorithm", "base", "--context", "4096", "--max-memory", "0.01"],

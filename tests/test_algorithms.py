@@ -21,7 +21,8 @@ def small():
 def test_golden_machine_is_the_same_mathematics(small, name):
     q, kv = small
     ref = golden(q, kv)
-    res = ALGORITHMS[name](q, kv, machine="golden")
+    options = {"guard": 0.0} if name == "amla" else {}  # CANN's +1e-6 in N is not the mathematics
+    res = ALGORITHMS[name](q, kv, machine="golden", **options)
     assert rel_frobenius(res.out, ref.out) < 1e-12
     assert np.max(np.abs(res.lse - ref.lse)) < 1e-12
 

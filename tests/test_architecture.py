@@ -14,7 +14,7 @@ LAYERS = {  # module prefix -> layer (the longest matching prefix decides)
     "amla_sim.resources": 0, "amla_sim.plots": 0, "amla_sim._blas_clock": 0, "amla_sim._seeds": 0,
     "amla_sim.formats": 1, "amla_sim.bits": 1, "amla_sim._formats_numba": 1, "amla_sim.testing": 1, "amla_sim.experiments.metrics": 1,
     "amla_sim.arith": 2, "amla_sim.mma": 2,
-    "amla_sim.machines": 3, "amla_sim.gpu": 3,
+    "amla_sim.units": 3, "amla_sim.machines": 3, "amla_sim.schedules": 3, "amla_sim.gpu": 3,
     "amla_sim.algorithms": 4, "amla_sim.experiments.inputs": 4, "amla_sim.experiments.sampling": 4,
     "amla_sim.crosscheck": 5, "amla_sim.thirdparty": 5, "amla_sim.captures": 5,
     "amla_sim.experiments": 6, "amla_sim.pipeline": 6, "amla_sim.roofline": 6,

@@ -4,7 +4,6 @@ too, and an H100 capture of inputs no other test uses."""
 
 import hashlib
 import json
-from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -16,6 +15,7 @@ from amla_sim.algorithms.splitkv_decode import split_ranges, splitkv_decode
 from amla_sim.arith.logarithm import lg2_approx, log
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.machines import get_machine
+from amla_sim.units import DivUnit, ExpUnit, FMAUnit, LogUnit
 
 DATA = "tests/data/"
 
@@ -89,8 +89,9 @@ def test_sglang_decode_bit_exact(case, engine):
 def test_each_modelled_choice_matters(change):
     """The replay fails when one of the model's measured choices is replaced by a plausible other."""
     mc = get_machine("sm90-triton")
-    mc = {"no-fma": replace(mc, contraction=False), "wgmma-layout": mc, "ieee-exp": replace(mc, exp_mode="correctly-rounded"),
-          "correct-log": replace(mc, log_mode="correctly-rounded")}[change]
+    mc = {"no-fma": get_machine(mc, fma=FMAUnit(contract=False)), "wgmma-layout": mc,
+          "ieee-exp": get_machine(mc, exponential=ExpUnit("correctly-rounded")),
+          "correct-log": get_machine(mc, logarithm=LogUnit(ln="correctly-rounded", lg2=None))}[change]
     with np.load(DATA + "sglang_decode.npz") as z:
         meta = json.loads(str(z["meta"]))
         out, lse = z["c2_o"], z["c2_lse"]
@@ -156,8 +157,9 @@ def test_flashmla_decode_bit_exact(capture, engine):
 @pytest.mark.parametrize("change", ["no-fma", "ieee-exp2", "ieee-log2", "ieee-div"])
 def test_each_flashmla_choice_matters(change):
     mc = get_machine("sm90-cuda")
-    mc = {"no-fma": replace(mc, contraction=False), "ieee-exp2": replace(mc, exp_mode="correctly-rounded"),
-          "ieee-log2": replace(mc, log2_mode="correctly-rounded"), "ieee-div": replace(mc, div_mode="ieee")}[change]
+    mc = {"no-fma": get_machine(mc, fma=FMAUnit(contract=False)), "ieee-exp2": get_machine(mc, exponential=ExpUnit("correctly-rounded")),
+          "ieee-log2": get_machine(mc, logarithm=LogUnit(ln=None, lg2="correctly-rounded")),
+          "ieee-div": get_machine(mc, division=DivUnit("ieee"))}[change]
     with np.load(DATA + "flashmla_decode.npz") as z:
         c = json.loads(str(z["meta"]))["cases"][1]
         out, lse = z["c1_out"], z["c1_lse"]

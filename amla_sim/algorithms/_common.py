@@ -15,6 +15,7 @@ import numpy.typing as npt
 from .._validate import check_int
 from ..formats import as_native, is_float_dtype
 from ..machines import Machine, get_machine
+from ..schedules import Schedule, get_schedule
 
 D_K, D_V, D_ROPE = 576, 512, 64
 DEFAULT_SCALE = 1.0 / math.sqrt(D_K)  # 576^-0.5, as FlashMLA's tests use
@@ -41,6 +42,7 @@ class Problem:
     """One MLA decode step, flattened: rows r = (query position, head) of every batch."""
 
     machine: Machine
+    schedule: Schedule
     Q: np.ndarray  # (b, R, d_k) in its storage format
     K: np.ndarray  # (b, S, d_k)
     V: np.ndarray  # (b, S, d_v)
@@ -84,11 +86,19 @@ class Problem:
             for name, value in stages.items():
                 self.trace.setdefault(name, []).append(np.array(value, copy=True))
 
+    def matmul(self, a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None) -> np.ndarray:
+        """``acc + a @ b`` on the machine's matrix unit, cut into ``tl.dot`` calls as the schedule says."""
+        return self.machine.matmul(a, b, acc, dot_k=self.schedule.dot_k)
+
+    def rowsum(self, x: np.ndarray) -> np.ndarray:
+        """The row sum of a block's P, in the schedule's layout."""
+        return self.machine.rowsum(x, layout=self.schedule.reduce_layout)
+
     def scores(self, blk: slice) -> np.ndarray:
         """S = (Q K_blk^T) * scale on the machine, masked keys at -inf (Alg. 1 lines 4-5)."""
         mc = self.machine
         kt = np.swapaxes(self.Km[:, blk], -1, -2)
-        S = mc.f(mc.matmul(self.Qm, kt)) * mc.f(self.scale)
+        S = mc.f(self.matmul(self.Qm, kt)) * mc.f(self.scale)
         if not self.valid[:, blk].all():
             S = np.where(self.valid[None, :, blk], S, -np.inf)
         return S.astype(mc.dtype, copy=False)
@@ -153,6 +163,7 @@ def make_problem(
     kv: npt.ArrayLike,
     *,
     machine: str | Machine,
+    schedule: str | Schedule = "reference",
     d_v: int = D_V,
     scale: float | None = None,
     block: int = 64,
@@ -163,10 +174,11 @@ def make_problem(
     """Check the inputs and set up the flattened problem.
 
     q: (b, s_q, G, d_k) query heads after absorption; kv: (b, S, d_k) the latent cache, V = kv[..., :d_v].
-    Inputs are rounded to `input_format` (BF16) on every machine but golden, where they are used as given; the
-    output is stored in `out_format`.
+    Inputs are rounded to `input_format` (BF16) by the machine's casts (the golden machine's keep them as given);
+    the output is stored in `out_format`. The last block is padded when the schedule says so.
     """
     mc = get_machine(machine)
+    sched = get_schedule(schedule)
     qa, kva = _check_float(q, "q"), _check_float(kv, "kv")
     if qa.ndim != 4:
         raise ValueError(f"q: expected shape (b, s_q, G, d_k), got {qa.shape}")
@@ -184,27 +196,25 @@ def make_problem(
         raise ValueError(f"q: s_q must be in 1..S (S = {S}), got {s_q}")
     check_int(d_v, "d_v", lo=1, hi=d_k)
     scale = check_scale(scale)
-    check_block(block, mc)
+    check_block(block, sched)
     Q = mc.cast(qa, input_format).reshape(b, s_q * G, d_k)
     K = mc.cast(kva, input_format)
     t = np.repeat(np.arange(s_q), G)  # query position of each row
     valid = np.arange(S)[None, :] <= (S - s_q + t)[:, None]
-    pad = -S % int(block) if mc.pad_blocks else 0
+    pad = -S % int(block) if sched.pad_blocks else 0
     if pad:  # a kernel's last block is full size: zero keys, masked out
         K = np.concatenate([K, np.zeros((b, pad, d_k), K.dtype)], axis=1)
         valid = np.concatenate([valid, np.zeros((valid.shape[0], pad), bool)], axis=1)
-    return Problem(mc, Q, K, K[..., :d_v], valid, float(scale), int(block), (b, s_q, G), {} if trace else None,
+    return Problem(mc, sched, Q, K, K[..., :d_v], valid, float(scale), int(block), (b, s_q, G), {} if trace else None,
                    out_format)
 
 
-def check_block(block: int, machine: Machine) -> int:
-    """`block` as an int, or an error naming it: positive, and a multiple of the machine's reduction tile."""
+def check_block(block: int, schedule: Schedule) -> int:
+    """`block` as an int, or an error naming it: positive, and a multiple of the schedule's row-sum tile."""
     check_int(block, "block", lo=1)
-    if machine.reduce_layout is not None:
-        span = int(np.prod(machine.reduce_layout))
-        if block % span:
-            raise ValueError(f"block: {machine.name} reduces P in a layout of {span} columns "
-                             f"{machine.reduce_layout}, so block must be a multiple of {span}; got {block}")
+    if block % schedule.reduce_span:
+        raise ValueError(f"block: schedule {schedule.name} sums P in a layout of {schedule.reduce_span} columns "
+                         f"{schedule.reduce_layout}, so block must be a multiple of {schedule.reduce_span}; got {block}")
     return int(block)
 
 

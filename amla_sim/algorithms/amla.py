@@ -30,6 +30,7 @@ from .._validate import quiet_fp
 from ..arith.elementwise import LN2, LOG2E
 from ..bits import count_outside_lemma_domain
 from ..machines import Machine
+from ..schedules import Schedule
 from ._common import D_V, AttentionResult, make_problem, online_softmax_step, safe_max
 
 CLEANUP_THRESHOLD = 1e10  # CANN zeroes |O| above this: what the int add made of zeros and subnormals
@@ -45,12 +46,14 @@ def amla(
     kv: npt.ArrayLike,
     *,
     machine: str | Machine = "ieee32",
+    schedule: str | Schedule = "reference",
     d_v: int = D_V,
     scale: float | None = None,
     block: int = 64,
     compensation: Literal["cann", "paper", "none"] = "cann",
     scaling: Literal["pre", "post"] = "pre",
     cleanup: bool = True,
+    guard: float = 1e-6,
     trace: bool = False,
     seed: int | None = None,
 ) -> AttentionResult:
@@ -59,19 +62,15 @@ def amla(
     compensation: ``cann`` (cof_{j-1}/cof_j, what compensates), ``paper`` (Alg. 2 line 9 as printed) or
     ``none``. scaling: ``pre`` (P c16 rounded to BF16 before PV, Appendix A's pre-multiplication) or ``post``
     (PV computed from bf16(P), then scaled by c_j in FP32: no BF16 error in the scale, nothing to compensate).
-    cleanup: CANN's |O| > 1e10 -> 0 at the end (``False``: the literal algorithm). seed: for a machine whose
+    cleanup: CANN's |O| > 1e10 -> 0 at the end (``False``: the literal algorithm). guard: CANN's ``+1e-6`` in N,
+    which keeps Cast_to_int32(N 2^23) from falling one below an integer N (0: the exact mathematics). seed: for a machine whose
     atomics arrive in random order.
 
     Hazards: ``lemma_domain`` counts buffer elements the int add touched outside Lemma 3.1's domain,
     ``cleaned`` the elements the clean-up zeroed, ``garbage`` (without clean-up) elements left above 1e10.
     """
-    for arg, val, allowed in (
-        ("compensation", compensation, ("cann", "paper", "none")),
-        ("scaling", scaling, ("pre", "post")),
-    ):
-        if val not in allowed:
-            raise ValueError(f"{arg}: expected one of {allowed}, got {val!r}")
-    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace)
+    _check_options(compensation, scaling, guard)
+    p = make_problem(q, kv, machine=machine, schedule=schedule, d_v=d_v, scale=scale, block=block, trace=trace)
     mc = p.machine
     b, R = p.Q.shape[:2]
     hazards: Counter = Counter()
@@ -82,16 +81,16 @@ def amla(
     for j, blk in enumerate(p.blocks()):
         S = p.scores(blk)  # lines 4-5
         m_new, m_up, P = online_softmax_step(mc, m, S)  # lines 5-6: M_up and P
-        l = mc.mul_add(l, m_up, mc.rowsum(P))  # line 6
+        l = mc.mul_add(l, m_up, p.rowsum(P))  # line 6
         n, c = _exponent_and_scale(mc, m_new)  # lines 6-7
         P_tilde, cof, final_scale = _scaled_p(mc, P, c, scaling)  # lines 8-10
         if j > 0:  # lines 11-14: rescale the output in memory by 2^N with an integer AtomicAdd
             dn = np.maximum(n - n_prev, mc.f(-30.0))
-            N_int = _rescale_bits(mc, dn, _epsilon(mc, cof, cof_prev, compensation))
+            N_int = _rescale_bits(mc, dn, _epsilon(mc, cof, cof_prev, compensation), guard)
             hazards["lemma_domain"] += count_outside_lemma_domain(mem.view, dn.astype(np.int64)[..., None])
             mem.atomic_add_int32(N_int[..., None])  # line 14: AtomicAdd(INT32) in GM
             p.record(N=N_int)
-        PV = mc.matmul(P_tilde, p.Vm[:, blk])  # line 17
+        PV = p.matmul(P_tilde, p.Vm[:, blk])  # line 17
         if scaling == "post":
             PV = mc.f(PV) * c[..., None]
         if j == 0:
@@ -104,6 +103,15 @@ def amla(
     O = _clean_up(mc, mem.fp32, cleanup, hazards)
     out = mc.div(O, (l * final_scale)[..., None])  # line 20: O / (l_N S16)
     return p.finish(out, l, m, hazards)
+
+
+def _check_options(compensation: str, scaling: str, guard: float) -> None:
+    for arg, val, allowed in (("compensation", compensation, ("cann", "paper", "none")),
+                              ("scaling", scaling, ("pre", "post"))):
+        if val not in allowed:
+            raise ValueError(f"{arg}: expected one of {allowed}, got {val!r}")
+    if isinstance(guard, bool) or not isinstance(guard, (int, float, np.floating)) or not 0 <= guard < 1:
+        raise ValueError(f"guard: expected a number in [0, 1), got {guard!r}")
 
 
 def _exponent_and_scale(mc: Machine, m_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -131,12 +139,12 @@ def _epsilon(mc: Machine, cof: np.ndarray, cof_prev: np.ndarray, compensation: s
     return np.zeros_like(cof)
 
 
-def _rescale_bits(mc: Machine, dn: np.ndarray, eps: np.ndarray) -> np.ndarray:
-    """Lines 11-12: N = dn + 1.5 eps (+ the machine's guard), dn = n_i - n_{i-1} (at least -30), as
+def _rescale_bits(mc: Machine, dn: np.ndarray, eps: np.ndarray, guard: float) -> np.ndarray:
+    """Lines 11-12: N = dn + 1.5 eps (+ CANN's guard), dn = n_i - n_{i-1} (at least -30), as
     Cast_to_int32(N 2^23), the integer that multiplies the FP32 output by 2^N when added to its bits (2^52 for a
     machine whose buffer is FP64)."""
     int_unit = float(2 ** np.finfo(mc.dtype).nmant)  # 2^mantissa_bits of the output buffer's format
-    N = dn + mc.f(1.5) * eps + mc.f(mc.amla_guard)
+    N = dn + mc.f(1.5) * eps + mc.f(guard)
     return np.rint(mc.f(N) * mc.f(int_unit)).astype(np.int64)
 
 

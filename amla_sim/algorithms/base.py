@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from .._validate import quiet_fp
 from ..machines import Machine
+from ..schedules import Schedule
 from ._common import D_V, AttentionResult, make_problem, online_softmax_step
 
 
@@ -19,6 +20,7 @@ def base(
     kv: npt.ArrayLike,
     *,
     machine: str | Machine = "ieee32",
+    schedule: str | Schedule = "reference",
     d_v: int = D_V,
     scale: float | None = None,
     block: int = 64,
@@ -35,7 +37,7 @@ def base(
     """
     if order not in ("forward", "backward"):
         raise ValueError(f"order: expected 'forward' or 'backward', got {order!r}")
-    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace,
+    p = make_problem(q, kv, machine=machine, schedule=schedule, d_v=d_v, scale=scale, block=block, trace=trace,
                      input_format=io_format, out_format=io_format)
     mc = p.machine
     b, R = p.Q.shape[:2]
@@ -45,8 +47,8 @@ def base(
     for blk in p.blocks(order):
         S = p.scores(blk)  # lines 4-5
         m_new, alpha, P = online_softmax_step(mc, m, S)  # lines 5-6; alpha = exp(m_{i-1} - m_i)
-        l = mc.mul_add(l, alpha, mc.rowsum(P))  # line 6: l_i = l_{i-1} exp(..) + rowsum(P_i)
-        O = mc.matmul(mc.cast(P, p_format), p.Vm[:, blk], acc=O * alpha[..., None])  # lines 7-8
+        l = mc.mul_add(l, alpha, p.rowsum(P))  # line 6: l_i = l_{i-1} exp(..) + rowsum(P_i)
+        O = p.matmul(mc.cast(P, p_format), p.Vm[:, blk], acc=O * alpha[..., None])  # lines 7-8
         m = m_new
         p.record(S=S, m=m, l=l, P=P, O=O)
     out = mc.div(O, l[..., None])  # line 10

@@ -15,11 +15,11 @@ import numpy as np
 import numpy.typing as npt
 
 from .._validate import quiet_fp
-from ..machines import Machine, get_machine
+from ..machines import Machine
+from ..schedules import Schedule
 from ._common import (
     D_V,
     AttentionResult,
-    check_block,
     make_problem,
     online_softmax_step,
 )
@@ -31,29 +31,26 @@ def etap(
     kv: npt.ArrayLike,
     *,
     machine: str | Machine = "ieee32",
+    schedule: str | Schedule = "reference",
     d_v: int = D_V,
     scale: float | None = None,
     block: int = 64,
     p_format: str = "bf16",
     io_format: str = "bf16",
-    lanes: int | None = None,
     trace: bool = False,
 ) -> AttentionResult:
-    """ETAP's transposed decode; lanes: partial row sums per row, which meet at the end (None: 4, or on a
-    kernel-faithful machine one per key slot of the block, as amla_sim.gpu's ETAP kernel keeps them).
+    """ETAP's transposed decode. The schedule's ``etap_lanes`` are the partial row sums each row keeps, which
+    meet at the end (the reference: 4; amla_sim.gpu's ETAP kernel: one per key slot of the block).
 
     p_format: the format of P before PV (bf16 or fp16); io_format: the inputs' and the output's format.
     """
-    mc = get_machine(machine)
-    check_block(block, mc)
-    kernel = mc.pad_blocks
-    if lanes is None:
-        lanes = block if kernel else 4
-    if not isinstance(lanes, (int, np.integer)) or lanes < 1 or block % lanes:
-        raise ValueError(f"lanes: expected a positive divisor of block ({block}), got {lanes!r}")
-    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace,
+    p = make_problem(q, kv, machine=machine, schedule=schedule, d_v=d_v, scale=scale, block=block, trace=trace,
                      input_format=io_format, out_format=io_format)
     mc = p.machine
+    wgmma = p.schedule.etap_lanes == "wgmma"
+    lanes = p.block if wgmma else p.schedule.etap_lanes
+    if p.block % lanes:
+        raise ValueError(f"schedule: etap_lanes must divide block ({p.block}), got {lanes}")
     b, R = p.Q.shape[:2]
     m = np.full((b, R), -np.inf, mc.dtype)
     l_part = np.zeros((b, R, lanes), mc.dtype)
@@ -61,7 +58,7 @@ def etap(
     QT = np.swapaxes(p.Qm, -1, -2)
     for blk in p.blocks("backward"):
         n = blk.stop - blk.start
-        ST = mc.f(mc.matmul(p.Km[:, blk], QT)) * mc.f(p.scale)  # S^T = K Q^T: (b, n, R)
+        ST = mc.f(p.matmul(p.Km[:, blk], QT)) * mc.f(p.scale)  # S^T = K Q^T: (b, n, R)
         S = np.where(p.valid[None, :, blk], np.swapaxes(ST, -1, -2), -np.inf).astype(mc.dtype)
         m_new, alpha, P = online_softmax_step(mc, m, S)
         l_part = l_part * alpha[..., None]
@@ -69,10 +66,10 @@ def etap(
         for chunk in padded.reshape(b, R, -1, lanes).transpose(2, 0, 1, 3):  # each thread's keys, in order
             l_part = l_part + chunk
         PT = mc.cast(np.swapaxes(P, -1, -2), p_format)  # (b, n, R)
-        OT = mc.matmul(np.swapaxes(p.Vm[:, blk], -1, -2), PT, acc=OT * alpha[:, None, :])  # O^T = V^T P^T
+        OT = p.matmul(np.swapaxes(p.Vm[:, blk], -1, -2), PT, acc=OT * alpha[:, None, :])  # O^T = V^T P^T
         m = m_new
         p.record(S=S, m=m, P=P, O=np.swapaxes(OT, -1, -2))
-    if kernel and lanes == 64:  # the (keys x rows) accumulator reduced over keys in the wgmma layout
+    if wgmma and lanes == 64:  # the (keys x rows) accumulator reduced over keys in the wgmma layout
         l = mc.rowsum(l_part[..., _MMA_M_ORDER], layout=(1, 8, 4))
     else:  # the one cross-thread reduction: a butterfly over the lanes
         l = mc.rowsum(l_part, layout=(1, lanes, 1))

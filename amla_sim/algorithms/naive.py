@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 from .._validate import quiet_fp
 from ..machines import Machine
+from ..schedules import Schedule
 from ._common import D_V, AttentionResult, make_problem, safe_max
 
 
@@ -18,6 +19,7 @@ def naive(
     kv: npt.ArrayLike,
     *,
     machine: str | Machine = "ieee32",
+    schedule: str | Schedule = "reference",
     d_v: int = D_V,
     scale: float | None = None,
     block: int = 64,
@@ -27,7 +29,7 @@ def naive(
 
     Hazards: ``overflow`` counts rows whose exp(m_i) overflowed (Inf), ``nan_outputs`` what that did to out.
     """
-    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace)
+    p = make_problem(q, kv, machine=machine, schedule=schedule, d_v=d_v, scale=scale, block=block, trace=trace)
     mc = p.machine
     b, R = p.Q.shape[:2]
     hazards: Counter = Counter()
@@ -40,8 +42,8 @@ def naive(
         e = mc.exp(m_i)  # exp(m_i): Inf once m_i > 88.72 in FP32
         hazards["overflow"] += int(np.isinf(e).sum())
         with np.errstate(invalid="ignore", over="ignore"):
-            l = l + e * mc.rowsum(P)
-            O = O + e[..., None] * mc.f(mc.matmul(mc.cast(P, "bf16"), p.Vm[:, blk]))
+            l = l + e * p.rowsum(P)
+            O = O + e[..., None] * mc.f(p.matmul(mc.cast(P, "bf16"), p.Vm[:, blk]))
         p.record(S=S, m=m_i, P=P, O=O)
     out = mc.div(O, l[..., None])
     return p.finish(out, l, np.zeros_like(l), hazards)

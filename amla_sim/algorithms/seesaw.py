@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from .._validate import quiet_fp
 from ..machines import Machine
+from ..schedules import Schedule
 from ._common import D_V, AttentionResult, make_problem, online_softmax_step
 
 
@@ -29,6 +30,7 @@ def seesaw(
     kv: npt.ArrayLike,
     *,
     machine: str | Machine = "ieee32",
+    schedule: str | Schedule = "reference",
     d_v: int = D_V,
     scale: float | None = None,
     block: int = 64,
@@ -37,7 +39,7 @@ def seesaw(
     """The 11-step seesaw schedule; q: (b, s_q, G, d_k), kv: (b, S, d_k); d_v must be even."""
     if d_v % 2:
         raise ValueError(f"d_v: the seesaw splits O into halves, so d_v must be even, got {d_v}")
-    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace)
+    p = make_problem(q, kv, machine=machine, schedule=schedule, d_v=d_v, scale=scale, block=block, trace=trace)
     mc = p.machine
     b, R = p.Q.shape[:2]
     h = p.d_v // 2
@@ -52,20 +54,20 @@ def seesaw(
         V0 = p.Vm[:, b0]
         p0 = p.scores(b0)  # step 1
         m, scale0, p0 = online_softmax_step(mc, m, p0)  # steps 3-4
-        l = mc.mul_add(l, scale0, mc.rowsum(p0))
-        oL = mc.matmul(mc.cast(p0, "bf16"), V0[..., :h], acc=oL * scale0[..., None])  # step 5
+        l = mc.mul_add(l, scale0, p.rowsum(p0))
+        oL = p.matmul(mc.cast(p0, "bf16"), V0[..., :h], acc=oL * scale0[..., None])  # step 5
         if i + 1 == len(blocks):  # an odd last block
-            oR = mc.matmul(mc.cast(p0, "bf16"), V0[..., h:], acc=oR * scale0[..., None])
+            oR = p.matmul(mc.cast(p0, "bf16"), V0[..., h:], acc=oR * scale0[..., None])
             break
         b1 = blocks[i + 1]
         V1 = p.Vm[:, b1]
         p1 = p.scores(b1)  # step 2
         m, scale1, p1 = online_softmax_step(mc, m, p1)  # steps 6-7
-        l = mc.mul_add(l, scale1, mc.rowsum(p1))
-        oR = mc.matmul(mc.cast(p1, "bf16"), V1[..., h:], acc=oR * (scale0 * scale1)[..., None])  # step 8
+        l = mc.mul_add(l, scale1, p.rowsum(p1))
+        oR = p.matmul(mc.cast(p1, "bf16"), V1[..., h:], acc=oR * (scale0 * scale1)[..., None])  # step 8
         p0 = p0 * scale1[..., None]  # step 9
-        oR = mc.matmul(mc.cast(p0, "bf16"), V0[..., h:], acc=oR)  # step 10
-        oL = mc.matmul(mc.cast(p1, "bf16"), V1[..., :h], acc=oL * scale1[..., None])  # step 11
+        oR = p.matmul(mc.cast(p0, "bf16"), V0[..., h:], acc=oR)  # step 10
+        oL = p.matmul(mc.cast(p1, "bf16"), V1[..., :h], acc=oL * scale1[..., None])  # step 11
         p.record(m=m, l=l, O=np.concatenate([oL, oR], axis=-1))
     out = mc.div(np.concatenate([oL, oR], axis=-1), l[..., None])
     return p.finish(out, l, m, Counter())

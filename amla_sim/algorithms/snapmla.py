@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -29,6 +29,7 @@ import numpy.typing as npt
 from .._validate import quiet_fp
 from ..arith.elementwise import LOG2E
 from ..machines import Machine
+from ..schedules import Schedule
 from ._common import (
     D_V,
     AttentionResult,
@@ -39,6 +40,7 @@ from ._common import (
 from .quantizers import E4M3_MAX, SCALE_FLOOR, quantize
 
 CONFIGS = ("snapmla", "A", "B", "C", "D")
+CONTENT_DOT_K = 128  # the port's content product: tl.dot over 128-wide tiles of d_v
 SATURATION = 464.0  # the E4M3 midpoint above 448: larger values would round to 480, outside e4m3fn
 
 
@@ -48,6 +50,7 @@ def snapmla(
     kv: npt.ArrayLike,
     *,
     machine: str | Machine = "sm90-triton",
+    schedule: str | Schedule = "reference",
     d_v: int = D_V,
     scale: float | None = None,
     block: int = 64,
@@ -62,7 +65,8 @@ def snapmla(
     """
     if config not in CONFIGS:
         raise ValueError(f"config: expected one of {CONFIGS}, got {config!r}")
-    p = make_problem(q, kv, machine=machine, d_v=d_v, scale=scale, block=block, trace=trace, input_format="fp32")
+    p = make_problem(q, kv, machine=machine, schedule=schedule, d_v=d_v, scale=scale, block=block, trace=trace,
+                     input_format="fp32")
     mc = p.machine
     b, R = p.Q.shape[:2]
     hazards: Counter = Counter()
@@ -72,10 +76,10 @@ def snapmla(
     l = np.zeros((b, R), mc.dtype)
     sigma = np.ones((b, R), mc.dtype)
     O = np.zeros((b, R, d_v), mc.dtype)
-    machine_dot = replace(mc, dot_k=128)  # the content product: tl.dot over 128-wide tiles (exact units ignore it)
     for blk in p.blocks():
-        qk = machine_dot.matmul(q8, np.swapaxes(c8[:, blk], -1, -2))  # step 1: content in FP8
-        qk = mc.matmul(qr, np.swapaxes(kr[:, blk], -1, -2), acc=qk)  # RoPE tile last, BF16
+        # step 1: the content product in FP8, as the port's 128-wide tl.dot tiles (exact units ignore dot_k)
+        qk = mc.matmul(q8, np.swapaxes(c8[:, blk], -1, -2), dot_k=CONTENT_DOT_K)
+        qk = p.matmul(qr, np.swapaxes(kr[:, blk], -1, -2), acc=qk)  # RoPE tile last, BF16
         x = mc.f(qk) * row_scale[..., None] * s_k[:, None, blk]  # step 2
         x = np.where(p.valid[None, :, blk], x, -np.inf).astype(mc.dtype)
         m_new, a, e = online_softmax_step(mc, m, x, exp=mc.exp2)
@@ -85,8 +89,8 @@ def snapmla(
         P8 = mc.cast(f_scaled, "e4m3", overflow="satfinite")
         hazards["saturated"] += int((f_scaled > SATURATION).sum())
         beta = a * mc.div(sigma, sigma_new)  # step 4
-        l = mc.mul_add(beta, l, mc.div(mc.rowsum(e), sigma_new))  # step 5
-        O = mc.matmul(P8, c8[:, blk], acc=O * beta[..., None])  # step 6
+        l = mc.mul_add(beta, l, mc.div(p.rowsum(e), sigma_new))  # step 5
+        O = p.matmul(P8, c8[:, blk], acc=O * beta[..., None])  # step 6
         m, sigma = m_new, sigma_new
         p.record(S=x, m=m, l=l, P=P8, O=O)
     out = mc.div(O, l[..., None])  # step 7
@@ -113,8 +117,10 @@ class Quantized:
 def kernel_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, *, scale: float | None = None,
                   block: int = 64) -> dict[str, np.ndarray]:
     """The inputs of SnapMLA's decode kernel (``amla_sim.gpu``): the FP8 content cache and query, the BF16 RoPE
-    parts, their scales, as this port quantizes them on ``sm90-triton``; ``context`` is the unpadded length."""
-    p = make_problem(q, kv, machine="sm90-triton", scale=scale, block=block, input_format="fp32")
+    parts, their scales, as this port quantizes them on ``sm90-triton`` (the cache padded to whole blocks, as the
+    kernel reads it); ``context`` is the unpadded length."""
+    p = make_problem(q, kv, machine="sm90-triton", schedule="amla-sim-gpu", scale=scale, block=block,
+                     input_format="fp32")
     qz = quantize_inputs(p, "snapmla", block, Counter())
     return {"q8": qz.q8, "qr": qz.qr, "row_scale": qz.row_scale.astype(np.float32), "c8": qz.c8, "kr": qz.kr,
             "s_k": qz.s_k.astype(np.float32), "context": np.asarray(np.shape(kv)[1])}

@@ -18,7 +18,6 @@ Every named model is a row of :data:`MODEL_TABLE`; :func:`matmul` is the public 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -35,6 +34,7 @@ from ..formats import (
     Accumulator,
     Format,
     exponent,
+    fsum_to_fp32,
     get_format,
     is_float_dtype,
     round_accumulator,
@@ -283,31 +283,6 @@ def _t_fdpa_blas(
 # --- the exact and scalar models --------------------------------------------------------------------------
 
 
-def _exact_rne_fp32(terms: list[float]) -> float:
-    """Round an exact sum of float64 terms once to FP32, nearest-even (fsum, then settle midpoints exactly)."""
-    if not all(map(math.isfinite, terms)):  # Inf and NaN as IEEE addition has them: inf - inf is NaN
-        with np.errstate(invalid="ignore"):
-            return float(np.sum(np.asarray(terms, dtype=np.float64)))
-    s = math.fsum(terms)  # products of formats up to FP32 stay below 2^256: no float64 overflow
-    if not math.isfinite(s):
-        return s
-    r = float(np.float32(s))
-    if r == s:
-        return r
-    lo, hi = (r, float(np.nextafter(np.float32(r), np.float32(np.inf if s > r else -np.inf))))
-    lo, hi = min(lo, hi), max(lo, hi)
-    mid = (lo + hi) / 2  # exact in float64
-    if math.isfinite(mid) and lo < s < hi and abs(s - mid) < abs(hi - lo) * 2.0**-27:
-        # s may have been rounded onto or across the midpoint: the sign of the exact residual decides
-        residual = math.fsum([*terms, -mid])
-        if residual > 0:
-            return hi
-        if residual < 0:
-            return lo
-        return lo if int(np.float32(lo).view(np.uint32)) % 2 == 0 else hi
-    return r
-
-
 def _grid(x: np.ndarray, fmt: Format) -> np.ndarray:
     """An exponent q with x a multiple of 2^q (inf for zeros): x's exponent in `fmt` minus its fraction bits."""
     return np.where(x == 0, np.inf, _exponents(x, fmt) - fmt.mantissa_bits)
@@ -347,7 +322,7 @@ def _matmul_exact(a64: np.ndarray, b64: np.ndarray, c64: np.ndarray, fmt: Format
         idx = tuple(int(x[n]) for x in unsure)
         *bi, ii, jj = idx
         row, col = a64[(*bi, ii, slice(None))], b64[(*bi, slice(None), jj)]
-        out[idx] = _exact_rne_fp32([*(row * col).tolist(), float(c64[idx])])
+        out[idx] = fsum_to_fp32([*(row * col).tolist(), float(c64[idx])])
     return out
 
 

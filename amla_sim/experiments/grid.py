@@ -29,6 +29,7 @@ from ..algorithms import ALGORITHMS, golden
 from ..engine import use_engine
 from ..formats import get_format, round_to
 from ..machines import Machine, get_machine
+from ..schedules import get_schedule
 from .inputs import make_inputs, parse_dist
 from .metrics import all_metrics
 from .schedulers import check_run, execute, progress_bar
@@ -54,6 +55,7 @@ class Grid:
     heads: tuple[int, ...] = (128,)
     sq: tuple[int, ...] = (1,)
     blocks: tuple[int, ...] = (64,)
+    schedule: str = "reference"  # the kernel schedule of every algorithm that does not name its own
     samples: int = 10
     seed: int = 0
     input_format: str = "bf16"
@@ -91,6 +93,9 @@ class Grid:
         for f in ("contexts", "heads", "sq", "blocks"):
             for v in getattr(self, f):
                 check_positive_int(v, f)
+        if not isinstance(self.schedule, str):
+            raise ValueError(f"schedule: expected a schedule name, got {self.schedule!r}")
+        get_schedule(self.schedule)
         check_positive_int(self.samples, "samples")
         check_int(self.seed, "seed", lo=0, hi=2**63 - 1)
         get_format(self.input_format, argname="input_format")
@@ -166,16 +171,18 @@ def reference(q: np.ndarray, kv: np.ndarray, kind: str) -> np.ndarray:
 
 
 def sample_errors(specs: Iterable[str], dist: str, *, seed: int, heads: int, sq: int, context: int, block: int,
-                  machine: str | Machine, input_format: str = "bf16", sampler: str = "round",
-                  reference_kind: str = "golden") -> list[tuple[str, dict[str, float]]]:
-    """One sample: the inputs drawn from `seed`, the FP64 reference, and (label, errors) of every algorithm spec."""
+                  machine: str | Machine, schedule: str = "reference", input_format: str = "bf16",
+                  sampler: str = "round", reference_kind: str = "golden") -> list[tuple[str, dict[str, float]]]:
+    """One sample: the inputs drawn from `seed`, the FP64 reference, and (label, errors) of every algorithm spec
+    (on `schedule` unless the spec names its own)."""
     q, kv = make_inputs(dist, heads=heads, sq=sq, context=context, fmt=input_format, seed=seed, sampler=sampler)
     ref = reference(q, kv, reference_kind)
     mc = get_machine(machine)
     out = []
     for spec in specs:
         label, name, options = parse_algorithm(spec)
-        out.append((label, all_metrics(ALGORITHMS[name](q, kv, machine=mc, block=block, **options).out, ref)))
+        run = ALGORITHMS[name](q, kv, machine=mc, block=block, **{"schedule": schedule, **options})
+        out.append((label, all_metrics(run.out, ref)))
     return out
 
 
@@ -187,7 +194,7 @@ def run_task(task: tuple) -> list[tuple[str, ...]]:
     with use_engine(engine):
         errors = sample_errors(grid.algorithms, dist, seed=derive_seed(grid.seed, grid.name, dist, sample),
                                heads=heads, sq=sq, context=context, block=block, machine=machine,
-                               input_format=grid.input_format, sampler=grid.sampler, reference_kind=grid.reference)
+                               schedule=grid.schedule, input_format=grid.input_format, sampler=grid.sampler, reference_kind=grid.reference)
     return [(*map(str, (*cell, sample)), label, *(repr(float(m[k])) for k in METRICS)) for label, m in errors]
 
 
@@ -199,7 +206,7 @@ def _check_runs(grid: Grid) -> None:
         for machine in grid.machines:
             for block in grid.blocks:
                 try:
-                    ALGORITHMS[name](q, kv, machine=machine, block=block, **options)
+                    ALGORITHMS[name](q, kv, machine=machine, block=block, **{"schedule": grid.schedule, **options})
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"algorithms: {spec!r} on machine {machine!r} with block {block}: {e}") from None
 
@@ -250,7 +257,7 @@ def markdown(summary: dict[str, Any]) -> str:
     has_paper = any("paper" in c for c in summary["cells"])
     lines = [f"### Sweep `{g['name']}`: {metric}", "",
              f"{g['samples']} samples per cell, seed {g['seed']}, inputs {g['input_format']} ({g['sampler']}), "
-             f"reference {g['reference']}.", "",
+             f"schedule {g['schedule']}, reference {g['reference']}.", "",
              "| machine | distribution | context | heads | s_q | block | algorithm | n | mean | median | s.e. |"
              + (" paper | ours / paper |" if has_paper else ""),
              "|---" * (11 + 2 * has_paper) + "|"]

@@ -19,6 +19,7 @@ from .. import _blas_clock
 from .._validate import check_int, check_positive_int, dumps_strict
 from ..engine import use_engine
 from ..machines import get_machine
+from ..schedules import get_schedule
 from .schedulers import check_run, execute, progress_bar
 from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
 from .tables import TABLE_METRICS, TABLES, Table, run_sample
@@ -37,11 +38,11 @@ class SweepResult:
 
 
 def _task(args: tuple) -> tuple[list[dict], float]:
-    table_name, dist, sample, machine, context, heads, seed, engine = args
+    table_name, dist, sample, machine, schedule, context, heads, seed, engine = args
     t0 = _blas_clock.elapsed()
     with use_engine(engine):
-        rows = run_sample(TABLES[table_name], dist, sample, machine=get_machine(machine), context=context,
-                          heads=heads, seed=seed)
+        rows = run_sample(TABLES[table_name], dist, sample, machine=get_machine(machine), schedule=schedule,
+                          context=context, heads=heads, seed=seed)
     return rows, _blas_clock.elapsed() - t0
 
 
@@ -76,7 +77,7 @@ def _order(store: ResultStore, table: Table) -> list[tuple[str, ...]]:
 
 
 def summarize(table: Table, tasks: dict[tuple[str, int], list[dict]], *, samples: int, context: int, heads: int,
-              machine: str, seed: int) -> dict:
+              machine: str, seed: int, schedule: str = "reference") -> dict:
     """The public summary: per (distribution, algorithm) the mean of the table's metric, beside the paper's."""
     rows = []
     for dist, label in table.distributions:
@@ -92,7 +93,7 @@ def summarize(table: Table, tasks: dict[tuple[str, int], list[dict]], *, samples
             for k in FIELDS[3:]:
                 entry[f"mean_{k}"] = statistics.fmean(r[k] for r in vals)
             rows.append(entry)
-    return {"table": table.name, "title": table.title, "metric": table.metric, "machine": machine,
+    return {"table": table.name, "title": table.title, "metric": table.metric, "machine": machine, "schedule": schedule,
             "samples": samples, "context": context, "heads": heads, "seed": seed, "source": table.source,
             "rows": rows}
 
@@ -100,7 +101,7 @@ def summarize(table: Table, tasks: dict[tuple[str, int], list[dict]], *, samples
 def markdown(summary: dict) -> str:
     lines = [f"### {summary['title']}", "",
              f"{summary['samples']} samples, G = {summary['heads']}, context {summary['context']}, "
-             f"machine `{summary['machine']}`, metric: {summary['metric']} (mean over samples).", "",
+             f"machine `{summary['machine']}`, schedule `{summary.get('schedule', 'reference')}`, metric: {summary['metric']} (mean over samples).", "",
              "| distribution | algorithm | ours | paper | ours / paper |", "|---|---|---|---|---|"]
     for r in summary["rows"]:
         paper = "-" if r["paper"] is None else f"{r['paper']:.3g}"
@@ -153,6 +154,7 @@ def run_table(
     context: int | None = None,
     heads: int | None = None,
     machine: str = "ieee32-fast",
+    schedule: str = "reference",
     seed: int = 0,
     jobs: int = 1,
     progress: bool = True,
@@ -167,11 +169,13 @@ def run_table(
     repair: keep every valid row of a damaged results.csv and set the other lines aside (``results.rejected``).
     max_tasks: stop after computing this many new tasks (as an interruption would; for tests).
     scheduler, engine: where the samples run (:mod:`.schedulers`) and on which engine; neither changes a bit.
+    schedule: the kernel schedule every algorithm runs on (:mod:`amla_sim.schedules`).
     """
     if name not in TABLES:
         raise ValueError(f"table: expected one of {sorted(TABLES)}, got {name!r}")
     table = TABLES[name]
-    get_machine(machine)  # validate the name before any work
+    get_machine(machine)  # validate the names before any work
+    get_schedule(schedule)
     samples = 100 if samples is None else samples
     context = table.context if context is None else context
     heads = table.heads if heads is None else heads
@@ -182,14 +186,14 @@ def run_table(
     out = Path(out_dir) / name
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
-    meta = {"table": name, "context": context, "heads": heads, "machine": machine, "seed": seed}
+    meta = {"table": name, "context": context, "heads": heads, "machine": machine, "schedule": schedule, "seed": seed}
     with ResultStore(out, FIELDS, 3) as store:
         claim_folder(out, meta, filename="run.json", what="run")
         if repair:
             store.repair()
         store.compact(_order(store, table))  # drop a torn last line before appending
         done = _tasks(store, table)
-        todo = [(name, d, s, machine, context, heads, seed, engine) for d, _ in table.distributions
+        todo = [(name, d, s, machine, schedule, context, heads, seed, engine) for d, _ in table.distributions
                 for s in range(samples) if (d, s) not in done]
         if max_tasks is not None:
             todo = todo[:max_tasks]
@@ -206,7 +210,7 @@ def run_table(
         store.compact(_order(store, table))
         wanted = {k: v for k, v in done.items() if k[1] < samples}
         summary = summarize(table, wanted, samples=samples, context=context, heads=heads, machine=machine,
-                            seed=seed)
+                            seed=seed, schedule=schedule)
         atomic_write(out / "summary.json", dumps_strict(summary, indent=1))
         atomic_write(out / "table.md", markdown(summary))
         plot(summary, out / "table.png")

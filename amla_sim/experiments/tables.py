@@ -89,7 +89,7 @@ def _reference(table: Table) -> str:
 
 
 def table_grid(name: str, *, samples: int = 100, context: int | None = None, heads: int | None = None,
-               machine: str = "ieee32-fast", seed: int = 0) -> Grid:
+               machine: str = "ieee32-fast", schedule: str = "reference", seed: int = 0) -> Grid:
     """A paper's table as a named sweep grid: the same draws, hence the same numbers, as :func:`run_sample`."""
     if name not in TABLES:
         raise ValueError(f"grid: expected a table name from {sorted(TABLES)} or a TOML file, got {name!r}")
@@ -97,18 +97,18 @@ def table_grid(name: str, *, samples: int = 100, context: int | None = None, hea
     labels = dict(t.distributions)
     return Grid(algorithms=tuple(SPECS[a] for a in t.algorithms), machines=(machine,),
                 distributions=tuple(d for d, _ in t.distributions), contexts=(context or t.context,),
-                heads=(heads or t.heads,), sq=(t.sq,), blocks=(t.block,), samples=samples, seed=seed,
+                heads=(heads or t.heads,), sq=(t.sq,), blocks=(t.block,), schedule=schedule, samples=samples, seed=seed,
                 input_format=t.input_format, sampler=t.sampler, reference=_reference(t), metric=t.metric,
                 name=t.name, paper={f"{d}/{alg}": v for d, label in labels.items() for (lab, alg), v in
                                     t.paper.items() if lab == label})
 
 
 def run_sample(table: Table, dist: str, sample: int, *, machine: Machine, context: int, heads: int,
-               seed: int) -> list[dict]:
+               seed: int, schedule: str = "reference") -> list[dict]:
     """One sample of one distribution: inputs, the reference, every algorithm of the table, its metrics."""
     errors = sample_errors([SPECS[a] for a in table.algorithms], dist, seed=derive_seed(seed, table.name, dist, sample),
                            heads=heads, sq=table.sq, context=context, block=table.block, machine=machine,
-                           input_format=table.input_format, sampler=table.sampler, reference_kind=_reference(table))
+                           schedule=schedule, input_format=table.input_format, sampler=table.sampler, reference_kind=_reference(table))
     return [{"distribution": dist, "sample": sample, "algorithm": alg, **{k: m[k] for k in TABLE_METRICS}}
             for alg, (_, m) in zip(table.algorithms, errors, strict=True)]
 
