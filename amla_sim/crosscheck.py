@@ -8,6 +8,7 @@ bit, with its trace on, and each stage is compared bit for bit.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
 from pathlib import Path
@@ -119,14 +120,36 @@ def compare(algorithm: str, device: dict, sim: dict) -> dict:
 
 
 def save_capture(path: str | Path, *, algorithm: str, q: np.ndarray, kv: np.ndarray, scale: float | None,
-                 exp_mode: str, div_mode: str, device_name: str, device: dict) -> None:
-    """Write inputs, settings and the device's stages to an .npz (inputs as raw BF16 bits)."""
+                 exp_mode: str, div_mode: str, device_name: str, device: dict, inputs: str | None = None) -> None:
+    """Write inputs, settings and the device's stages to an .npz (inputs as raw BF16 bits).
+
+    inputs: the name of an inputs file beside `path` (:func:`save_inputs`) that already holds q and kv: the
+    capture then records its name and the inputs' SHA-256 instead of the arrays (captures of one draw share it).
+    """
     meta = {"algorithm": algorithm, "scale": scale, "exp_mode": exp_mode, "div_mode": div_mode,
             "device": device_name}
     arrays = {f"device_{k}": (v.view(np.uint16) if v.dtype == np.dtype(ml_dtypes.bfloat16) else v)
               for k, v in device.items()}
-    atomic_savez(path, q=q.view(np.uint16), kv=kv.view(np.uint16), meta=np.array(json.dumps(meta)),
-                        **arrays)
+    if inputs is None:
+        arrays.update(q=q.view(np.uint16), kv=kv.view(np.uint16))
+    elif Path(inputs).name != inputs:
+        raise ValueError(f"inputs: the name of a file beside the capture, got {inputs!r}")
+    else:
+        meta["inputs"] = {"file": inputs, "sha256": inputs_digest(q.view(np.uint16), kv.view(np.uint16))}
+    atomic_savez(path, meta=np.array(json.dumps(meta)), **arrays)
+
+
+def save_inputs(path: str | Path, q: np.ndarray, kv: np.ndarray) -> None:
+    """The q and kv that several captures share (raw BF16 bits)."""
+    atomic_savez(path, q=q.view(np.uint16), kv=kv.view(np.uint16), meta=np.array(json.dumps({"kind": "inputs"})))
+
+
+def inputs_digest(q_bits: np.ndarray, kv_bits: np.ndarray) -> str:
+    """SHA-256 of the inputs' shapes and bits: what a capture that shares its inputs records of them."""
+    h = hashlib.sha256(json.dumps([list(q_bits.shape), list(kv_bits.shape)]).encode())
+    h.update(np.ascontiguousarray(q_bits).tobytes())
+    h.update(np.ascontiguousarray(kv_bits).tobytes())
+    return h.hexdigest()
 
 
 class CaptureError(DataError):
@@ -166,12 +189,28 @@ def read_capture(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
+def _shared_inputs(path: Path, ref: object) -> dict[str, np.ndarray]:
+    """q and kv from the inputs file a capture names, checked against the SHA-256 it recorded."""
+    if not (isinstance(ref, dict) and isinstance(ref.get("file"), str) and isinstance(ref.get("sha256"), str)) \
+            or Path(ref["file"]).name != ref["file"]:
+        raise CaptureError(f"replay: {path}: 'inputs' must name a file beside the capture and its sha256")
+    where = path.parent / ref["file"]
+    _, arrays = read_capture(where)
+    q, kv = arrays.get("q"), arrays.get("kv")
+    if q is None or kv is None or inputs_digest(q, kv) != ref["sha256"]:
+        raise CaptureError(f"replay: {path}: the inputs in {where} are not the ones it was captured with "
+                           "(their SHA-256 differs)")
+    return {"q": q, "kv": kv}
+
+
 def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
     """(meta, q, kv, device stages) of a capture, every array checked against the format before any work:
-    q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), device_out (b, s_q, G, d_v) BF16 bits, each
+    q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), in the capture or in the inputs file it names, device_out (b, s_q, G, d_v) BF16 bits, each
     stage (n_blocks, b, s_q G, ...) FP32 (N: int32), the arrays at most MAX_CAPTURE_BYTES uncompressed."""
     path = Path(path)
     meta, arrays = read_capture(path)
+    if "q" not in arrays and "kv" not in arrays and "inputs" in meta:
+        arrays.update(_shared_inputs(path, meta["inputs"]))
     for key in ("q", "kv", "device_out"):
         if key not in arrays:
             raise CaptureError(f"replay: {path} has no {key!r} array")

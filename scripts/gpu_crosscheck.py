@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from amla_sim.crosscheck import format_report, replay, save_capture, simulate
+from amla_sim.crosscheck import format_report, replay, save_capture, save_inputs, simulate
 from amla_sim.experiments.inputs import make_inputs
 
 ALGOS = ("base", "amla", "snapmla", "etap")
@@ -36,12 +36,13 @@ def step_debug(out: str) -> None:
     from amla_sim.crosscheck import device_run
 
     q, kv = make_inputs("normal:1", batch=1, heads=32, sq=2, context=300, seed=11)
+    save_inputs(os.path.join(out, "crosscheck_inputs.npz"), q, kv)  # one draw, shared by every capture
     for algo in ALGOS:
         for mode, div in MODES.items():
             dev = device_run(algo, q, kv, exp_mode=mode, div_mode=div, debug=True)
             path = os.path.join(out, f"crosscheck_{algo}_{mode}.npz")
             save_capture(path, algorithm=algo, q=q, kv=kv, scale=None, exp_mode=mode, div_mode=div,
-                         device_name=device_name(), device=dev)
+                         device_name=device_name(), device=dev, inputs="crosscheck_inputs.npz")
             print(format_report(replay(path)), flush=True)
 
 

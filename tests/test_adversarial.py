@@ -293,10 +293,13 @@ def test_memory_refusal_is_fast_and_gives_the_estimate(capsys):
 
 
 def _capture(tmp_path, **arrays):
+    """A self-contained copy of a committed capture (its inputs in it, as a user's are), with `arrays` changed."""
     path = tmp_path / "cap.npz"
-    with np.load("tests/data/crosscheck_base_poly.npz") as z:
-        base = dict(z)
-    base.update(arrays)
+    with np.load("tests/data/crosscheck_base_poly.npz") as z, np.load("tests/data/crosscheck_inputs.npz") as inp:
+        base = {**dict(z), "q": inp["q"], "kv": inp["kv"]}
+    meta = json.loads(str(base["meta"]))
+    del meta["inputs"]
+    base.update(meta=np.array(json.dumps(meta)), **arrays)
     np.savez(path, **{k: v for k, v in base.items() if v is not None})
     return path
 
@@ -312,7 +315,7 @@ def _failures(tmp_path):
     out_list = tmp_path / "listrun"
     (out_list / "amla-table3").mkdir(parents=True)
     (out_list / "amla-table3" / "run.json").write_text("[]")
-    with np.load(good) as z:
+    with np.load("tests/data/crosscheck_inputs.npz") as z:
         q = z["q"]
     return {
         "missing": ["crosscheck", "--replay", str(tmp_path / "nope.npz")],

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from amla_sim.cli import main
-from amla_sim.crosscheck import replay, simulate
+from amla_sim.crosscheck import CaptureError, load_capture, replay, save_capture, save_inputs, simulate
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.gpu import GPUUnavailable, gpu_status, require_gpu
 
@@ -57,6 +57,43 @@ def test_cli_replay_json(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["algorithm"] == "amla" and report["output_bit_exact"] == 1.0
     assert all({"name", "bit_exact", "max_ulp"} <= set(s) for s in report["stages"])
+
+
+def _copy_shared(tmp_path, inputs=None):
+    """The AMLA capture and its shared inputs file in a fresh folder (the inputs replaced by `inputs`)."""
+    for name in ("crosscheck_amla_poly.npz", "crosscheck_inputs.npz"):
+        (tmp_path / name).write_bytes((DATA / name).read_bytes())
+    if inputs is not None:
+        save_inputs(tmp_path / "crosscheck_inputs.npz", *inputs)
+    return tmp_path / "crosscheck_amla_poly.npz"
+
+
+def test_captures_share_their_inputs_by_digest(tmp_path):
+    """The committed captures of one draw name one inputs file and its SHA-256; other inputs are refused."""
+    meta, q, kv, device = load_capture(_copy_shared(tmp_path))
+    assert meta["inputs"]["file"] == "crosscheck_inputs.npz" and q.shape == (1, 2, 32, 576)
+    bits = q.view(np.uint16).copy()
+    bits[0, 0, 0, 0] ^= 1  # one bit of q
+    with pytest.raises(CaptureError, match="SHA-256"):
+        load_capture(_copy_shared(tmp_path, (bits, kv.view(np.uint16))))
+    (tmp_path / "crosscheck_inputs.npz").unlink()
+    with pytest.raises(CaptureError, match="not a file"):
+        load_capture(tmp_path / "crosscheck_amla_poly.npz")
+
+
+def test_save_capture_with_shared_inputs_round_trips(tmp_path):
+    meta, q, kv, device = load_capture(DATA / "crosscheck_base_hw.npz")
+    save_inputs(tmp_path / "in.npz", q, kv)
+    save_capture(tmp_path / "cap.npz", algorithm="base", q=q, kv=kv, scale=None, exp_mode="hw", div_mode="hw",
+                 device_name="test", device=device, inputs="in.npz")
+    with np.load(tmp_path / "cap.npz") as z:
+        assert "q" not in z and "kv" not in z
+    again = load_capture(tmp_path / "cap.npz")
+    assert np.array_equal(again[1].view(np.uint16), q.view(np.uint16))
+    assert all(np.array_equal(again[3][k], device[k]) for k in device)
+    with pytest.raises(ValueError, match="inputs"):
+        save_capture(tmp_path / "bad.npz", algorithm="base", q=q, kv=kv, scale=None, exp_mode="hw",
+                     div_mode="hw", device_name="test", device=device, inputs="../in.npz")
 
 
 @pytest.mark.skipif(gpu_status() is None, reason="a GPU is present")
