@@ -85,15 +85,25 @@ def test_the_rule_catches_an_upward_import(line):
     assert upward(path, source) and not upward(path)
 
 
-def test_no_algorithm_asks_which_machine_it_runs_on():
-    """Algorithms use the machine's units and formats, never its identity (`.golden`, `.name`): a what-if machine
+def machine_reads(source: str) -> list[str]:
+    """Where `source` reads a machine's identity (`.golden`, `.name`) or its unit choices (`.exponential`, ...)."""
+    from amla_sim.machines import UNITS
+
+    tree = ast.parse(source)
+    in_messages = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
+    return [f"line {node.lineno} .{node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in ("golden", "name", *UNITS)
+            and id(node) not in in_messages and isinstance(node.value, ast.Name)
+            and node.value.id in ("mc", "machine", "m")]
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "algorithms").glob("*.py")), ids=lambda p: p.name)
+def test_no_algorithm_asks_which_machine_it_runs_on(path):
+    """Algorithms call the machine's operations, never read its identity or its unit choices: a what-if machine
     with one unit swapped must run every algorithm unchanged."""
-    found = []
-    for path in sorted((PACKAGE / "algorithms").glob("*.py")):
-        tree = ast.parse(path.read_text())
-        in_messages = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr in ("golden", "name") and id(node) not in in_messages \
-                    and isinstance(node.value, ast.Name) and node.value.id in ("mc", "machine", "m"):
-                found.append(f"{path.name}:{node.lineno} .{node.attr}")
-    assert not found, found
+    assert not machine_reads(path.read_text())
+
+
+@pytest.mark.parametrize("line", ["if mc.golden: pass", "x = mc.exponential.mode", "y = machine.matrix"])
+def test_the_machine_rule_catches_a_read(line):
+    assert machine_reads(line) and not machine_reads('raise ValueError(f"{mc.name}")')
