@@ -208,10 +208,14 @@ def run_table(
         bar.close()
         seconds = time.perf_counter() - t0
         store.compact(_order(store, table))
-        wanted = {k: v for k, v in done.items() if k[1] < samples}
-        summary = summarize(table, wanted, samples=samples, context=context, heads=heads, machine=machine,
-                            seed=seed, schedule=schedule)
-        atomic_write(out / "summary.json", dumps_strict(summary, indent=1))
-        atomic_write(out / "table.md", markdown(summary))
-        plot(summary, out / "table.png")
+        summary = _write_summary(out, table, {k: v for k, v in done.items() if k[1] < samples}, samples, meta)
     return SweepResult(table, out, summary, len(todo), seconds, blas)
+
+
+def _write_summary(out: Path, table: Table, tasks: dict, samples: int, meta: dict) -> dict:
+    """summary.json, table.md and table.png of the tasks (rebuilt whole each run: the store is the record)."""
+    summary = summarize(table, tasks, samples=samples, **{k: v for k, v in meta.items() if k != "table"})
+    atomic_write(out / "summary.json", dumps_strict(summary, indent=1))
+    atomic_write(out / "table.md", markdown(summary))
+    plot(summary, out / "table.png")
+    return summary
