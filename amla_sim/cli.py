@@ -321,7 +321,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         raise ValueError(f"table: expected names from {sorted(TABLES)} or 'all', got {bad[0]!r}")
     for name in dict.fromkeys(names):
         res = run_table(name, out_dir=args.out, samples=args.samples, context=args.context, heads=args.heads,
-                        machine=args.machine, schedule=args.schedule, seed=args.seed, jobs=args.jobs, progress=not args.quiet,
+                        machine=args.machine, schedule=args.schedule, seed=args.seed, jobs=args.jobs,
+                        progress=not args.quiet,
                         repair=args.repair, scheduler=args.scheduler, engine=args.engine)
         print(markdown(res.summary))
         if res.computed:
@@ -346,7 +347,8 @@ def _csv(kind: Callable[[str], object]) -> Callable[[str], tuple]:
 
 
 _GRID_FLAGS = {"algorithms": "algorithms", "machines": "machines", "dists": "distributions", "contexts": "contexts",
-               "heads": "heads", "sq": "sq", "blocks": "blocks", "schedule": "schedule", "samples": "samples", "seed": "seed",
+               "heads": "heads", "sq": "sq", "blocks": "blocks", "schedule": "schedule", "samples": "samples",
+               "seed": "seed",
                "input_format": "input_format", "sampler": "sampler", "metric": "metric"}
 
 

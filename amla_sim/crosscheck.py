@@ -205,7 +205,8 @@ def _shared_inputs(path: Path, ref: object) -> dict[str, np.ndarray]:
 
 def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
     """(meta, q, kv, device stages) of a capture, every array checked against the format before any work:
-    q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), in the capture or in the inputs file it names, device_out (b, s_q, G, d_v) BF16 bits, each
+    q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), in the capture or in the inputs file it names,
+    device_out (b, s_q, G, d_v) BF16 bits, each
     stage (n_blocks, b, s_q G, ...) FP32 (N: int32), the arrays at most MAX_CAPTURE_BYTES uncompressed."""
     path = Path(path)
     meta, arrays = read_capture(path)

@@ -155,11 +155,12 @@ MACHINES: dict[str, Machine] = {
         "sm90-cuda",
         matrix=MatrixUnit("sm90"),
         exponential=ExpUnit("sm90"),  # exp2f under --use_fast_math: ex2.approx.ftz
-        division=DivUnit("sm90"),  # '/' under --use_fast_math: x * MUFU.RCP(y), the same bits as div.full for normal y
+        division=DivUnit("sm90"),  # '/' under fast math: x * MUFU.RCP(y), the same bits as div.full for normal y
         logarithm=LogUnit(ln=None, lg2="sm90"),  # log2f under --use_fast_math: lg2.approx.ftz
         fma=FMAUnit(contract=True),
         source="CUDA C++ built with nvcc --use_fast_math for sm_90a (FlashMLA): wgmma as the sm90 row, MUFU exp2, "
-               "log2 and reciprocal, FMA contraction; 100% of FlashMLA's out and LSE bits (tests/data/flashmla_decode.npz)",
+               "log2 and reciprocal, FMA contraction; 100% of FlashMLA's out and LSE bits "
+               "(tests/data/flashmla_decode.npz)",
     ),
     "ascend910": Machine(
         "ascend910", matrix=MatrixUnit("ascend910"), verified=False,

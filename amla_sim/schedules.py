@@ -38,7 +38,8 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.reduce_layout is not None and (len(self.reduce_layout) != 3 or min(self.reduce_layout) < 1):
-            raise ValueError(f"reduce_layout: expected (vec, lanes, warps) of positive ints, got {self.reduce_layout!r}")
+            raise ValueError(f"reduce_layout: expected (vec, lanes, warps) of positive ints, "
+                             f"got {self.reduce_layout!r}")
         if self.dot_k is not None and (not isinstance(self.dot_k, int) or self.dot_k < 1):
             raise ValueError(f"dot_k: expected a positive int or None, got {self.dot_k!r}")
         if self.etap_lanes != "wgmma" and (not isinstance(self.etap_lanes, int) or self.etap_lanes < 1):

@@ -157,7 +157,8 @@ def test_flashmla_decode_bit_exact(capture, engine):
 @pytest.mark.parametrize("change", ["no-fma", "ieee-exp2", "ieee-log2", "ieee-div"])
 def test_each_flashmla_choice_matters(change):
     mc = get_machine("sm90-cuda")
-    mc = {"no-fma": get_machine(mc, fma=FMAUnit(contract=False)), "ieee-exp2": get_machine(mc, exponential=ExpUnit("correctly-rounded")),
+    mc = {"no-fma": get_machine(mc, fma=FMAUnit(contract=False)),
+          "ieee-exp2": get_machine(mc, exponential=ExpUnit("correctly-rounded")),
           "ieee-log2": get_machine(mc, logarithm=LogUnit(ln=None, lg2="correctly-rounded")),
           "ieee-div": get_machine(mc, division=DivUnit("ieee"))}[change]
     with np.load(DATA + "flashmla_decode.npz") as z:

@@ -213,8 +213,9 @@ def check_block(block: int, schedule: Schedule) -> int:
     """`block` as an int, or an error naming it: positive, and a multiple of the schedule's row-sum tile."""
     check_int(block, "block", lo=1)
     if block % schedule.reduce_span:
-        raise ValueError(f"block: schedule {schedule.name} sums P in a layout of {schedule.reduce_span} columns "
-                         f"{schedule.reduce_layout}, so block must be a multiple of {schedule.reduce_span}; got {block}")
+        span = schedule.reduce_span
+        raise ValueError(f"block: schedule {schedule.name} sums P in a layout of {span} columns "
+                         f"{schedule.reduce_layout}, so block must be a multiple of {span}; got {block}")
     return int(block)
 
 

@@ -63,8 +63,8 @@ def amla(
     ``none``. scaling: ``pre`` (P c16 rounded to BF16 before PV, Appendix A's pre-multiplication) or ``post``
     (PV computed from bf16(P), then scaled by c_j in FP32: no BF16 error in the scale, nothing to compensate).
     cleanup: CANN's |O| > 1e10 -> 0 at the end (``False``: the literal algorithm). guard: CANN's ``+1e-6`` in N,
-    which keeps Cast_to_int32(N 2^23) from falling one below an integer N (0: the exact mathematics). seed: for a machine whose
-    atomics arrive in random order.
+    which keeps Cast_to_int32(N 2^23) from falling one below an integer N (0: the exact mathematics). seed: for a
+    machine whose atomics arrive in random order.
 
     Hazards: ``lemma_domain`` counts buffer elements the int add touched outside Lemma 3.1's domain,
     ``cleaned`` the elements the clean-up zeroed, ``garbage`` (without clean-up) elements left above 1e10.

@@ -194,7 +194,8 @@ def run_task(task: tuple) -> list[tuple[str, ...]]:
     with use_engine(engine):
         errors = sample_errors(grid.algorithms, dist, seed=derive_seed(grid.seed, grid.name, dist, sample),
                                heads=heads, sq=sq, context=context, block=block, machine=machine,
-                               schedule=grid.schedule, input_format=grid.input_format, sampler=grid.sampler, reference_kind=grid.reference)
+                               schedule=grid.schedule, input_format=grid.input_format, sampler=grid.sampler,
+                               reference_kind=grid.reference)
     return [(*map(str, (*cell, sample)), label, *(repr(float(m[k])) for k in METRICS)) for label, m in errors]
 
 

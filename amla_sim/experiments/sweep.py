@@ -101,7 +101,8 @@ def summarize(table: Table, tasks: dict[tuple[str, int], list[dict]], *, samples
 def markdown(summary: dict) -> str:
     lines = [f"### {summary['title']}", "",
              f"{summary['samples']} samples, G = {summary['heads']}, context {summary['context']}, "
-             f"machine `{summary['machine']}`, schedule `{summary.get('schedule', 'reference')}`, metric: {summary['metric']} (mean over samples).", "",
+             f"machine `{summary['machine']}`, schedule `{summary.get('schedule', 'reference')}`, "
+             f"metric: {summary['metric']} (mean over samples).", "",
              "| distribution | algorithm | ours | paper | ours / paper |", "|---|---|---|---|---|"]
     for r in summary["rows"]:
         paper = "-" if r["paper"] is None else f"{r['paper']:.3g}"

@@ -108,7 +108,8 @@ def run_sample(table: Table, dist: str, sample: int, *, machine: Machine, contex
     """One sample of one distribution: inputs, the reference, every algorithm of the table, its metrics."""
     errors = sample_errors([SPECS[a] for a in table.algorithms], dist, seed=derive_seed(seed, table.name, dist, sample),
                            heads=heads, sq=table.sq, context=context, block=table.block, machine=machine,
-                           schedule=schedule, input_format=table.input_format, sampler=table.sampler, reference_kind=_reference(table))
+                           schedule=schedule, input_format=table.input_format, sampler=table.sampler,
+                           reference_kind=_reference(table))
     return [{"distribution": dist, "sample": sample, "algorithm": alg, **{k: m[k] for k in TABLE_METRICS}}
             for alg, (_, m) in zip(table.algorithms, errors, strict=True)]
 
