@@ -322,8 +322,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     for name in dict.fromkeys(names):
         res = run_table(name, out_dir=args.out, samples=args.samples, context=args.context, heads=args.heads,
                         machine=args.machine, schedule=args.schedule, seed=args.seed, jobs=args.jobs,
-                        progress=not args.quiet,
-                        repair=args.repair, scheduler=args.scheduler, engine=args.engine)
+                        progress=not args.quiet, repair=args.repair, scheduler=args.scheduler, engine=args.engine)
         print(markdown(res.summary))
         if res.computed:
             ratio = (f"{res.seconds * args.jobs / res.blas_seconds:.2f}" if res.blas_seconds > 0.01 * res.seconds
@@ -348,8 +347,7 @@ def _csv(kind: Callable[[str], object]) -> Callable[[str], tuple]:
 
 _GRID_FLAGS = {"algorithms": "algorithms", "machines": "machines", "dists": "distributions", "contexts": "contexts",
                "heads": "heads", "sq": "sq", "blocks": "blocks", "schedule": "schedule", "samples": "samples",
-               "seed": "seed",
-               "input_format": "input_format", "sampler": "sampler", "metric": "metric"}
+               "seed": "seed", "input_format": "input_format", "sampler": "sampler", "metric": "metric"}
 
 
 def _sweep_grid(args: argparse.Namespace):

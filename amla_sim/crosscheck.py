@@ -20,7 +20,9 @@ from ._files import atomic_savez
 from ._validate import DataError, quiet_fp
 from .algorithms import ALGORITHMS
 from .algorithms._common import D_V
+from .machines import Machine
 from .resources import check_fits, run_bytes
+from .schedules import Schedule
 from .testing import ulp_distance
 
 STAGES = {
@@ -67,8 +69,8 @@ def simulate(algorithm: str, q: np.ndarray, kv: np.ndarray, *, scale: float | No
 
 
 @quiet_fp
-def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine, schedule="reference",
-               scale: float | None = None) -> dict:
+def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine: str | Machine,
+               schedule: str | Schedule = "reference", scale: float | None = None) -> dict:
     """Run `algorithm` on any machine and schedule with its trace on; the stages stacked per block, and the
     output."""
     res = ALGORITHMS[algorithm](q, kv, machine=machine, schedule=schedule, scale=scale, trace=True)
@@ -206,8 +208,8 @@ def _shared_inputs(path: Path, ref: object) -> dict[str, np.ndarray]:
 def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
     """(meta, q, kv, device stages) of a capture, every array checked against the format before any work:
     q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), in the capture or in the inputs file it names,
-    device_out (b, s_q, G, d_v) BF16 bits, each
-    stage (n_blocks, b, s_q G, ...) FP32 (N: int32), the arrays at most MAX_CAPTURE_BYTES uncompressed."""
+    device_out (b, s_q, G, d_v) BF16 bits, each stage (n_blocks, b, s_q G, ...) FP32 (N: int32), the arrays at
+    most MAX_CAPTURE_BYTES uncompressed."""
     path = Path(path)
     meta, arrays = read_capture(path)
     if "q" not in arrays and "kv" not in arrays and "inputs" in meta:

@@ -290,7 +290,8 @@ def _toward_zero_fp32(x: np.ndarray, fmt: Format, overflow: str) -> np.ndarray:
     """Toward zero from FP32 on the bits: where x and the result are normal in `fmt`, clearing the 23 - m low
     fraction bits is the rounding (the result is on `fmt`'s grid, so the final cast is exact); every other element
     (subnormal in `fmt`, past its largest finite, Inf, NaN) takes :func:`_round_float64`."""
-    u = np.ascontiguousarray(x).view(np.uint32)
+    x = np.ascontiguousarray(x).reshape(-1)  # 0-d too: the caller restores the shape
+    u = x.view(np.uint32)
     a = u & np.uint32(0x7FFFFFFF)
     drop = 23 - fmt.mantissa_bits
     lo = np.float32(fmt.min_normal).view(np.uint32)

@@ -173,9 +173,14 @@ UNITS = ("matrix", "exponential", "division", "logarithm", "fma", "reduction", "
 
 def get_machine(machine: str | Machine, **units: object) -> Machine:
     """A named machine (or a Machine passed through), with units swapped: ``get_machine("sm90-triton",
-    exponential=ExpUnit("correctly-rounded"))`` is Hopper under Triton with a correctly rounded exp."""
+    exponential=ExpUnit("correctly-rounded"))`` is Hopper under Triton with a correctly rounded exp. A machine
+    with a unit swapped is named for it and not ``verified`` (unless `name` and `verified` are given)."""
     m = from_registry(machine, MACHINES, Machine, "machine")
     unknown = sorted(set(units) - {f.name for f in fields(Machine)})
     if unknown:
         raise TypeError(f"{unknown[0]}: not a unit of a machine; the units are {', '.join(UNITS)}")
+    swapped = [u for u in UNITS if u in units and units[u] != getattr(m, u)]
+    if swapped:  # a what-if machine: no longer the hardware its units were checked on, unless the caller says so
+        units = {"name": f"{m.name} with {', '.join(f'{u}={units[u]}' for u in swapped)}", "verified": False,
+                 **units}
     return replace(m, **units) if units else m

@@ -247,6 +247,17 @@ def test_satfinite_like_cvt_rn_satfinite():
     assert_bitwise_equal(ieee, np.float32([np.inf, 57344]))
 
 
+@pytest.mark.parametrize("mode", ["nearest-even", "toward-zero", "stochastic"])
+@pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3", "e5m2"])
+def test_a_scalar_rounds_as_an_array_element(name, mode):
+    """0-d inputs on every path, the edges that leave the fast paths included (a 0-d subnormal under toward-zero
+    raised an IndexError once)."""
+    edges = np.array([1e-40, -1e-40, 3e38, -3e38, np.inf, -np.inf, np.nan, 0.0, -0.0, 1.2345], np.float32)
+    for x in edges:  # a stochastic scalar takes the first draw of its seed, as the first element of an array does
+        one = round_to(np.float32(x), name, mode=mode, seed=3)
+        assert one.shape == () and bits_of(one) == bits_of(round_to(np.full(2, x), name, mode=mode, seed=3)[0]), x
+
+
 def test_signed_zero_kept():
     got = round_to(np.float32([-0.0, -1e-30, 1e-30]), "bf16")
     assert_bitwise_equal(got, np.array([-0.0, -1e-30, 1e-30]).astype(ml_dtypes.bfloat16))

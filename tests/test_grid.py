@@ -95,6 +95,8 @@ def test_another_grid_in_the_folder_is_refused(tmp_path, capsys):
     run_grid(Grid(**{**SMALL, "samples": 1}), out_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="another grid.*contexts"):
         run_grid(Grid(**{**SMALL, "contexts": (64,), "samples": 1}), out_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="another grid.*schedule"):
+        run_grid(Grid(**{**SMALL, "schedule": "amla-sim-gpu", "samples": 1}), out_dir=tmp_path, progress=False)
 
 
 @pytest.mark.parametrize("argv, word", [

@@ -53,6 +53,16 @@ def test_other_settings_in_the_same_folder_are_refused(tmp_path):
         run_table("amla-table3", out_dir=tmp_path, samples=2, context=512, heads=8, progress=False)
 
 
+def test_another_schedule_in_the_same_folder_is_refused(tmp_path):
+    """A folder's rows are of one kernel schedule: resuming it with another is refused, naming the schedule."""
+    run_table("amla-table3", out_dir=tmp_path, max_tasks=1, **SMALL)
+    with pytest.raises(ValueError, match="differs in schedule"):
+        run_table("amla-table3", out_dir=tmp_path, max_tasks=1, schedule="amla-sim-gpu", **SMALL)
+    with pytest.raises(ValueError, match="schedule: unknown schedule 'triton'"):
+        run_table("amla-table3", out_dir=tmp_path / "new", schedule="triton", **SMALL)
+    assert not (tmp_path / "new").exists()
+
+
 def test_bad_arguments(tmp_path, capsys):
     with pytest.raises(ValueError, match="table"):
         run_table("table9", out_dir=tmp_path)

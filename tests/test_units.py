@@ -39,6 +39,14 @@ def test_a_what_if_machine_differs_in_the_swapped_unit_only(x, unit, value, meth
         assert same != (name == method), name  # the swapped unit's results change, nothing else does
 
 
+def test_a_what_if_machine_says_what_it_is():
+    """Swapping a unit makes another machine: its name says which unit, and it no longer claims the captures."""
+    whatif = get_machine("sm90-triton", division=DivUnit("ieee"))
+    assert whatif.name == "sm90-triton with division=DivUnit(mode='ieee')" and not whatif.verified
+    assert get_machine("sm90-triton", division=DivUnit("sm90")) == get_machine("sm90-triton")  # nothing swapped
+    assert get_machine("ieee32", division=DivUnit("sm90"), name="mine", verified=True).verified
+
+
 def test_the_swapped_unit_computes_its_model(x):
     a, b = x
     assert_bitwise_equal(get_machine("sm90-triton", division=DivUnit("ieee")).div(a, b), ew.div(a, b, mode="ieee"))
