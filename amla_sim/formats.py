@@ -215,7 +215,13 @@ FP32_MIN_NORMAL = np.float32(2.0**-126)
 
 def exponent(x: np.ndarray, emin: int) -> np.ndarray:
     """The unnormalised exponent of each (finite, nonzero) x as int64: floor(log2|x|), at least `emin`, so that a
-    subnormal of a format with that emin counts with it. Zeros give no meaningful value: callers mark them."""
+    subnormal of a format with that emin counts with it. Zeros, Inf and NaN give no meaningful value (-1, or
+    `emin` if that is larger): callers mark them. ``frexp`` never sees a non-finite value, which on some NumPy
+    builds raises the invalid flag (a RuntimeWarning)."""
+    x = np.asarray(x)
+    finite = np.isfinite(x)
+    if not finite.all():
+        x = np.where(finite, x, 0.5)  # frexp(0.5) = (0.5, 0): the -1 frexp(NaN) gives where it does not warn
     return np.maximum(np.frexp(x)[1].astype(np.int64) - 1, emin)
 
 

@@ -323,3 +323,17 @@ def test_tf32_operand_is_toward_zero_on_finite_values_and_keeps_19_bits():
     assert_bitwise_equal(got[finite], round_to(x[finite], "tf32", mode="toward-zero"))
     assert (got.view(np.uint32) & np.uint32(0x1FFF) == 0).all()
     assert np.isinf(tf32_operand(np.uint32([0x7F800001]).view(np.float32)))[0]  # payload only in the low bits
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_exponent_of_nonfinite_values_without_a_warning(dtype, frexp_refuses_nonfinite):
+    """formats.exponent never hands frexp an Inf or NaN (issue 23: a RuntimeWarning on some builds); the finite
+    values keep their exponents."""
+    from amla_sim.formats import exponent
+
+    x = np.array([np.nan, -np.inf, np.inf, 1.0, 3.0, 0.25, 2.0**-140], dtype)
+    e = exponent(x, -126)
+    want = np.array([-1, -1, -1, 0, 1, -2, -126 if dtype != np.float16 else -1])
+    finite = np.isfinite(x)
+    np.testing.assert_array_equal(e[finite], want[finite])
+    assert (e[~finite] == -1).all()

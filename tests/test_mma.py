@@ -218,6 +218,24 @@ def test_blas_block_path_equals_the_per_product_path(model, fmt, data):
 
 
 @pytest.mark.parametrize("model, fmt", _BLAS_ROWS)
+def test_blas_block_path_with_nan_and_inf_accumulators(model, fmt, frexp_refuses_nonfinite):
+    """The failure hypothesis found (issue 23), kept as an explicit example on every row: NaN and Inf in C (with
+    finite, zero and mixed rows of A) take the block path without a warning, with the per-product path's bits."""
+    row = mma.MODEL_TABLE[model].rows[fmt]
+    f = FORMATS[fmt]
+    a = np.tile(np.array([1.5, -0.75, 0.0, 2.0])[:, None], (1, row.L))
+    a[2] = 0.0  # an all-zero row
+    b = np.tile(np.array([1.0, -0.5, 0.25, 0.0]), (row.L, 1))
+    c = np.array([[np.nan, 1.0, -np.inf, 0.0], [np.inf, -np.nan, 2.0, np.inf], [np.nan, -np.inf, 0.0, 1.0],
+                  [1.0, np.inf, -np.inf, np.nan]])
+    ea, eb = mma_impl._exponents(a, f), mma_impl._exponents(b, f)
+    fast = mma_impl._t_fdpa_blas(a, b, c, row, ea, eb)
+    ref = mma_impl.t_fdpa(a[:, None, :], b.T[None, :, :], c, row, ea[:, None, :], eb.T[None, :, :])
+    assert_bitwise_equal(fast.astype(np.float32), ref.astype(np.float32))
+    assert np.isnan(fast[0, 0]) and np.isposinf(fast[1, 0]) and np.isneginf(fast[0, 2])
+
+
+@pytest.mark.parametrize("model, fmt", _BLAS_ROWS)
 def test_blas_block_path_when_every_product_sets_e_max(model, fmt):
     """L products of one exponent put the weight sum T at L times the largest term: the exponent read from T
     must still give e_max (a weight base of 2^5 with L = 32 read it one too high). The products cancel, so the
