@@ -1,4 +1,5 @@
-"""The cross-check for kernels people deploy: SGLang's Triton MLA decode and FlashMLA's sm90 dense decode.
+"""The cross-check for kernels people deploy: SGLang's Triton MLA decode, FlashMLA's sm90 dense decode and
+FlashMLA-ETAP (the ETAP paper's own kernel).
 
 A capture (``.npz``) holds, per case, the device's output bits and the case's recipe: shapes, seqlens, splits,
 the distribution and seed that :func:`amla_sim.experiments.inputs.make_inputs` rebuilds the inputs from, and the
@@ -19,6 +20,7 @@ from ._files import atomic_savez
 from ._validate import check_int
 from .algorithms._common import D_V, check_scale
 from .algorithms.flashmla import FLASHMLA_COMMIT, flashmla
+from .algorithms.flashmla_etap import ETAP_COMMIT, flashmla_etap
 from .algorithms.splitkv_decode import SGLANG_VERSION, splitkv_decode
 from .captures import input_crc
 from .crosscheck import CaptureError, read_capture
@@ -26,9 +28,9 @@ from .experiments.inputs import make_inputs
 from .resources import check_fits, run_bytes
 from .testing import ulp_distance
 
-__all__ = ["KERNELS", "SGLANG_CASES", "FLASHMLA_CASES", "capture", "replay", "format_report"]
+__all__ = ["KERNELS", "SGLANG_CASES", "FLASHMLA_CASES", "ETAP_CASES", "capture", "replay", "format_report"]
 
-KERNELS = ("sglang-triton", "flashmla")
+KERNELS = ("sglang-triton", "flashmla", "flashmla-etap")
 
 # (batch, heads, seqlens, num_kv_splits, max_kv_splits, dist, seed, scale): what scripts/capture_thirdparty.py ran
 SGLANG_CASES = [
@@ -50,13 +52,26 @@ FLASHMLA_CASES = [
     (3, 2, 128, (8192, 77, 5000), "normal:1", 15),
     (4, 1, 128, (513, 2048, 4097, 129), "flashmla", 16),
 ]
+# (batch, s_q, heads, seqlens, format, dist, seed, scale): what scripts/capture_thirdparty.py ran; s_q = 2 is causal
+ETAP_CASES = [
+    (1, 1, 16, (4096,), "fp16", "normal:1", 21, None),
+    (1, 1, 128, (2048,), "bf16", "flashmla", 22, None),
+    (2, 2, 64, (1, 1000), "bf16", "flashmla", 23, 0.1352),
+    (4, 1, 32, (63, 64, 65, 3001), "fp16", "normal:1", 24, None),
+    (2, 2, 16, (16500, 129), "fp16", "flashmla", 25, None),
+    (16, 1, 16, (512, 1, 2048, 777, 64, 1500, 65, 3000, 100, 2500, 63, 1024, 4096, 300, 129, 2000), "fp16",
+     "normal:1", 26, None),
+    (3, 1, 64, (3000, 77, 2049), "bf16", "normal:1", 27, 0.1352),
+    (8, 2, 32, (1, 63, 64, 65, 700, 2500, 4097, 129), "bf16", "flashmla", 28, None),
+]
+ETAP_PAGE_SIZE = 64  # the kernel's only page size (kBlockN)
 _SGLANG_LAUNCH = {"block_n": 32, "block_h": 16, "num_warps": 4, "num_stages": 2, "min_block_kv": 32,
                   "page_size": 1, "logit_cap": 0.0}
 
 
 def _case_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
     q, kv = make_inputs(case["dist"], batch=case["batch"], heads=case["heads"], sq=case.get("sq", 1),
-                        context=max(case["seqlens"]), seed=case["seed"])
+                        context=max(case["seqlens"]), seed=case["seed"], fmt=case.get("format", "bf16"))
     if "input_crc" in case and input_crc(q, kv) != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
     return q, kv
@@ -85,6 +100,8 @@ def _check_case(path: Path, kernel: str, i: int, case: object, arrays: dict) -> 
                       "mid": ((b, H, top, D_V), np.uint32)}
         else:
             shapes = {"out": ((b, sq, H, D_V), np.uint16), "lse": ((b, H, sq), np.uint32)}
+        if kernel == "flashmla-etap":
+            _check_etap_recipe(case)
     except KeyError as e:
         raise CaptureError(f"{where} has no {e.args[0]!r}") from None
     except (ValueError, TypeError) as e:
@@ -99,6 +116,19 @@ def _check_case(path: Path, kernel: str, i: int, case: object, arrays: dict) -> 
             raise CaptureError(f"{where}: c{i}_{name} should be {np.dtype(dtype)} {shape}, got {arr.dtype} {arr.shape}")
     check_fits(run_bytes(batch=b, sq=sq, heads=H, context=max(seqlens), mufu_tables=True), what=where,
                lower="the capture's sizes")
+
+
+def _check_etap_recipe(case: dict) -> None:
+    """What the FlashMLA-ETAP model covers: BF16 or FP16, pages of 64 tokens, one KV head of 576."""
+    if case["format"] not in ("bf16", "fp16"):
+        raise ValueError(f"format: the kernel takes bf16 or fp16 (q and kv alike), got {case['format']!r}")
+    if case.get("page_size", ETAP_PAGE_SIZE) != ETAP_PAGE_SIZE:
+        raise ValueError(f"page_size: the kernel takes pages of {ETAP_PAGE_SIZE} tokens, got {case['page_size']!r}")
+    if case.get("head_dim", 576) != 576 or case.get("heads_k", 1) != 1:
+        raise ValueError(f"head_dim: the model covers one KV head of 576 (V its first 512), got "
+                         f"{case.get('heads_k', 1)} of {case.get('head_dim', 576)}")
+    if not isinstance(case["causal"], bool):
+        raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
 
 
 def _compare(name: str, device: np.ndarray, sim: np.ndarray, fmt: type) -> dict:
@@ -139,12 +169,15 @@ def replay(path: str | Path, *, cases: list[int] | None = None, kernel: str | No
         case = meta["cases"][i]
         q, kv = _case_inputs(case)
         t0 = time.perf_counter()
-        stages = (_sglang_stages if kernel == "sglang-triton" else _flashmla_stages)(case, i, q, kv, arrays)
+        stages = {"sglang-triton": _sglang_stages, "flashmla": _flashmla_stages,
+                  "flashmla-etap": _etap_stages}[kernel](case, i, q, kv, arrays)
         first = next((s["name"] for s in stages if s["bit_exact"] < 1), None)
         rows.append({"case": i, "batch": case["batch"], "sq": case.get("sq", 1), "heads": case["heads"],
                      "seqlens": case["seqlens"], "num_kv_splits": case.get("num_kv_splits"), "dist": case["dist"],
+                     "format": case.get("format"),
                      "stages": stages, "first_difference": first, "seconds": round(time.perf_counter() - t0, 2)})
-    version = meta.get("sglang") if kernel == "sglang-triton" else meta.get("flashmla_commit")
+    version = {"sglang-triton": meta.get("sglang"), "flashmla": meta.get("flashmla_commit"),
+               "flashmla-etap": meta.get("etap_commit")}[kernel]
     return {"kernel": kernel, "version": version, "device": meta.get("device"), "cases": rows}
 
 
@@ -165,13 +198,21 @@ def _flashmla_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: 
             _compare("out", arrays[f"c{i}_out"], res.out.view(np.uint16), ml_dtypes.bfloat16)]
 
 
+def _etap_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[dict]:
+    res = flashmla_etap(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"), causal=case["causal"])
+    fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16
+    return [_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
+            _compare("out", arrays[f"c{i}_out"], res.out.view(np.uint16), fmt)]
+
+
 def format_report(report: dict) -> str:
     lines = [f"{report['kernel']} {report.get('version') or ''} on {report.get('device')} against the simulator:"]
     for r in report["cases"]:
         stages = "  ".join(f"{s['name']} {100 * s['bit_exact']:.3f}% (max {s['max_ulp']} ulp)" for s in r["stages"])
         tail = f"first difference: {r['first_difference']}" if r["first_difference"] else "bit-identical"
         splits = f" splits={r['num_kv_splits']}" if r.get("num_kv_splits") else ""
-        lines.append(f"  case {r['case']}: b={r['batch']} s_q={r['sq']} H={r['heads']} seqlens={r['seqlens']}{splits}"
+        fmt = f" {r['format']}" if r.get("format") else ""
+        lines.append(f"  case {r['case']}:{fmt} b={r['batch']} s_q={r['sq']} H={r['heads']} seqlens={r['seqlens']}{splits}"
                      f"  {stages}  {tail}  ({r['seconds']} s)")
     return "\n".join(lines)
 
@@ -180,7 +221,8 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: i
     """Run `kernel` on this machine's GPU over its cases (SGLANG_CASES, FLASHMLA_CASES) and write a capture.
 
     source: the sglang kernel file (default: the installed sglang package), or the folder holding FlashMLA's
-    build_flashmla.py. seed: added to every case's seed, for inputs no committed capture used."""
+    build_flashmla.py (FlashMLA-ETAP's build_etap.py). seed: added to every case's seed, for inputs no committed
+    capture used."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     import torch
@@ -201,7 +243,7 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: i
                             "max_kv_splits": max_splits, "dist": dist, "seed": case_seed + seed, "scale": scale,
                             "input_crc": input_crc(q, kv)})
         meta = {"kernel": kernel, "sglang": SGLANG_VERSION, **_SGLANG_LAUNCH}
-    else:
+    elif kernel == "flashmla":
         if source is None:
             raise ValueError("source: FlashMLA is built from a folder holding build_flashmla.py; name it")
         mod = adapters.load_flashmla(source)
@@ -213,5 +255,20 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: i
             recipes.append({"batch": b, "sq": sq, "heads": H, "seqlens": list(seqlens), "dist": dist,
                             "seed": case_seed + seed, "scale": None, "input_crc": input_crc(q, kv)})
         meta = {"kernel": kernel, "flashmla_commit": FLASHMLA_COMMIT}
+    else:
+        if source is None:
+            raise ValueError("source: FlashMLA-ETAP is built from a folder holding build_etap.py; name it")
+        mod = adapters.load_etap(source)
+        for i, (b, sq, H, seqlens, fmt, dist, case_seed, scale) in enumerate(ETAP_CASES):
+            q, kv = make_inputs(dist, batch=b, heads=H, sq=sq, context=max(seqlens), seed=case_seed + seed, fmt=fmt)
+            causal = sq > 1
+            got = adapters.run_etap(mod, q.view(np.uint16), kv.view(np.uint16), list(seqlens),
+                                    576**-0.5 if scale is None else scale, causal, fmt)
+            for k in ("out", "lse", "sched", "num_splits"):
+                arrays[f"c{i}_{k}"] = got[k]
+            recipes.append({"batch": b, "sq": sq, "heads": H, "seqlens": list(seqlens), "format": fmt, "dist": dist,
+                            "seed": case_seed + seed, "scale": scale, "causal": causal, "page_size": ETAP_PAGE_SIZE,
+                            "input_crc": input_crc(q, kv)})
+        meta = {"kernel": kernel, "etap_commit": ETAP_COMMIT}
     meta.update({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": recipes})
     atomic_savez(path, meta=np.array(json.dumps(meta)), **arrays)

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._validate import check_int
-from ..formats import as_native, is_float_dtype
+from ..formats import as_native, get_format, is_float_dtype
 from ..machines import Machine, get_machine
 from ..schedules import Schedule, get_schedule
 
@@ -133,10 +133,13 @@ def check_scale(scale: float | None) -> float:
 
 
 def check_kernel_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayLike | None, *,
-                        one_query: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What a deployed kernel takes: BF16 q (b, s_q, h_q, 576) (s_q = 1 when `one_query`), BF16 kv (b, S_max, 576)
-    and per-request lengths in 1..S_max (None: S_max); errors name the argument."""
-    qa, kva = _check_bf16(q, "q"), _check_bf16(kv, "kv")
+                        one_query: bool = False, formats: tuple[str, ...] = ("bf16",)
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a deployed kernel takes: q (b, s_q, h_q, 576) (s_q = 1 when `one_query`) and kv (b, S_max, 576), both
+    in one of `formats` (BF16 unless the kernel takes others; the same for both), and per-request lengths in
+    1..S_max (None: S_max); errors name the argument."""
+    qa = _check_storage(q, "q", formats)
+    kva = _check_storage(kv, "kv", (get_format(qa.dtype).name,), mixed=len(formats) > 1)
     if qa.ndim != 4 or qa.shape[-1] != D_K or min(qa.shape) < 1 or (one_query and qa.shape[1] != 1):
         want = "(b, 1, heads, 576) (one query a request)" if one_query else "(b, s_q, h_q, 576)"
         raise ValueError(f"q: expected shape {want}, got {qa.shape}")
@@ -149,12 +152,15 @@ def check_kernel_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayL
     return qa, kva, lens.astype(np.int64)
 
 
-def _check_bf16(x: npt.ArrayLike, argname: str) -> np.ndarray:
-    """The deployed kernels take BF16 only: anything else is an error naming the argument, not a silent cast."""
+def _check_storage(x: npt.ArrayLike, argname: str, formats: tuple[str, ...], mixed: bool = False) -> np.ndarray:
+    """The deployed kernels take their storage formats only: anything else is an error naming the argument, not a
+    silent cast. mixed: kv must match a q of one of several formats."""
     arr = _check_float(x, argname)
-    if arr.dtype != np.dtype(ml_dtypes.bfloat16):
-        raise TypeError(f"{argname}: the kernel takes BF16, got {arr.dtype}; round it first "
-                        f"(amla_sim.formats.round_to({argname}, 'bf16'))")
+    name = get_format(arr.dtype).name
+    if name not in formats:
+        what = " or ".join(f.upper() for f in formats)
+        raise TypeError(f"{argname}: the kernel takes {what}{' (the format of q)' if mixed else ''}, got {arr.dtype}; "
+                        f"round it first (amla_sim.formats.round_to({argname}, {formats[0]!r}))")
     return arr
 
 

@@ -5,6 +5,9 @@
   CUDA the kernel module needs only ``is_hip``, the SM count and ``unpack_aux_tensors`` from them.
 - FlashMLA's sm90 dense decode: the ``flash_mla_dense`` extension that ``build_flashmla.py`` (FlashMLA's sources
   and CUTLASS's headers, ``shared/third_party/flashmla``) builds in about 2 minutes.
+- FlashMLA-ETAP (the ETAP paper's kernel, BF16 and FP16): the ``flash_mla_etap`` extension that ``build_etap.py``
+  (pengcuo/FlashMLA-ETAP 39e6160 and CUTLASS 3.9.0's headers, ``shared/third_party/flashmla-etap``) builds in
+  about 45 seconds.
 
 Inputs and outputs are NumPy arrays of raw bits, so that the crosscheck layer never needs torch.
 """
@@ -20,12 +23,38 @@ import numpy as np
 
 from . import require_gpu, to_torch
 
-__all__ = ["load_sglang", "run_sglang", "load_flashmla", "run_flashmla"]
+__all__ = ["load_sglang", "run_sglang", "load_flashmla", "run_flashmla", "load_etap", "run_etap"]
 
 
-def _bf16(torch, bits: np.ndarray):
-    """BF16 bits (uint16 or bfloat16) as a CUDA tensor."""
-    return to_torch(np.ascontiguousarray(bits).view(np.int16), "cuda").view(torch.bfloat16)
+def _bf16(torch, bits: np.ndarray, fmt: str = "bf16"):
+    """BF16 (or FP16) bits, as uint16 or the float type, as a CUDA tensor."""
+    dtype = torch.float16 if fmt == "fp16" else torch.bfloat16
+    return to_torch(np.ascontiguousarray(bits).view(np.int16), "cuda").view(dtype)
+
+
+def _paged(torch, kv_bits: np.ndarray, fmt: str = "bf16"):
+    """A (b, S_max, 576) cache as pages of 64 tokens (num_blocks, 64, 1, 576), zero past S_max, and its block
+    table (request i owns pages i * n .. i * n + n - 1)."""
+    b, L, d = kv_bits.shape
+    nblk = -(-L // 64)
+    kpad = np.zeros((b, nblk * 64, d), np.uint16)
+    kpad[:, :L] = kv_bits.view(np.uint16)
+    kc = _bf16(torch, kpad, fmt).view(b * nblk, 64, 1, d)
+    return kc, torch.arange(b * nblk, dtype=torch.int32, device="cuda").view(b, nblk)
+
+
+def _load_built(folder: str | Path, script: str, kernel: str):
+    """The extension that `folder`/`script` builds (its ``build()``)."""
+    require_gpu()
+    folder = Path(folder)
+    if not (folder / script).is_file():
+        raise FileNotFoundError(f"{kernel}: {folder} has no {script}")
+    sys.path.insert(0, str(folder))
+    try:
+        build = importlib.import_module(Path(script).stem).build
+    finally:
+        sys.path.remove(str(folder))
+    return build()
 
 
 def load_sglang(path: str | Path | None = None):
@@ -94,16 +123,7 @@ def run_sglang(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, num_kv_spl
 
 def load_flashmla(folder: str | Path):
     """FlashMLA's dense decode extension, built from `folder` (which holds build_flashmla.py and its archives)."""
-    require_gpu()
-    folder = Path(folder)
-    if not (folder / "build_flashmla.py").is_file():
-        raise FileNotFoundError(f"flashmla: {folder} has no build_flashmla.py")
-    sys.path.insert(0, str(folder))
-    try:
-        from build_flashmla import build
-    finally:
-        sys.path.remove(str(folder))
-    return build()
+    return _load_built(folder, "build_flashmla.py", "flashmla")
 
 
 def run_flashmla(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: float) -> dict[str, np.ndarray]:
@@ -111,15 +131,33 @@ def run_flashmla(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: f
     out (uint16 bits), lse (uint32 bits), the split schedule and the cumulative split counts."""
     import torch
 
-    b, _, _, d = q_bits.shape
-    L = kv_bits.shape[1]
-    nblk = -(-L // 64)
-    kpad = np.zeros((b, nblk * 64, d), np.uint16)
-    kpad[:, :L] = kv_bits
-    kc = _bf16(torch, kpad).view(b * nblk, 64, 1, d)
-    bt = torch.arange(b * nblk, dtype=torch.int32, device="cuda").view(b, nblk)
+    kc, bt = _paged(torch, kv_bits)
     sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
     out, lse, sched, num_splits = mod.dense_decode_fwd(_bf16(torch, q_bits), kc, 512, sl, bt, scale, False, None, None)
     torch.cuda.synchronize()
     return {"out": out.view(torch.int16).cpu().numpy().view(np.uint16), "lse": lse.cpu().numpy().view(np.uint32),
             "sched": sched.cpu().numpy(), "num_splits": num_splits.cpu().numpy()}
+
+
+def load_etap(folder: str | Path):
+    """FlashMLA-ETAP's extension (BF16 and FP16), built from `folder` (which holds build_etap.py and its
+    archives)."""
+    return _load_built(folder, "build_etap.py", "flashmla-etap")
+
+
+def run_etap(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: float, causal: bool,
+             fmt: str) -> dict[str, np.ndarray]:
+    """``get_mla_metadata`` and ``fwd_kvcache_mla`` on (b, s_q, H, 576) queries and a (b, S_max, 576) cache (paged
+    in blocks of 64), both `fmt` (``bf16`` or ``fp16``): out (uint16 bits), lse (uint32 bits), the tile-scheduler
+    metadata (the 5 ints of each part the kernel writes; the other 3 are never written) and the cumulative split
+    counts."""
+    import torch
+
+    b, s_q, H, _ = q_bits.shape
+    kc, bt = _paged(torch, kv_bits, fmt)
+    sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    meta, num_splits = mod.get_mla_metadata(sl, s_q * H, 1)
+    out, lse = mod.fwd_kvcache_mla(_bf16(torch, q_bits, fmt), kc, None, 512, sl, bt, scale, causal, meta, num_splits)
+    torch.cuda.synchronize()
+    return {"out": out.view(torch.int16).cpu().numpy().view(np.uint16), "lse": lse.cpu().numpy().view(np.uint32),
+            "sched": meta.cpu().numpy()[:, :5], "num_splits": num_splits.cpu().numpy()}

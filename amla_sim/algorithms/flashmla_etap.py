@@ -1,0 +1,231 @@
+"""FlashMLA-ETAP, the ETAP paper's own kernel (pengcuo/FlashMLA-ETAP, commit 39e6160: ``flash_fwd_mla_kernel.h``,
+``softmax.h``, ``flash_fwd_mla_metadata.cu``), written against a machine. On ``sm90-cuda`` it predicts the
+kernel's output and LSE bit for bit, in BF16 and in FP16.
+
+The rows are the request's (query position, head) pairs, 16 to an m-block, all independent; the scheduler
+(:func:`etap_schedule`) cuts each request's 64-token blocks into splits. A split walks its blocks from the last
+to the first, transposed: one warpgroup computes ``S^T = K Q^T`` (wgmma m64n16, k in order 0..575), so each of
+its 128 threads holds two keys (``16 w + g`` and ``16 w + g + 8`` for warp w and lane group g) of four queries.
+Per block, with ``c = fl32(scale log2 e)`` and the running maximum ``M`` of the *raw* scores:
+
+- masked keys get -inf (past the sequence, or causal, on the first one or two blocks walked: the kernel's
+  masking steps); ``M' = max(M, rowmax(S))``, reduced over the lane groups and then the warps (exact);
+- the first block: ``P = exp2(fma(S, c, -fl(M' c)))``, the thread's partial sum ``P_g + P_{g+8}``, and a rescale
+  factor of 0; later blocks: ``s = exp2(fl(fl(M - M') c))``, the partial sum ``fl(fma(l, s, P_g) + P_{g+8})``;
+- ``P`` rounded to the input format, ``O = fl(O s) + P V`` on the tensor cores (O^T = V^T P^T: the same sums).
+
+At the end the 32 partial sums of a query meet in a butterfly over the lane groups (xor 4, 2, 1) and then in warp
+order from 0, ``L = ((((0 + W0) + W1) + W2) + W3)``; ``O = O fl(1 / L)`` (MUFU.RCP), ``lse = fma(M, scale,
+fl(lg2(L) ln 2))`` in natural log (``__logf``, the max's multiply contracted); L = 0 or NaN gives ``lse`` = +inf
+(-inf in a split) and ``O`` unscaled.
+A request of one split writes ``O`` in the input format; otherwise each split writes FP32 ``O`` and ``lse`` and
+the combine kernel computes ``M = max lse_s`` (0 if -inf), per lane ``sum_{s = lane mod 32} expf(lse_s - M)`` in
+order, an xor butterfly over 32 lanes, ``g = fma(lg2(sum), ln 2, M)`` (+inf where the sum is 0 or NaN), and
+``sum_s fma(expf(lse_s - g), O_s, .)`` from 0; ``expf`` = ``exp2(fl(x log2 e))``, all MUFU (``--use_fast_math``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import numpy.typing as npt
+
+from .._validate import check_int, quiet_fp
+from ..arith.reductions import _xor_tree
+from ..formats import get_format
+from ..machines import Machine, get_machine
+from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_scale
+from .flashmla_sched import BLOCK_SIZE_N, decoding_schedule
+
+__all__ = ["flashmla_etap", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
+
+ETAP_COMMIT = "39e6160"
+BLOCK_M = 16  # query rows of an m-block (Flash_fwd_kernel_traits_mla<576, 16, 64, 8>)
+WARPS, GROUPS = 4, 8  # the S^T warpgroup: 4 warps of 8 lane groups, each holding keys 16 w + g and 16 w + g + 8
+MAX_SPLITS = (32, 64, 96, 128, 160)  # the combine kernel's instantiations (MLA_NUM_SPLITS_SWITCH)
+
+
+def etap_num_sm_parts(*, s_q: int, heads_q: int, num_sms: int = 132) -> int:
+    """``get_mla_metadata``'s part count: num_sms / h_k / cdiv(s_q h_q / h_k, 64), h_k = 1 (the kernel's m-block
+    is 16 rows, but the metadata divides by 64)."""
+    return num_sms // -(-(s_q * heads_q) // 64)
+
+
+def etap_schedule(seqlens: npt.ArrayLike, parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tile-scheduler metadata as ``get_mla_metadata_kernel`` writes it: (parts, 5) int32, per part
+    ``[begin_idx, begin_seqlen, end_idx, end_seqlen, begin_n_split_idx]`` (the kernel's rows have 8 ints, the
+    last 3 never written), and the cumulative split counts (b + 1 int32). The payload walk is FlashMLA's (:func:`.flashmla_sched.decoding_schedule`); this
+    commit writes its ends in tokens, and the seqlen itself where a part ends with a request."""
+    lens = [int(v) for v in np.asarray(seqlens).ravel()]
+    sched, num_splits = decoding_schedule(lens, parts)
+    b = len(lens)
+    meta = np.zeros((parts, 5), np.int32)
+    for i, p in enumerate(sched):
+        begin_tokens = 0 if p.begin_req >= b else p.begin_block * BLOCK_SIZE_N
+        end_tokens = min(p.end_block * BLOCK_SIZE_N, lens[p.end_req])
+        meta[i, :5] = (p.begin_req, begin_tokens, p.end_req, end_tokens, p.begin_split)
+    return meta, num_splits
+
+
+def _request_splits(meta: np.ndarray, lens: list[int]) -> list[list[tuple[int, int]]]:
+    """Per request, its splits as block ranges [n_block_min, n_block_max), read from the metadata as the kernel
+    reads it, in split order."""
+    out: list[list[tuple[int, int]]] = [[] for _ in lens]
+    for begin_idx, begin_seqlen, end_idx, end_seqlen, *_ in meta.tolist():
+        for r in range(begin_idx, min(end_idx, len(lens) - 1) + 1):
+            lo = begin_seqlen // BLOCK_SIZE_N if r == begin_idx else 0
+            hi = -(-end_seqlen // BLOCK_SIZE_N) if r == end_idx else -(-lens[r] // BLOCK_SIZE_N)
+            out[r].append((lo, hi))
+    return out
+
+
+class _Units:
+    """The machine's operations as the kernel uses them."""
+
+    def __init__(self, mc: Machine, fmt: str):
+        self.mc = mc
+        self.dt = mc.dtype
+        self.fmt = fmt
+        self.ln2 = mc.f(math.log(2.0))  # __logf: lg2.approx.ftz times fl32(ln 2)
+
+    def logf(self, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
+        """``__logf(x)``, or ``__logf(x) + plus`` with the multiply by ln 2 contracted into the add."""
+        if plus is None:
+            return self.mc.f(self.mc.log2(x) * self.ln2)
+        return self.mc.mul_add(self.mc.log2(x), self.ln2, plus)
+
+
+@quiet_fp
+def flashmla_etap(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    seqlens: npt.ArrayLike,
+    scale: float | None = None,
+    causal: bool | None = None,
+    num_sms: int = 132,
+    machine: str | Machine = "sm90-cuda",
+    trace: bool = False,
+) -> AttentionResult:
+    """FlashMLA-ETAP's decode on `machine` (see the module docstring).
+
+    q: (b, s_q, h_q, 576) and kv: (b, S_max, 576), both BF16 or both FP16; rows of kv past ``seqlens[i]`` ignored,
+    V its first 512 columns. causal: the MTP mask (query s sees keys up to ``seqlen - s_q + s``); None: causal
+    when s_q > 1 (the kernel ignores it for s_q = 1). num_sms: the device's SM count (132 on H100 SXM and H200).
+    Returns ``.out`` (b, s_q, h_q, 512) in q's format and ``.lse`` (b, h_q, s_q) natural log, the kernel's
+    layouts; with `trace`, per request the splits' block ranges, partial outputs and LSEs (``split_blocks``,
+    ``split_out``, ``split_lse``).
+    """
+    mc = get_machine(machine)
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
+    sm = check_scale(scale)
+    check_int(num_sms, "num_sms", lo=1)
+    if causal is not None and not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected True, False or None, got {causal!r}")
+    fmt = get_format(qa.dtype).name
+    b, s_q, H, _ = qa.shape
+    causal = s_q > 1 if causal is None else bool(causal) and s_q > 1
+    parts = etap_num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
+    if parts < 1:
+        raise ValueError(f"num_sms: {num_sms} SMs give no scheduler part for {s_q * H} query rows")
+    if parts > MAX_SPLITS[-1]:
+        raise ValueError(f"num_sms: {parts} scheduler parts exceed the combine kernel's {MAX_SPLITS[-1]} splits")
+    max_splits = next(n for n in MAX_SPLITS if parts <= n)
+    u = _Units(mc, fmt)
+    sm = mc.f(sm)  # the API's softmax_scale is a float
+    c = mc.f(np.float64(sm) * math.log2(math.e))  # params.scale_softmax_log2 = float(softmax_scale * M_LOG2E)
+    meta, _ = etap_schedule(lens, parts)
+    Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
+    # row r = s h_q + head; query position s sees keys t <= seqlen - s_q + s when causal
+    shift = np.repeat(s_q - 1 - np.arange(s_q), H) if causal else None
+    out = np.zeros((b, s_q * H, D_V), mc.dtype)
+    lse = np.zeros((b, s_q * H), mc.dtype)
+    tr: dict[str, list] = {}
+    for i, blocks in enumerate(_request_splits(meta, [int(n) for n in lens])):
+        rows = Q[i].reshape(s_q * H, D_K)
+        one = len(blocks) == 1
+        res = [_split(u, rows, K[i], int(lens[i]), lo, hi, c, sm, shift, one) for lo, hi in blocks]
+        if one:
+            out[i], lse[i] = res[0]
+        else:
+            out[i], lse[i] = _combine(u, res, max_splits)
+        if trace:
+            tr.setdefault("split_blocks", []).append(np.array(blocks))
+            tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]))
+            tr.setdefault("split_lse", []).append(np.stack([r[1] for r in res]))
+    hazards = Counter()
+    if np.isnan(out).any():
+        hazards["nan_outputs"] += int(np.isnan(out).sum())
+    out = mc.cast(out.reshape(b, s_q, H, D_V), fmt)
+    return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
+
+
+def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, c: np.ndarray,
+           sm: np.ndarray, shift: np.ndarray | None, alone: bool) -> tuple[np.ndarray, np.ndarray]:
+    """One split over blocks [lo, hi), walked from hi - 1 down: (O, lse) per row, O normalised."""
+    mc, dt = u.mc, u.dt
+    R = Q.shape[0]
+    Qm = mc.operand(Q)
+    O = np.zeros((R, D_V), dt)
+    M = np.full(R, -np.inf, dt)
+    part = np.zeros((R, WARPS, GROUPS), dt)  # a thread's partial row sum: (warp, lane group)
+    masking_steps = 2 if shift is not None else 1  # n_masking_steps = causal ? cdiv(16, 64) + 1 : 1
+    for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
+        t = blk * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)
+        Kb = np.where((t < seqlen)[:, None], K[np.minimum(t, seqlen - 1)], 0).astype(K.dtype)  # OOB rows cleared
+        S = mc.f(mc.matmul(Qm, mc.operand(np.ascontiguousarray(Kb.T))))  # (R, 64)
+        if step < masking_steps:
+            limit = seqlen - 1 - (shift[:, None] if shift is not None else 0)  # the last key a row sees
+            S = np.where(t[None, :] <= limit, S, -np.inf).astype(dt)
+        check_inf = shift is not None and step < masking_steps
+        M_new = np.maximum(M, S.max(axis=1)) if step else S.max(axis=1)
+        pair = lambda x: x.reshape(R, WARPS, 2, GROUPS)  # noqa: E731  key 16 w + 8 h + g -> (w, h, g)
+        if step:
+            cur = np.where(check_inf & np.isneginf(M_new), 0, M_new).astype(dt)
+            s = mc.exp2(mc.f(mc.f(M - cur) * c))
+        M = M_new
+        max_scaled = np.where(np.isneginf(M), 0, mc.f(M * c)).astype(dt)
+        P = mc.exp2(mc.mul_add(S, c, -max_scaled[:, None]))
+        Pk = pair(P)
+        if step:
+            part = mc.f(mc.mul_add(part, s[:, None, None], Pk[:, :, 0]) + Pk[:, :, 1])
+            O = mc.f(O * s[:, None])
+        else:
+            part = mc.f(Pk[:, :, 0] + Pk[:, :, 1])
+            O = mc.f(O * mc.f(0))  # scale_o is cleared on the first block
+        O = mc.matmul(mc.operand(mc.cast(P, u.fmt)), mc.operand(Kb[:, :D_V]), O)
+    # the butterfly over the lane groups (xor 16, 8, 4 on the lane: 4, 2, 1 on g), then the warps in order
+    warp = _xor_tree([part[:, :, g] for g in range(GROUPS)])
+    L = np.zeros(R, dt)
+    for w in range(WARPS):
+        L = mc.f(L + warp[:, w])
+    empty = (L == 0) | np.isnan(L)
+    inv = np.where(empty, 1, mc.div(mc.f(1), L)).astype(dt)
+    lse = np.where(empty, np.inf if alone else -np.inf, mc.mul_add(M, sm, u.logf(L))).astype(dt)
+    return mc.f(O * inv[:, None]), lse
+
+
+def _combine(u: _Units, res: list, max_splits: int) -> tuple[np.ndarray, np.ndarray]:
+    mc, dt = u.mc, u.dt
+    lse_s = np.stack([r[1] for r in res], axis=1)  # (R, n)
+    R, n = lse_s.shape
+    pad = np.full((R, max_splits), -np.inf, dt)
+    pad[:, :n] = lse_s
+    M = np.max(pad, axis=1)
+    M = np.where(np.isneginf(M), 0, M).astype(dt)
+    lanes = []
+    for lane in range(32):  # lane j sums expf(lse_s - M) over s = j, j + 32, ... from 0
+        acc = np.zeros(R, dt)
+        for k in range(lane, max_splits, 32):
+            acc = mc.f(acc + mc.exp(mc.f(pad[:, k] - M)))
+        lanes.append(acc)
+    total = _xor_tree(lanes)
+    bad = (total == 0) | np.isnan(total)
+    g = np.where(bad, np.inf, u.logf(total, M)).astype(dt)
+    acc = np.zeros((R, D_V), dt)
+    for s in range(n):
+        w = mc.exp(mc.f(lse_s[:, s] - g))
+        acc = mc.mul_add(w[:, None], res[s][0], acc)
+    return acc, g
