@@ -1,16 +1,21 @@
 """FlashMLA-ETAP's epilogue race, measured on an H100/H200 (issue 20).
 
-    python scripts/etap_race.py OUT --etap DIR [--seeds 0,1000] [--repeats 30] [--patched]
+    python scripts/etap_race.py OUT --etap DIR [--seeds 0,1000] [--repeats 30] [--patch epilogue|both]
 
 The kernel's ``store`` writes the accumulator to shared memory (``sOaccumTranspose``) and every thread then reads
 other threads' entries back to transpose them, with no barrier between the write and the read
 (``flash_fwd_mla_kernel.h``, ``store``: ``cute::copy(...)`` then the ``sOaccum(j, i) = sOaccumTranspose(i, j)``
 loop). A thread that reads before the owner wrote takes whatever the shared memory held: the previous tile's
 output, or keys. This script runs every case of ``amla_sim.thirdparty.ETAP_CASES`` (seeds + each of --seeds)
-`repeats` times and records which output elements ever change between runs; with --patched it builds the same
-sources with one ``__syncthreads()`` inserted between the write and the read (in the build folder only: nothing of
-the kernel is kept) and records that build's outputs once, for the simulator to be compared against.
-Writes OUT/etap_race[_patched].npz.
+`repeats` times and keeps, per case, the distinct outputs and LSEs and how many runs gave each
+(``s{seed}_c{case}_out{j}``, ``..._out_count``). A second race: the consumer warpgroup stores P^T to shared memory
+with generic stores and only *arrives* at the named barrier before its own wgmma (and the producer's) reads it,
+with no ``fence.proxy.async`` between the stores and the tensor cores' reads.
+
+--patch builds the same sources with the missing synchronisation inserted (in the build folder only: nothing of
+the kernel is kept): ``epilogue``, one ``__syncthreads()`` between the epilogue's write and its read; ``both``,
+that and, after the P^T stores, ``fence_view_async_shared()`` and a barrier of the consumer warpgroup's 128
+threads. Writes OUT/etap_race[_PATCH].npz.
 """
 
 from __future__ import annotations
@@ -23,22 +28,28 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from amla_sim import thirdparty
 from amla_sim.experiments.inputs import make_inputs
-from amla_sim.gpu import thirdparty as adapters
 
 _WRITE = "    cute::copy(smem_tiled_copy_Oaccum, taccOrOaccum, taccOsOaccum);\n"
+_P_STORE = "            cute::copy(scale_o, tScale_osScale_o);\n"
+_MARK = "// amla-sim: the missing"
+PATCHES = {
+    "epilogue": [(_WRITE, "    __syncthreads();  " + _MARK + " barrier\n")],
+    "both": [(_WRITE, "    __syncthreads();  " + _MARK + " barrier\n"),
+             (_P_STORE, "            cutlass::arch::fence_view_async_shared();  " + _MARK + " proxy fence\n"
+                        "            cutlass::arch::NamedBarrier::sync(128, 3);  " + _MARK + " barrier of the consumers\n")],
+}
 
 
-def patched_build(folder: str):
-    """The ETAP extension with a barrier between the epilogue's shared-memory write and its transposing read."""
+def patched_build(folder: str, patch: str):
+    """The ETAP extension with the missing synchronisation of `patch` inserted after each anchor line."""
     sys.path.insert(0, folder)
     import build_etap
 
-    work = "/tmp/flashmla-etap-build-patched"
-    os.environ["TORCH_EXTENSIONS_DIR"] = "/tmp/torch-ext-patched"  # not the unpatched build's cache
+    work = f"/tmp/flashmla-etap-build-{patch}"
+    os.environ["TORCH_EXTENSIONS_DIR"] = f"/tmp/torch-ext-{patch}"  # not the unpatched build's cache
     src = os.path.join(work, "src")  # build() extracts only into an empty folder: extract and patch first
     if not os.path.isdir(os.path.join(src, "csrc")):
         os.makedirs(os.path.join(src, "csrc", "cutlass"), exist_ok=True)
@@ -48,9 +59,11 @@ def patched_build(folder: str):
             t.extractall(os.path.join(src, "csrc", "cutlass"))
     kernel = Path(src, "csrc", "flash_fwd_mla_kernel.h")
     text = kernel.read_text()
-    if "__syncthreads();  // amla-sim: the missing barrier" not in text:
-        assert text.count(_WRITE) == 1, "the epilogue's write is not where commit 39e6160 has it"
-        kernel.write_text(text.replace(_WRITE, _WRITE + "    __syncthreads();  // amla-sim: the missing barrier\n"))
+    if _MARK not in text:
+        for anchor, insert in PATCHES[patch]:
+            assert text.count(anchor) == 1, f"{anchor.strip()!r} is not where commit 39e6160 has it"
+            text = text.replace(anchor, anchor + insert)
+        kernel.write_text(text)
     return build_etap.build(work)
 
 
@@ -60,6 +73,8 @@ def case_inputs(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def run_cases(mod, inputs: list[tuple[np.ndarray, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    from amla_sim.gpu import thirdparty as adapters
+
     outs = []
     for (q, kv), (_, sq, _, seqlens, fmt, _, _, scale) in zip(inputs, thirdparty.ETAP_CASES):
         outs.append(adapters.run_etap(mod, q.view(np.uint16), kv.view(np.uint16), list(seqlens),
@@ -73,31 +88,43 @@ def main() -> None:
     p.add_argument("--etap", default=".third_party/flashmla-etap")
     p.add_argument("--seeds", default="0,1000")
     p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--patched", action="store_true")
+    p.add_argument("--patch", choices=sorted(PATCHES))
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in a.seeds.split(",")]
-    mod = patched_build(a.etap) if a.patched else adapters.load_etap(a.etap)
+    import torch
+
+    from amla_sim.gpu import thirdparty as adapters
+
+    mod = patched_build(a.etap, a.patch) if a.patch else adapters.load_etap(a.etap)
     arrays, summary = {}, []
     for seed in seeds:
         inputs = case_inputs(seed)
-        first = run_cases(mod, inputs)
-        varies = [np.zeros(r["out"].shape, bool) for r in first]
-        lse_varies = [np.zeros(r["lse"].shape, bool) for r in first]
-        for _ in range(a.repeats - 1):
+        seen: list[dict[str, list]] = [{"out": [], "out_count": [], "lse": [], "lse_count": []} for _ in inputs]
+        for _ in range(a.repeats):
             for i, r in enumerate(run_cases(mod, inputs)):
-                varies[i] |= r["out"] != first[i]["out"]
-                lse_varies[i] |= r["lse"] != first[i]["lse"]
-        for i, r in enumerate(first):
-            arrays[f"s{seed}_c{i}_out"], arrays[f"s{seed}_c{i}_lse"] = r["out"], r["lse"]
-            arrays[f"s{seed}_c{i}_varies"] = varies[i]
-            summary.append({"seed": seed, "case": i, "out_elements_varying": int(varies[i].sum()),
-                            "lse_elements_varying": int(lse_varies[i].sum())})
+                for k in ("out", "lse"):  # the distinct results of the runs, and how many runs gave each
+                    same = [j for j, x in enumerate(seen[i][k]) if np.array_equal(x, r[k])]
+                    if same:
+                        seen[i][f"{k}_count"][same[0]] += 1
+                    else:
+                        seen[i][k].append(r[k])
+                        seen[i][f"{k}_count"].append(1)
+        for i, d in enumerate(seen):
+            for k in ("out", "lse"):
+                for j, x in enumerate(d[k]):
+                    arrays[f"s{seed}_c{i}_{k}{j}"] = x
+                arrays[f"s{seed}_c{i}_{k}_count"] = np.array(d[f"{k}_count"])
+            varying = np.zeros(d["out"][0].shape, bool)
+            for x in d["out"][1:]:
+                varying |= x != d["out"][0]
+            summary.append({"seed": seed, "case": i, "distinct_out": d["out_count"], "distinct_lse": d["lse_count"],
+                            "out_elements_varying": int(varying.sum())})
             print(summary[-1], flush=True)
-    meta = {"device": torch.cuda.get_device_name(), "repeats": a.repeats, "patched": a.patched, "seeds": seeds,
+    meta = {"device": torch.cuda.get_device_name(), "repeats": a.repeats, "patch": a.patch, "seeds": seeds,
             "summary": summary}
-    name = "etap_race_patched.npz" if a.patched else "etap_race.npz"
+    name = f"etap_race_{a.patch}.npz" if a.patch else "etap_race.npz"
     np.savez_compressed(out / name, meta=np.array(json.dumps(meta)), **arrays)
 
 
