@@ -82,6 +82,33 @@ def run_cases(mod, inputs: list[tuple[np.ndarray, np.ndarray]]) -> list[dict[str
     return outs
 
 
+def pack(out: Path, sources: list[str], cases: list[int]) -> None:
+    arrays, summary = {}, {}
+    for source in sources:
+        gpu, unpatched_path, patched_path = source.split(":")
+        with np.load(unpatched_path) as u, np.load(patched_path) as f:
+            meta_u, meta_f = json.loads(str(u["meta"])), json.loads(str(f["meta"]))
+            assert meta_u["seeds"] == meta_f["seeds"] and meta_f["patch"] == "both" and not meta_u.get("patch")
+            summary[gpu] = {"device": meta_u["device"], "repeats": meta_u["repeats"], "seeds": meta_u["seeds"],
+                            "unpatched": meta_u["summary"], "patched": meta_f["summary"]}
+            for seed in meta_u["seeds"]:
+                for i in cases:
+                    key = f"{gpu}_s{seed}_c{i}"
+                    for k in ("out", "lse"):
+                        assert f[f"s{seed}_c{i}_{k}_count"].tolist() == [meta_f["repeats"]]  # the fix is stable
+                        fixed = f[f"s{seed}_c{i}_{k}0"]
+                        arrays[f"{key}_{k}"] = fixed
+                        counts = u[f"s{seed}_c{i}_{k}_count"]
+                        arrays[f"{key}_{k}_count"] = counts
+                        for j in range(len(counts)):  # each distinct unpatched result: where it differs, its bits
+                            got = u[f"s{seed}_c{i}_{k}{j}"]
+                            where = np.flatnonzero(got != fixed)
+                            arrays[f"{key}_{k}{j}_at"] = where.astype(np.int32)
+                            arrays[f"{key}_{k}{j}_bits"] = got.ravel()[where]
+    meta = {"cases": cases, "gpus": summary, "script": "scripts/etap_race.py"}
+    np.savez_compressed(out / "flashmla_etap_races.npz", meta=np.array(json.dumps(meta)), **arrays)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -89,9 +116,13 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1000")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--patch", choices=sorted(PATCHES))
+    p.add_argument("--pack", nargs="+", metavar="GPU:UNPATCHED:PATCHED")
+    p.add_argument("--cases", default="4,5", help="--pack: the cases to keep (the others never varied)")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.pack:
+        return pack(out, a.pack, [int(c) for c in a.cases.split(",")])
     seeds = [int(s) for s in a.seeds.split(",")]
     import torch
 

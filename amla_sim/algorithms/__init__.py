@@ -9,6 +9,7 @@ from .amla import amla
 from .base import base
 from .etap import etap
 from .flashmla import flashmla
+from .flashmla_etap import flashmla_etap
 from .golden import golden
 from .naive import naive
 from .seesaw import seesaw
@@ -17,5 +18,5 @@ from .splitkv_decode import splitkv_decode
 
 ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla}
 
-__all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive", "seesaw",
+__all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "flashmla_etap", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive", "seesaw",
            "etap", "snapmla"]

@@ -134,8 +134,7 @@ def flashmla_etap(
         raise ValueError(f"num_sms: {parts} scheduler parts exceed the combine kernel's {MAX_SPLITS[-1]} splits")
     max_splits = next(n for n in MAX_SPLITS if parts <= n)
     u = _Units(mc, fmt)
-    sm = mc.f(sm)  # the API's softmax_scale is a float
-    c = mc.f(np.float64(sm) * math.log2(math.e))  # params.scale_softmax_log2 = float(softmax_scale * M_LOG2E)
+    sm, c = _scales(mc, sm)
     meta, _ = etap_schedule(lens, parts)
     Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
     # row r = s h_q + head; query position s sees keys t <= seqlen - s_q + s when causal
@@ -162,6 +161,47 @@ def flashmla_etap(
     return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
 
 
+def _scales(mc: Machine, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """The API's ``float softmax_scale`` and ``params.scale_softmax_log2 = float(softmax_scale * M_LOG2E)``, the
+    product taken in double from the float."""
+    sm = mc.f(scale)
+    return sm, mc.f(np.float64(sm) * math.log2(math.e))
+
+
+def _walk(lo: int, hi: int) -> range:
+    """The blocks of a split in the order the kernel takes them: n_block from n_block_max - 1 down."""
+    return range(hi - 1, lo - 1, -1)
+
+
+def _thread_sum(mc: Machine, part: np.ndarray, s: np.ndarray | None, P: np.ndarray) -> np.ndarray:
+    """A thread's partial row sum after a block, P (R, 64) -> its keys (R, warp, 2, group): ``row_sum *= s``, then
+    its two keys added in order (``thread_reduce_``), the multiply contracted into the first add."""
+    Pk = P.reshape(P.shape[0], WARPS, 2, GROUPS)  # key 16 w + 8 h + g -> (w, h, g)
+    if s is None:  # the first block: zero_init
+        return mc.f(Pk[:, :, 0] + Pk[:, :, 1])
+    return mc.f(mc.mul_add(part, s[:, None, None], Pk[:, :, 0]) + Pk[:, :, 1])
+
+
+def _row_total(mc: Machine, part: np.ndarray) -> np.ndarray:
+    """``reduce_group_4x8_4_sum``: the butterfly over a warp's lane groups (xor 16, 8, 4 on the lane: 4, 2, 1 on
+    g), then the four warps' sums added in order from 0."""
+    warp = _xor_tree([part[:, :, g] for g in range(GROUPS)])
+    L = np.zeros(part.shape[0], mc.dtype)
+    for w in range(WARPS):
+        L = mc.f(L + warp[:, w])
+    return L
+
+
+def _split_lse(u: _Units, M: np.ndarray, sm: np.ndarray, L: np.ndarray) -> np.ndarray:
+    """``row_max * softmax_scale + __logf(sum)``: the max's multiply contracted, ``__logf`` rounded first."""
+    return u.mc.mul_add(M, sm, u.logf(L))
+
+
+def _combine_lse(u: _Units, total: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """``logf(sum_lse) + max_lse``: ``__logf``'s multiply by ln 2 contracted into the add."""
+    return u.logf(total, M)
+
+
 def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, c: np.ndarray,
            sm: np.ndarray, shift: np.ndarray | None, alone: bool) -> tuple[np.ndarray, np.ndarray]:
     """One split over blocks [lo, hi), walked from hi - 1 down: (O, lse) per row, O normalised."""
@@ -172,7 +212,7 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
     M = np.full(R, -np.inf, dt)
     part = np.zeros((R, WARPS, GROUPS), dt)  # a thread's partial row sum: (warp, lane group)
     masking_steps = 2 if shift is not None else 1  # n_masking_steps = causal ? cdiv(16, 64) + 1 : 1
-    for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
+    for step, blk in enumerate(_walk(lo, hi)):
         t = blk * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)
         Kb = np.where((t < seqlen)[:, None], K[np.minimum(t, seqlen - 1)], 0).astype(K.dtype)  # OOB rows cleared
         S = mc.f(mc.matmul(Qm, mc.operand(np.ascontiguousarray(Kb.T))))  # (R, 64)
@@ -181,29 +221,20 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
             S = np.where(t[None, :] <= limit, S, -np.inf).astype(dt)
         check_inf = shift is not None and step < masking_steps
         M_new = np.maximum(M, S.max(axis=1)) if step else S.max(axis=1)
-        pair = lambda x: x.reshape(R, WARPS, 2, GROUPS)  # noqa: E731  key 16 w + 8 h + g -> (w, h, g)
+        s = None  # the rescale factor: none on the first block, whose scale_o is cleared to 0
         if step:
             cur = np.where(check_inf & np.isneginf(M_new), 0, M_new).astype(dt)
             s = mc.exp2(mc.f(mc.f(M - cur) * c))
         M = M_new
         max_scaled = np.where(np.isneginf(M), 0, mc.f(M * c)).astype(dt)
         P = mc.exp2(mc.mul_add(S, c, -max_scaled[:, None]))
-        Pk = pair(P)
-        if step:
-            part = mc.f(mc.mul_add(part, s[:, None, None], Pk[:, :, 0]) + Pk[:, :, 1])
-            O = mc.f(O * s[:, None])
-        else:
-            part = mc.f(Pk[:, :, 0] + Pk[:, :, 1])
-            O = mc.f(O * mc.f(0))  # scale_o is cleared on the first block
+        part = _thread_sum(mc, part, s, P)
+        O = mc.f(O * (mc.f(0) if s is None else s[:, None]))
         O = mc.matmul(mc.operand(mc.cast(P, u.fmt)), mc.operand(Kb[:, :D_V]), O)
-    # the butterfly over the lane groups (xor 16, 8, 4 on the lane: 4, 2, 1 on g), then the warps in order
-    warp = _xor_tree([part[:, :, g] for g in range(GROUPS)])
-    L = np.zeros(R, dt)
-    for w in range(WARPS):
-        L = mc.f(L + warp[:, w])
+    L = _row_total(mc, part)
     empty = (L == 0) | np.isnan(L)
     inv = np.where(empty, 1, mc.div(mc.f(1), L)).astype(dt)
-    lse = np.where(empty, np.inf if alone else -np.inf, mc.mul_add(M, sm, u.logf(L))).astype(dt)
+    lse = np.where(empty, np.inf if alone else -np.inf, _split_lse(u, M, sm, L)).astype(dt)
     return mc.f(O * inv[:, None]), lse
 
 
@@ -223,7 +254,7 @@ def _combine(u: _Units, res: list, max_splits: int) -> tuple[np.ndarray, np.ndar
         lanes.append(acc)
     total = _xor_tree(lanes)
     bad = (total == 0) | np.isnan(total)
-    g = np.where(bad, np.inf, u.logf(total, M)).astype(dt)
+    g = np.where(bad, np.inf, _combine_lse(u, total, M)).astype(dt)
     acc = np.zeros((R, D_V), dt)
     for s in range(n):
         w = mc.exp(mc.f(lse_s[:, s] - g))
