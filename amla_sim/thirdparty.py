@@ -212,7 +212,8 @@ def format_report(report: dict) -> str:
         tail = f"first difference: {r['first_difference']}" if r["first_difference"] else "bit-identical"
         splits = f" splits={r['num_kv_splits']}" if r.get("num_kv_splits") else ""
         fmt = f" {r['format']}" if r.get("format") else ""
-        lines.append(f"  case {r['case']}:{fmt} b={r['batch']} s_q={r['sq']} H={r['heads']} seqlens={r['seqlens']}{splits}"
+        lines.append(f"  case {r['case']}:{fmt} b={r['batch']} s_q={r['sq']} H={r['heads']} "
+                     f"seqlens={r['seqlens']}{splits}"
                      f"  {stages}  {tail}  ({r['seconds']} s)")
     return "\n".join(lines)
 

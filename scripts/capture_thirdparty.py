@@ -1,7 +1,7 @@
 """Device captures for the third-party kernels and the units they use (issue 12). Runs on an H100/H200.
 
     python scripts/capture_thirdparty.py OUT [--sglang FILE] [--flashmla DIR] [--etap DIR] [--seed N]
-                                         [--steps lg2,nan,sglang,flashmla,etap,etap-table1]
+                                         [--steps lg2,nan,sglang,flashmla,etap]
 
 lg2:      MUFU.LG2 on every FP32 significand in [1, 2) (delta-coded), and tl.log / tl.log2 / lg2.approx(.ftz) on
           random and edge inputs over every binade; the PTX that tl.log and tl.log2 lower to.
@@ -12,9 +12,6 @@ sglang:   SGLang's Triton MLA decode (the grouped stage 1 + stage 2 path, run fr
 flashmla: FlashMLA's sm90 dense decode, built by DIR/build_flashmla.py; out, lse and the split schedule.
 etap:     FlashMLA-ETAP (the ETAP paper's kernel), built by DIR/build_etap.py, over amla_sim.thirdparty.ETAP_CASES
           (seeds + N): out, lse, the tile-scheduler metadata and split counts (etap.npz, or etap_seedN.npz).
-etap-table1: ETAP's Table 1 setup on the kernel (FP16, batch 16, 16 heads, s_q 1, contexts 512 to 64K, N(0, 1) and
-          FA3's outliers, seed 0 + N): RMSE of its output against FP64 attention computed on the GPU, and the
-          output bits up to 4K tokens for a CPU replay (etap_table1.npz).
 ptx.txt:  the PTX of every Triton kernel compiled in the run (how tl.log, tl.exp and the FMAs lower).
 
 Every case records its inputs' CRC (amla_sim.captures.input_crc), so the replay proves it rebuilt them.
@@ -156,38 +153,6 @@ def etap_step(out: Path, folder: str, seed: int) -> None:
     print("etap:", len(thirdparty.ETAP_CASES), "cases ->", name)
 
 
-TABLE1_CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-
-
-def etap_table1_step(out: Path, folder: str, seed: int) -> None:
-    """The kernel's FP16 RMSE against FP64 attention over the same FP16 inputs, at the paper's contexts."""
-    from amla_sim.experiments.inputs import make_inputs
-    from amla_sim.gpu import thirdparty as adapters
-
-    mod = adapters.load_etap(folder)
-    rows, arrays = [], {}
-    for dist in ("normal:1", "fa3-outliers"):
-        for ctx in TABLE1_CONTEXTS:
-            q, kv = make_inputs(dist, batch=16, heads=16, sq=1, context=ctx, seed=seed, fmt="fp16")
-            got = adapters.run_etap(mod, q.view(np.uint16), kv.view(np.uint16), [ctx] * 16, 576**-0.5, False, "fp16")
-            o = torch.from_numpy(got["out"].view(np.float16).astype(np.float64)).cuda()
-            qd = torch.from_numpy(q.astype(np.float64)).cuda()[:, 0]  # (b, h, 576)
-            kd = torch.from_numpy(kv.astype(np.float64)).cuda()  # (b, L, 576)
-            s = torch.einsum("bhd,bld->bhl", qd, kd) * 576**-0.5
-            ref = torch.einsum("bhl,bld->bhd", torch.softmax(s, dim=-1), kd[..., :512])
-            rmse = float(((o[:, 0] - ref) ** 2).mean().sqrt())
-            rows.append({"dist": dist, "context": ctx, "rmse": rmse, "num_splits": got["num_splits"].tolist()})
-            if ctx <= 4096:
-                arrays[f"{dist.split(':')[0]}_{ctx}_out"] = got["out"]
-                arrays[f"{dist.split(':')[0]}_{ctx}_lse"] = got["lse"]
-            print(f"etap-table1 {dist} {ctx}: RMSE {rmse:.4e}", flush=True)
-            del qd, kd, s, ref, o
-            torch.cuda.empty_cache()
-    meta = {"device": torch.cuda.get_device_name(), "seed": seed, "batch": 16, "heads": 16, "format": "fp16",
-            "scale": 576**-0.5, "rows": rows}
-    np.savez_compressed(out / "etap_table1.npz", meta=np.array(json.dumps(meta)), **arrays)
-
-
 def collect_ptx(cache: Path, out: Path) -> None:
     """Every PTX file Triton compiled in this run, in one text file."""
     with open(out / "ptx.txt", "w") as f:
@@ -202,7 +167,7 @@ def main() -> None:
     p.add_argument("--sglang", default=".third_party/sglang/decode_attention.py")
     p.add_argument("--flashmla", default=".third_party/flashmla")
     p.add_argument("--etap", default=".third_party/flashmla-etap")
-    p.add_argument("--seed", type=int, default=0, help="added to every case's seed (etap, etap-table1)")
+    p.add_argument("--seed", type=int, default=0, help="added to every case's seed (etap)")
     p.add_argument("--steps", default="lg2,nan,sglang,flashmla,etap")
     a = p.parse_args()
     out = Path(a.out)
@@ -211,8 +176,7 @@ def main() -> None:
         t0 = time.time()
         try:
             {"lg2": lambda: lg2_step(out), "nan": lambda: nan_step(out), "sglang": lambda: sglang_step(out, a.sglang),
-             "flashmla": lambda: flashmla_step(out, a.flashmla), "etap": lambda: etap_step(out, a.etap, a.seed),
-             "etap-table1": lambda: etap_table1_step(out, a.etap, a.seed)}[step]()
+             "flashmla": lambda: flashmla_step(out, a.flashmla), "etap": lambda: etap_step(out, a.etap, a.seed)}[step]()
         except Exception as e:  # one step's failure must not lose the others' captures
             import traceback
 

@@ -39,7 +39,8 @@ PATCHES = {
     "epilogue": [(_WRITE, "    __syncthreads();  " + _MARK + " barrier\n")],
     "both": [(_WRITE, "    __syncthreads();  " + _MARK + " barrier\n"),
              (_P_STORE, "            cutlass::arch::fence_view_async_shared();  " + _MARK + " proxy fence\n"
-                        "            cutlass::arch::NamedBarrier::sync(128, 3);  " + _MARK + " barrier of the consumers\n")],
+                        "            cutlass::arch::NamedBarrier::sync(128, 3);  " + _MARK
+                        + " barrier of the consumers\n")],
 }
 
 

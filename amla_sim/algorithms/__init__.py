@@ -9,14 +9,15 @@ from .amla import amla
 from .base import base
 from .etap import etap
 from .flashmla import flashmla
-from .flashmla_etap import flashmla_etap
+from .flashmla_etap import flashmla_etap, flashmla_etap_decode
 from .golden import golden
 from .naive import naive
 from .seesaw import seesaw
 from .snapmla import snapmla
 from .splitkv_decode import splitkv_decode
 
-ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla}
+ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla,
+              "flashmla-etap": flashmla_etap_decode}
 
 __all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "flashmla_etap", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive", "seesaw",
            "etap", "snapmla"]

@@ -2,11 +2,12 @@
 ``softmax.h``, ``flash_fwd_mla_metadata.cu``), written against a machine. On ``sm90-cuda`` it predicts the
 kernel's output and LSE bit for bit, in BF16 and in FP16.
 
-The rows are the request's (query position, head) pairs, 16 to an m-block, all independent; the scheduler
+The rows are the request's (query position, head) pairs, 16 to an m-block (``Flash_fwd_kernel_traits_mla<576,
+16, 64, 8>``), all independent; the scheduler
 (:func:`etap_schedule`) cuts each request's 64-token blocks into splits. A split walks its blocks from the last
 to the first, transposed: one warpgroup computes ``S^T = K Q^T`` (wgmma m64n16, k in order 0..575), so each of
 its 128 threads holds two keys (``16 w + g`` and ``16 w + g + 8`` for warp w and lane group g) of four queries.
-Per block, with ``c = fl32(scale log2 e)`` and the running maximum ``M`` of the *raw* scores:
+Per block, with ``c = fl32(fl32(scale) log2 e)`` and the running maximum ``M`` of the *raw* scores:
 
 - masked keys get -inf (past the sequence, or causal, on the first one or two blocks walked: the kernel's
   masking steps); ``M' = max(M, rowmax(S))``, reduced over the lane groups and then the warps (exact);
@@ -36,13 +37,13 @@ from .._validate import check_int, quiet_fp
 from ..arith.reductions import _xor_tree
 from ..formats import get_format
 from ..machines import Machine, get_machine
+from ..schedules import Schedule, get_schedule
 from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_scale
 from .flashmla_sched import BLOCK_SIZE_N, decoding_schedule
 
-__all__ = ["flashmla_etap", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
+__all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
 
 ETAP_COMMIT = "39e6160"
-BLOCK_M = 16  # query rows of an m-block (Flash_fwd_kernel_traits_mla<576, 16, 64, 8>)
 WARPS, GROUPS = 4, 8  # the S^T warpgroup: 4 warps of 8 lane groups, each holding keys 16 w + g and 16 w + g + 8
 MAX_SPLITS = (32, 64, 96, 128, 160)  # the combine kernel's instantiations (MLA_NUM_SPLITS_SWITCH)
 
@@ -56,8 +57,9 @@ def etap_num_sm_parts(*, s_q: int, heads_q: int, num_sms: int = 132) -> int:
 def etap_schedule(seqlens: npt.ArrayLike, parts: int) -> tuple[np.ndarray, np.ndarray]:
     """The tile-scheduler metadata as ``get_mla_metadata_kernel`` writes it: (parts, 5) int32, per part
     ``[begin_idx, begin_seqlen, end_idx, end_seqlen, begin_n_split_idx]`` (the kernel's rows have 8 ints, the
-    last 3 never written), and the cumulative split counts (b + 1 int32). The payload walk is FlashMLA's (:func:`.flashmla_sched.decoding_schedule`); this
-    commit writes its ends in tokens, and the seqlen itself where a part ends with a request."""
+    last 3 never written), and the cumulative split counts (b + 1 int32). The payload walk is FlashMLA's
+    (:func:`.flashmla_sched.decoding_schedule`); this commit writes its ends in tokens, and the seqlen itself where
+    a part ends with a request."""
     lens = [int(v) for v in np.asarray(seqlens).ravel()]
     sched, num_splits = decoding_schedule(lens, parts)
     b = len(lens)
@@ -65,7 +67,7 @@ def etap_schedule(seqlens: npt.ArrayLike, parts: int) -> tuple[np.ndarray, np.nd
     for i, p in enumerate(sched):
         begin_tokens = 0 if p.begin_req >= b else p.begin_block * BLOCK_SIZE_N
         end_tokens = min(p.end_block * BLOCK_SIZE_N, lens[p.end_req])
-        meta[i, :5] = (p.begin_req, begin_tokens, p.end_req, end_tokens, p.begin_split)
+        meta[i] = (p.begin_req, begin_tokens, p.end_req, end_tokens, p.begin_split)
     return meta, num_splits
 
 
@@ -102,7 +104,7 @@ def flashmla_etap(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,
     *,
-    seqlens: npt.ArrayLike,
+    seqlens: npt.ArrayLike | None = None,
     scale: float | None = None,
     causal: bool | None = None,
     num_sms: int = 132,
@@ -111,12 +113,12 @@ def flashmla_etap(
 ) -> AttentionResult:
     """FlashMLA-ETAP's decode on `machine` (see the module docstring).
 
-    q: (b, s_q, h_q, 576) and kv: (b, S_max, 576), both BF16 or both FP16; rows of kv past ``seqlens[i]`` ignored,
-    V its first 512 columns. causal: the MTP mask (query s sees keys up to ``seqlen - s_q + s``); None: causal
-    when s_q > 1 (the kernel ignores it for s_q = 1). num_sms: the device's SM count (132 on H100 SXM and H200).
-    Returns ``.out`` (b, s_q, h_q, 512) in q's format and ``.lse`` (b, h_q, s_q) natural log, the kernel's
-    layouts; with `trace`, per request the splits' block ranges, partial outputs and LSEs (``split_blocks``,
-    ``split_out``, ``split_lse``).
+    q: (b, s_q, h_q, 576) and kv: (b, S_max, 576), both BF16 or both FP16; rows of kv past ``seqlens[i]`` ignored
+    (None: every request S_max long), V its first 512 columns. causal: the MTP mask (query s sees keys up to
+    ``seqlen - s_q + s``); None: causal when s_q > 1 (the kernel ignores it for s_q = 1). num_sms: the device's SM
+    count (132 on H100 SXM and H200). Returns ``.out`` (b, s_q, h_q, 512) in q's format and ``.lse`` (b, h_q, s_q)
+    natural log, the kernel's layouts; with `trace`, per request the splits' block ranges, partial outputs and
+    LSEs (``split_blocks``, ``split_out``, ``split_lse``).
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
@@ -200,6 +202,26 @@ def _split_lse(u: _Units, M: np.ndarray, sm: np.ndarray, L: np.ndarray) -> np.nd
 def _combine_lse(u: _Units, total: np.ndarray, M: np.ndarray) -> np.ndarray:
     """``logf(sum_lse) + max_lse``: ``__logf``'s multiply by ln 2 contracted into the add."""
     return u.logf(total, M)
+
+
+def flashmla_etap_decode(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine = "sm90-cuda",
+    schedule: str | Schedule = "reference",
+    block: int = BLOCK_SIZE_N,
+    scale: float | None = None,
+    num_sms: int = 132,
+    trace: bool = False,
+) -> AttentionResult:
+    """:func:`flashmla_etap` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): every
+    request the whole of kv, causal when s_q > 1. The kernel lays its work out itself: `block` must be its 64 and
+    `schedule` is checked, not used."""
+    get_schedule(schedule)
+    if check_int(block, "block", lo=1) != BLOCK_SIZE_N:
+        raise ValueError(f"block: the kernel's block is {BLOCK_SIZE_N} tokens, got {block}")
+    return flashmla_etap(q, kv, scale=scale, num_sms=num_sms, machine=machine, trace=trace)
 
 
 def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, c: np.ndarray,

@@ -62,6 +62,16 @@ TABLES: dict[str, Table] = {
          ("N(0,1) + N(0,100) Bernoulli(0.001)", "etap"): 1.25e-5},
         heads=16, context=65536, block=64, input_format="fp16", source="arXiv FlashMLA-ETAP, Table 1",
     ),
+    "etap-table1-kernel": Table(
+        "etap-table1-kernel", "ETAP paper, Table 1, on the authors' kernel (FlashMLA-ETAP 39e6160): RMSE against "
+        "FP64, FP16, 16 heads, s_q 1; beside it a FlashAttention-style base and this project's port",
+        (("normal:1", "N(0, 1)"), ("fa3-outliers", "N(0,1) + N(0,100) Bernoulli(0.001)")),
+        ("flashmla-etap", "fa3-base", "etap"), "rmse",
+        {("N(0, 1)", "flashmla-etap"): 1.25e-5, ("N(0,1) + N(0,100) Bernoulli(0.001)", "fa3-base"): 1.9e-4},
+        heads=16, context=4096, block=64, input_format="fp16",
+        source="arXiv FlashMLA-ETAP, Table 1 (setup: Section 4; FP16, 16 heads, contexts 512-64K); FA3's figure "
+               "is the FA3 paper's, on its own inputs",
+    ),
     "snapmla-configs": Table(
         "snapmla-configs", "SnapMLA paper, Table 2 configs: errors against the BF16 golden (the paper plots them)",
         (("flashmla", "FlashMLA test inputs"), ("rope-outliers", "RoPE outliers ~1e3, content within +-10")),
@@ -78,6 +88,7 @@ SPECS: dict[str, str] = {  # the tables' algorithm columns as sweep specs (label
     "amla": "amla",
     "fa3-base": "fa3-base=base:p_format=fp16:io_format=fp16",
     "etap": "etap:p_format=fp16:io_format=fp16",
+    "flashmla-etap": "flashmla-etap",
     "snapmla": "snapmla",
     **{cfg: f"{cfg}=snapmla:config={cfg}" for cfg in ("A", "B", "C", "D")},
 }
