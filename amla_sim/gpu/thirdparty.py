@@ -26,8 +26,8 @@ from . import require_gpu, to_torch
 __all__ = ["load_sglang", "run_sglang", "load_flashmla", "run_flashmla", "load_etap", "run_etap"]
 
 
-def _bf16(torch, bits: np.ndarray, fmt: str = "bf16"):
-    """BF16 (or FP16) bits, as uint16 or the float type, as a CUDA tensor."""
+def _bits16(torch, bits: np.ndarray, fmt: str = "bf16"):
+    """BF16 (or FP16, `fmt`) bits, as uint16 or the float type, as a CUDA tensor."""
     dtype = torch.float16 if fmt == "fp16" else torch.bfloat16
     return to_torch(np.ascontiguousarray(bits).view(np.int16), "cuda").view(dtype)
 
@@ -39,7 +39,7 @@ def _paged(torch, kv_bits: np.ndarray, fmt: str = "bf16"):
     nblk = -(-L // 64)
     kpad = np.zeros((b, nblk * 64, d), np.uint16)
     kpad[:, :L] = kv_bits.view(np.uint16)
-    kc = _bf16(torch, kpad, fmt).view(b * nblk, 64, 1, d)
+    kc = _bits16(torch, kpad, fmt).view(b * nblk, 64, 1, d)
     return kc, torch.arange(b * nblk, dtype=torch.int32, device="cuda").view(b, nblk)
 
 
@@ -107,14 +107,14 @@ def run_sglang(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, num_kv_spl
 
     b, H, _ = q_bits.shape
     rows = np.concatenate([kv_bits[i, :n] for i, n in enumerate(seqlens)])
-    kbuf = _bf16(torch, rows).view(-1, 1, rows.shape[-1])
+    kbuf = _bits16(torch, rows).view(-1, 1, rows.shape[-1])
     indptr = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), dtype=torch.int32, device="cuda")
     indices = torch.arange(int(sum(seqlens)), dtype=torch.int32, device="cuda")
     o = torch.full((b, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     mid = torch.full((b, H, max_kv_splits, 512), float("nan"), dtype=torch.float32, device="cuda")
     lse = torch.full((b, H, max_kv_splits), float("nan"), dtype=torch.float32, device="cuda")
     splits = torch.tensor(np.broadcast_to(num_kv_splits, (b,)), dtype=torch.int32, device="cuda")
-    mod.decode_attention_fwd(_bf16(torch, q_bits), kbuf, kbuf[..., :512], o, indptr, indices, mid, lse, splits,
+    mod.decode_attention_fwd(_bits16(torch, q_bits), kbuf, kbuf[..., :512], o, indptr, indices, mid, lse, splits,
                              max_kv_splits, scale, 1.0, 1.0, has_mla=True)
     torch.cuda.synchronize()
     return {"o": o.view(torch.int16).cpu().numpy().view(np.uint16), "lse": lse.cpu().numpy().view(np.uint32),
@@ -133,7 +133,8 @@ def run_flashmla(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: f
 
     kc, bt = _paged(torch, kv_bits)
     sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
-    out, lse, sched, num_splits = mod.dense_decode_fwd(_bf16(torch, q_bits), kc, 512, sl, bt, scale, False, None, None)
+    out, lse, sched, num_splits = mod.dense_decode_fwd(_bits16(torch, q_bits), kc, 512, sl, bt, scale, False, None,
+                                                       None)
     torch.cuda.synchronize()
     return {"out": out.view(torch.int16).cpu().numpy().view(np.uint16), "lse": lse.cpu().numpy().view(np.uint32),
             "sched": sched.cpu().numpy(), "num_splits": num_splits.cpu().numpy()}
@@ -157,7 +158,7 @@ def run_etap(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: float
     kc, bt = _paged(torch, kv_bits, fmt)
     sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
     meta, num_splits = mod.get_mla_metadata(sl, s_q * H, 1)
-    out, lse = mod.fwd_kvcache_mla(_bf16(torch, q_bits, fmt), kc, None, 512, sl, bt, scale, causal, meta, num_splits)
+    out, lse = mod.fwd_kvcache_mla(_bits16(torch, q_bits, fmt), kc, None, 512, sl, bt, scale, causal, meta, num_splits)
     torch.cuda.synchronize()
     return {"out": out.view(torch.int16).cpu().numpy().view(np.uint16), "lse": lse.cpu().numpy().view(np.uint32),
             "sched": meta.cpu().numpy()[:, :5], "num_splits": num_splits.cpu().numpy()}
