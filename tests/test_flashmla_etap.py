@@ -209,6 +209,17 @@ def test_flashmla_etap_bad_input_names_the_argument(kwargs, name):
         flashmla_etap(q, kv, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs, name", [({"block": 128}, "block"), ({"schedule": "nope"}, "schedule"),
+                                          ({"num_sms": 0}, "num_sms"), ({"machine": "h100"}, "machine")])
+def test_the_sweep_entry_names_the_argument(kwargs, name):
+    """`flashmla-etap` as run, reproduce and sweep call it: the kernel's own block only, a known schedule."""
+    from amla_sim.algorithms import ALGORITHMS
+
+    q, kv = make_inputs("normal:1", heads=16, context=64)
+    with pytest.raises((ValueError, TypeError), match=name):
+        ALGORITHMS["flashmla-etap"](q, kv, **kwargs)
+
+
 def test_flashmla_etap_takes_one_format_for_both():
     q = np.zeros((1, 1, 16, 576), ml_dtypes.bfloat16)
     with pytest.raises(TypeError, match=r"kv: the kernel takes BF16 \(the format of q\), got float16"):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -172,23 +173,32 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
     return mc.div(np.concatenate([OL, OR], axis=1), L[:, None]), L, m
 
 
+def combine_sum(mc: Machine, lse_s: np.ndarray, max_splits: int,
+                exp: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The combine kernel's first warp (this FlashMLA commit's and FlashMLA-ETAP's): the splits' LSEs (R, n) padded
+    with -inf to `max_splits`, their max M (0 where all are -inf), and ``sum exp(lse_s - M)`` as 32 lanes sum it,
+    lane j over splits j, j + 32, ... in order from 0, then an xor butterfly over the lanes."""
+    R, n = lse_s.shape
+    pad = np.full((R, max_splits), -np.inf, mc.dtype)
+    pad[:, :n] = lse_s
+    M = np.max(pad, axis=1)
+    M = np.where(np.isneginf(M), mc.f(0.0), M).astype(mc.dtype)
+    lanes = []
+    for lane in range(32):
+        acc = np.zeros(R, mc.dtype)
+        for k in range(lane, max_splits, 32):
+            acc = mc.f(acc + exp(mc.f(pad[:, k] - M)))
+        lanes.append(acc)
+    return M, _xor_tree(lanes)
+
+
 def _combine(u: _Units, res: list, max_splits: int) -> tuple[np.ndarray, np.ndarray]:
     mc, dt = u.mc, u.dt
     lse_s = np.stack([mc.f(mc.log2(L) + m) for _, L, m in res], axis=1)  # (R, n)
-    R, n = lse_s.shape
-    pad = np.full((R, max_splits), -np.inf, dt)
-    pad[:, :n] = lse_s
-    M = np.max(pad, axis=1)
-    M = np.where(np.isneginf(M), u.c(0.0), M).astype(dt)
-    lanes = []
-    for lane in range(32):  # lane j sums splits j, j + 32, ... in order
-        acc = np.zeros(R, dt)
-        for k in range(lane, max_splits, 32):
-            acc = mc.f(acc + mc.exp2(pad[:, k] - M))
-        lanes.append(acc)
-    g = mc.f(mc.log2(_xor_tree(lanes)) + M)
+    M, total = combine_sum(mc, lse_s, max_splits, mc.exp2)
+    g = mc.f(mc.log2(total) + M)
     scales = mc.exp2(lse_s - g[:, None])
-    acc = np.zeros((R, D_V), dt)
-    for s in range(n):
+    acc = np.zeros((lse_s.shape[0], D_V), dt)
+    for s in range(lse_s.shape[1]):
         acc = mc.mul_add(scales[:, s:s + 1], res[s][0], acc)
     return acc, mc.f(g * u.ln2)

@@ -39,6 +39,7 @@ from ..formats import get_format
 from ..machines import Machine, get_machine
 from ..schedules import Schedule, get_schedule
 from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_scale
+from .flashmla import combine_sum
 from .flashmla_sched import BLOCK_SIZE_N, decoding_schedule
 
 __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
@@ -263,22 +264,11 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
 def _combine(u: _Units, res: list, max_splits: int) -> tuple[np.ndarray, np.ndarray]:
     mc, dt = u.mc, u.dt
     lse_s = np.stack([r[1] for r in res], axis=1)  # (R, n)
-    R, n = lse_s.shape
-    pad = np.full((R, max_splits), -np.inf, dt)
-    pad[:, :n] = lse_s
-    M = np.max(pad, axis=1)
-    M = np.where(np.isneginf(M), 0, M).astype(dt)
-    lanes = []
-    for lane in range(32):  # lane j sums expf(lse_s - M) over s = j, j + 32, ... from 0
-        acc = np.zeros(R, dt)
-        for k in range(lane, max_splits, 32):
-            acc = mc.f(acc + mc.exp(mc.f(pad[:, k] - M)))
-        lanes.append(acc)
-    total = _xor_tree(lanes)
+    M, total = combine_sum(mc, lse_s, max_splits, mc.exp)  # expf: exp2(fl(x log2 e))
     bad = (total == 0) | np.isnan(total)
     g = np.where(bad, np.inf, _combine_lse(u, total, M)).astype(dt)
-    acc = np.zeros((R, D_V), dt)
-    for s in range(n):
+    acc = np.zeros((lse_s.shape[0], D_V), dt)
+    for s in range(len(res)):
         w = mc.exp(mc.f(lse_s[:, s] - g))
         acc = mc.mul_add(w[:, None], res[s][0], acc)
     return acc, g
