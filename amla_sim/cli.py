@@ -176,7 +176,7 @@ def _cmd_thirdparty(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             path = args.save or os.path.join(tmp, "capture.npz")
             source = {"sglang-triton": args.sglang_file, "flashmla": args.flashmla_dir,
-                      "flashmla-etap": args.etap_dir}[args.kernel]
+                      "flashmla-etap": args.etap_dir, "flashmla-sparse-fp8": args.sparse_dir}[args.kernel]
             thirdparty.capture(args.kernel, path, source=source, seed=args.seed)
             report = thirdparty.replay(path, kernel=args.kernel)
     print(dumps_strict(report, indent=2) if args.json else thirdparty.format_report(report))
@@ -468,14 +468,18 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("crosscheck", help="Triton kernel against the simulator, stage by stage (or replay a capture)")
-    p.add_argument("--kernel", default="amla-sim", choices=["amla-sim", "sglang-triton", "flashmla", "flashmla-etap"],
+    p.add_argument("--kernel", default="amla-sim", choices=["amla-sim", "sglang-triton", "flashmla", "flashmla-etap",
+                                                          "flashmla-sparse-fp8"],
                    help="amla-sim: this project's Triton kernels; sglang-triton: SGLang's MLA decode (sglang 0.5.23); "
                         "flashmla: FlashMLA's sm90 dense decode (commit 9241ae3); flashmla-etap: the ETAP paper's "
-                        "kernel (pengcuo/FlashMLA-ETAP 39e6160), BF16 and FP16")
+                        "kernel (pengcuo/FlashMLA-ETAP 39e6160), BF16 and FP16; flashmla-sparse-fp8: FlashMLA's sm90 "
+                        "sparse FP8 decode (9241ae3), DeepSeek V3.2's and MODEL1's caches")
     p.add_argument("--sglang-file", help="--kernel sglang-triton: the kernel file of the sglang wheel "
                                          "(default: the installed sglang package)")
     p.add_argument("--flashmla-dir", help="--kernel flashmla: the folder with build_flashmla.py (builds the kernel)")
     p.add_argument("--etap-dir", help="--kernel flashmla-etap: the folder with build_etap.py (builds the kernel)")
+    p.add_argument("--sparse-dir", help="--kernel flashmla-sparse-fp8: the folder with build_sparse_fp8.py (and "
+                                        "../flashmla beside it)")
     p.add_argument("--algorithm", default="amla", choices=["base", "amla", "snapmla", "etap"])
     p.add_argument("--backend", default="triton", choices=["triton", "torch"],
                    help="triton: the kernels against sm90-triton; torch: the algorithm as torch ops against ieee32")

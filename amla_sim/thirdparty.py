@@ -1,5 +1,5 @@
-"""The cross-check for kernels people deploy: SGLang's Triton MLA decode, FlashMLA's sm90 dense decode and
-FlashMLA-ETAP (the ETAP paper's own kernel).
+"""The cross-check for kernels people deploy: SGLang's Triton MLA decode, FlashMLA's sm90 dense decode, its sparse
+FP8 decode (DeepSeek V3.2's and MODEL1's caches) and FlashMLA-ETAP (the ETAP paper's own kernel).
 
 A capture (``.npz``) holds, per case, the device's output bits and the case's recipe: shapes, seqlens, splits,
 the distribution and seed that :func:`amla_sim.experiments.inputs.make_inputs` rebuilds the inputs from, and the
@@ -20,7 +20,10 @@ from ._files import atomic_savez
 from ._validate import check_int
 from .algorithms._common import D_V, check_scale
 from .algorithms.flashmla import FLASHMLA_COMMIT, flashmla
+from .algorithms.flashmla_cache import layout_of, pages, quantize_kv_cache
 from .algorithms.flashmla_etap import ETAP_COMMIT, flashmla_etap
+from .algorithms.flashmla_sched import decoding_schedule, num_sm_parts
+from .algorithms.flashmla_sparse_fp8 import flashmla_sparse_fp8
 from .algorithms.splitkv_decode import SGLANG_VERSION, splitkv_decode
 from .captures import input_crc
 from .crosscheck import CaptureError, read_capture
@@ -28,9 +31,10 @@ from .experiments.inputs import make_inputs
 from .resources import check_fits, run_bytes
 from .testing import ulp_distance
 
-__all__ = ["KERNELS", "SGLANG_CASES", "FLASHMLA_CASES", "ETAP_CASES", "capture", "replay", "format_report"]
+__all__ = ["KERNELS", "SGLANG_CASES", "FLASHMLA_CASES", "ETAP_CASES", "SPARSE_FP8_CASES", "sparse_inputs", "capture",
+           "replay", "format_report"]
 
-KERNELS = ("sglang-triton", "flashmla", "flashmla-etap")
+KERNELS = ("sglang-triton", "flashmla", "flashmla-etap", "flashmla-sparse-fp8")
 
 # (batch, heads, seqlens, num_kv_splits, max_kv_splits, dist, seed, scale): what scripts/capture_thirdparty.py ran
 SGLANG_CASES = [
@@ -65,8 +69,85 @@ ETAP_CASES = [
     (8, 2, 32, (1, 63, 64, 65, 700, 2500, 4097, 129), "bf16", "flashmla", 28, None),
 ]
 ETAP_PAGE_SIZE = 64  # the kernel's only page size (kBlockN)
+# FlashMLA's sparse FP8 decode: (batch, s_q, heads, layout, seqlens (tokens each request's cache holds), topk,
+# topk_length, share of empty (-1) slots, attention sink, dist, seed, scale, power-of-two scales, num_sms); slots
+# past a request's tokens are empty; a sink "normal" is N(6, 4) per head, "edge" that with heads 0-2 at -inf, +inf,
+# 0; num_sms (None: the GPU's) sets the split schedule the kernel is handed (fewer SMs: requests in one split)
+SPARSE_FP8_CASES = [
+    (1, 1, 128, "v32", (4096,), 2048, None, 0.0, None, "flashmla", 31, None, True, None),
+    (1, 1, 64, "v32", (1000,), 512, None, 0.1, "normal", "normal:1", 32, None, True, 1),
+    (2, 2, 128, "v32", (300, 5000), 384, None, 0.0, None, "normal:1", 33, 0.1352, True, None),
+    (3, 1, 64, "v32", (100, 2000, 64), 128, None, 0.0, "edge", "rope-outliers", 34, None, False, 2),
+    (2, 1, 128, "model1", (4096, 700), 1024, (1024, 300), 0.0, None, "flashmla", 35, None, True, None),
+    (4, 2, 64, "model1", (64, 1500, 3000, 200), 256, (0, 256, 100, 65), 0.05, "normal", "normal:1", 36, None, True,
+     None),
+    (1, 2, 128, "model1", (2048,), 2048, None, 0.3, "edge", "normal:4", 37, None, True, None),
+    (2, 1, 128, "v32", (3000, 3000), 128, None, 0.5, "normal", "normal:1", 38, 0.1352, False, 16),
+]
+SPARSE_PAGE_SIZE = 64
+# FlashMLA's cache quantizer: (layout, pages of 64 tokens, dist, seed, edge rows written over the first tokens)
+QUANT_CASES = [
+    ("v32", 2, "normal:1", 41, True),
+    ("v32", 2, "rope-outliers", 42, False),
+    ("v32", 2, "normal:3000", 43, True),
+    ("model1", 2, "normal:1", 44, True),
+    ("model1", 2, "flashmla", 45, False),
+    ("model1", 2, "uniform:1e-3", 46, True),
+]
 _SGLANG_LAUNCH = {"block_n": 32, "block_h": 16, "num_warps": 4, "num_stages": 2, "min_block_kv": 32,
                   "page_size": 1, "logit_cap": 0.0}
+
+
+def sparse_inputs(case: dict) -> dict[str, np.ndarray | None]:
+    """A sparse FP8 case's inputs from its recipe: q (b, s_q, h, d) BF16, the packed cache (pages of 64 tokens,
+    request i owning the pages from i * ceil(S_max / 64)), indices (b, s_q, topk), topk_length, attn_sink."""
+    lay = layout_of(case["layout"], "layout")
+    b, sq, H, topk = case["batch"], case.get("sq", 1), case["heads"], case["topk"]
+    q, kv = make_inputs(case["dist"], batch=b, heads=H, sq=sq, context=max(case["seqlens"]), d_k=lay.d,
+                        d_v=lay.d_nope, seed=case["seed"])
+    kpages, base = pages(kv, SPARSE_PAGE_SIZE)
+    cache = quantize_kv_cache(kpages, lay.name, power_of_two=case.get("power_of_two", True))
+    rng = np.random.default_rng([case["seed"], 7])
+    idx = np.full((b, sq, topk), -1, np.int32)
+    for i, n in enumerate(case["seqlens"]):
+        for j in range(sq):
+            k = min(topk, n)
+            idx[i, j, :k] = base[i] + rng.choice(n, k, replace=False)
+            idx[i, j, rng.random(topk) < case.get("invalid", 0.0)] = -1
+    tl_ = None if case.get("topk_length") is None else np.array(case["topk_length"], np.int32)
+    sink = None
+    if case.get("sink") is not None:
+        sink = rng.normal(6.0, 2.0, H).astype(np.float32)
+        if case["sink"] == "edge":
+            sink[:3] = [-np.inf, np.inf, 0.0]
+    got = {"q": q, "kv_cache": cache, "indices": idx, "topk_length": tl_, "attn_sink": sink}
+    if "input_crc" in case and _sparse_crc(got) != case["input_crc"]:
+        raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
+    return got
+
+
+def quant_inputs(case: dict) -> np.ndarray:
+    """A quantizer case's BF16 pages (pages, 64, 1, d); with `edges`, the first tokens hold a zero token, tiny,
+    subnormal, huge and exactly-448 * 2^k amaxes, and a tile of equal values."""
+    lay = layout_of(case["layout"], "layout")
+    _, kv = make_inputs(case["dist"], batch=1, heads=1, context=case["pages"] * SPARSE_PAGE_SIZE, d_k=lay.d,
+                        d_v=lay.d_nope, seed=case["seed"])
+    x = kv[0].astype(np.float32)
+    if case.get("edges"):
+        x[0] = 0.0
+        x[1, :lay.tile] *= np.float32(1e-30)
+        x[2, :lay.tile] = np.float32(2.0**-133) * np.sign(x[2, :lay.tile])  # BF16 subnormals
+        x[3, lay.tile:2 * lay.tile] = np.float32(3e38)
+        x[4, :lay.tile] = np.float32(448.0)
+        x[5, :] = np.float32(1.75 * 2.0**-20) * np.sign(x[5])
+        x[6, :lay.tile] = np.float32(-0.3)
+    from .formats import round_to
+
+    return round_to(x, "bf16").astype(np.float32).reshape(case["pages"], SPARSE_PAGE_SIZE, 1, lay.d)
+
+
+def _sparse_crc(inputs: dict) -> int:
+    return input_crc(*(a for a in inputs.values() if a is not None))
 
 
 def _case_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -102,6 +183,8 @@ def _check_case(path: Path, kernel: str, i: int, case: object, arrays: dict) -> 
             shapes = {"out": ((b, sq, H, D_V), np.uint16), "lse": ((b, H, sq), np.uint32)}
         if kernel == "flashmla-etap":
             _check_etap_recipe(case)
+        if kernel == "flashmla-sparse-fp8":
+            _check_sparse_recipe(case)
     except KeyError as e:
         raise CaptureError(f"{where} has no {e.args[0]!r}") from None
     except (ValueError, TypeError) as e:
@@ -129,6 +212,29 @@ def _check_etap_recipe(case: dict) -> None:
                          f"{case.get('heads_k', 1)} of {case.get('head_dim', 576)}")
     if not isinstance(case["causal"], bool):
         raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
+
+
+def _check_sparse_recipe(case: dict) -> None:
+    """What the sparse FP8 model covers, as the kernel's own checks say (a recipe outside them is refused)."""
+    lay = layout_of(case["layout"], "layout")
+    topk = check_int(case["topk"], "topk", lo=64)
+    if topk % 64 or case["heads"] not in (64, 128):
+        raise ValueError(f"topk, heads: the kernel takes topk a multiple of 64 and 64 or 128 heads, got "
+                         f"{topk} and {case['heads']}")
+    if case.get("topk_length") is not None:
+        if lay.name != "model1":
+            raise ValueError("topk_length: only MODEL1 caches take one")
+        if len(case["topk_length"]) != case["batch"]:
+            raise ValueError(f"topk_length: {len(case['topk_length'])} lengths for batch {case['batch']}")
+        for n in case["topk_length"]:
+            check_int(n, "topk_length", lo=0, hi=topk)
+    if not 0 <= float(case.get("invalid", 0.0)) <= 1:
+        raise ValueError(f"invalid: a share of empty slots in [0, 1], got {case['invalid']!r}")
+    if case.get("sink") not in (None, "normal", "edge"):
+        raise ValueError(f"sink: expected null, 'normal' or 'edge', got {case['sink']!r}")
+    check_int(case.get("num_sms", 132), "num_sms", lo=1)
+    if case.get("page_size", SPARSE_PAGE_SIZE) != SPARSE_PAGE_SIZE:
+        raise ValueError(f"page_size: recipes use pages of {SPARSE_PAGE_SIZE} tokens, got {case['page_size']!r}")
 
 
 def _compare(name: str, device: np.ndarray, sim: np.ndarray, fmt: type) -> dict:
@@ -167,17 +273,20 @@ def replay(path: str | Path, *, cases: list[int] | None = None, kernel: str | No
     rows = []
     for i in todo:
         case = meta["cases"][i]
-        q, kv = _case_inputs(case)
         t0 = time.perf_counter()
-        stages = {"sglang-triton": _sglang_stages, "flashmla": _flashmla_stages,
-                  "flashmla-etap": _etap_stages}[kernel](case, i, q, kv, arrays)
+        if kernel == "flashmla-sparse-fp8":
+            stages = _sparse_stages(case, i, arrays)
+        else:
+            q, kv = _case_inputs(case)
+            stages = {"sglang-triton": _sglang_stages, "flashmla": _flashmla_stages,
+                      "flashmla-etap": _etap_stages}[kernel](case, i, q, kv, arrays)
         first = next((s["name"] for s in stages if s["bit_exact"] < 1), None)
         rows.append({"case": i, "batch": case["batch"], "sq": case.get("sq", 1), "heads": case["heads"],
                      "seqlens": case["seqlens"], "num_kv_splits": case.get("num_kv_splits"), "dist": case["dist"],
-                     "format": case.get("format"),
+                     "format": case.get("format") or case.get("layout"),
                      "stages": stages, "first_difference": first, "seconds": round(time.perf_counter() - t0, 2)})
     version = {"sglang-triton": meta.get("sglang"), "flashmla": meta.get("flashmla_commit"),
-               "flashmla-etap": meta.get("etap_commit")}[kernel]
+               "flashmla-etap": meta.get("etap_commit"), "flashmla-sparse-fp8": meta.get("flashmla_commit")}[kernel]
     return {"kernel": kernel, "version": version, "device": meta.get("device"), "cases": rows}
 
 
@@ -203,6 +312,12 @@ def _etap_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict
     fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16
     return [_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
             _compare("out", arrays[f"c{i}_out"], res.out.view(np.uint16), fmt)]
+
+
+def _sparse_stages(case: dict, i: int, arrays: dict) -> list[dict]:
+    res = flashmla_sparse_fp8(**sparse_inputs(case), scale=case.get("scale"), num_sms=case.get("num_sms", 132))
+    return [_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
+            _compare("out", arrays[f"c{i}_out"], res.out.view(np.uint16), ml_dtypes.bfloat16)]
 
 
 def format_report(report: dict) -> str:
@@ -255,6 +370,30 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: i
                 arrays[f"c{i}_{k}"] = got[k]
             recipes.append({"batch": b, "sq": sq, "heads": H, "seqlens": list(seqlens), "dist": dist,
                             "seed": case_seed + seed, "scale": None, "input_crc": input_crc(q, kv)})
+        meta = {"kernel": kernel, "flashmla_commit": FLASHMLA_COMMIT}
+    elif kernel == "flashmla-sparse-fp8":
+        if source is None:
+            raise ValueError("source: FlashMLA's sparse FP8 decode is built from a folder holding "
+                             "build_sparse_fp8.py; name it")
+        mod = adapters.load_sparse_fp8(source)
+        for i, (b, sq, H, layout, seqlens, topk, tlen, invalid, sink, dist, case_seed, scale, pow2, sms) in \
+                enumerate(SPARSE_FP8_CASES):
+            recipe = {"batch": b, "sq": sq, "heads": H, "layout": layout, "seqlens": list(seqlens), "topk": topk,
+                      "topk_length": None if tlen is None else list(tlen), "invalid": invalid, "sink": sink,
+                      "dist": dist, "seed": case_seed + seed, "scale": scale, "power_of_two": pow2,
+                      "page_size": SPARSE_PAGE_SIZE, "num_sms": sms, "schedule": "given" if sms else "kernel"}
+            inputs = sparse_inputs(recipe)
+            given = None
+            if sms is not None:  # FlashMLA's schedule for fewer SMs
+                lengths = [max(int(n), 1) for n in (tlen or [topk] * b)]
+                parts, cum = decoding_schedule(lengths, num_sm_parts(s_q=sq, heads_q=H, num_sms=sms))
+                given = (np.array([p.as_ints()[:7] for p in parts], np.int32), cum)
+            got = adapters.run_sparse_fp8(mod, **inputs, scale=layout_of(layout).d ** -0.5 if scale is None else scale,
+                                          schedule=given)
+            recipe["num_sms"] = got["num_sms"] if sms is None else sms
+            for k in ("out", "lse", "sched", "num_splits"):
+                arrays[f"c{i}_{k}"] = got[k]
+            recipes.append({**recipe, "input_crc": _sparse_crc(inputs)})
         meta = {"kernel": kernel, "flashmla_commit": FLASHMLA_COMMIT}
     else:
         if source is None:

@@ -1,7 +1,7 @@
 """Device captures for the third-party kernels and the units they use (issue 12). Runs on an H100/H200.
 
     python scripts/capture_thirdparty.py OUT [--sglang FILE] [--flashmla DIR] [--etap DIR] [--seed N]
-                                         [--steps lg2,nan,sglang,flashmla,etap]
+                                         [--sparse DIR] [--steps lg2,nan,sglang,flashmla,etap,sparse]
 
 lg2:      MUFU.LG2 on every FP32 significand in [1, 2) (delta-coded), and tl.log / tl.log2 / lg2.approx(.ftz) on
           random and edge inputs over every binade; the PTX that tl.log and tl.log2 lower to.
@@ -12,6 +12,10 @@ sglang:   SGLang's Triton MLA decode (the grouped stage 1 + stage 2 path, run fr
 flashmla: FlashMLA's sm90 dense decode, built by DIR/build_flashmla.py; out, lse and the split schedule.
 etap:     FlashMLA-ETAP (the ETAP paper's kernel), built by DIR/build_etap.py, over amla_sim.thirdparty.ETAP_CASES
           (seeds + N): out, lse, the tile-scheduler metadata and split counts (etap.npz, or etap_seedN.npz).
+sparse:   FlashMLA's sm90 sparse FP8 decode, built by DIR/build_sparse_fp8.py (DIR/../flashmla beside it), over
+          amla_sim.thirdparty.SPARSE_FP8_CASES (seeds + N), run three times (runs_identical: whether the three
+          agree): sparse_fp8.npz (or sparse_fp8_seedN.npz); and FlashMLA's own cache quantizer (tests/quant.py)
+          on the GPU over amla_sim.thirdparty.QUANT_CASES: flashmla_fp8_quant.npz.
 ptx.txt:  the PTX of every Triton kernel compiled in the run (how tl.log, tl.exp and the FMAs lower).
 
 Every case records its inputs' CRC (amla_sim.captures.input_crc), so the replay proves it rebuilt them.
@@ -153,6 +157,35 @@ def etap_step(out: Path, folder: str, seed: int) -> None:
     print("etap:", len(thirdparty.ETAP_CASES), "cases ->", name)
 
 
+def sparse_step(out: Path, folder: str, seed: int) -> None:
+    from amla_sim._files import atomic_savez
+    from amla_sim.gpu import thirdparty as adapters
+
+    name = "sparse_fp8.npz" if seed == 0 else f"sparse_fp8_seed{seed}.npz"
+    runs = [out / name] + [out / f"rerun{k}_{name}" for k in (1, 2)]
+    for path in runs:
+        thirdparty.capture("flashmla-sparse-fp8", path, source=folder, seed=seed)
+    first = np.load(runs[0])
+    same = {}
+    for path in runs[1:]:
+        other = np.load(path)
+        for k in first.files:
+            if k != "meta":
+                same[k] = same.get(k, True) and np.array_equal(first[k], other[k])
+        path.unlink()
+    print("sparse:", len(thirdparty.SPARSE_FP8_CASES), "cases ->", name, "runs_identical:",
+          {k: v for k, v in same.items() if not v} or "all")
+    if seed == 0:
+        arrays, recipes = {}, []
+        for i, (layout, n, dist, case_seed, edges) in enumerate(thirdparty.QUANT_CASES):
+            case = {"layout": layout, "pages": n, "dist": dist, "seed": case_seed, "edges": edges}
+            arrays[f"q{i}"] = adapters.flashmla_quantize(folder, thirdparty.quant_inputs(case), layout)
+            recipes.append(case)
+        atomic_savez(out / "flashmla_fp8_quant.npz", meta=np.array(json.dumps({
+            "flashmla_commit": thirdparty.FLASHMLA_COMMIT, "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "cases": recipes})), **arrays)
+
+
 def collect_ptx(cache: Path, out: Path) -> None:
     """Every PTX file Triton compiled in this run, in one text file."""
     with open(out / "ptx.txt", "w") as f:
@@ -167,7 +200,8 @@ def main() -> None:
     p.add_argument("--sglang", default=".third_party/sglang/decode_attention.py")
     p.add_argument("--flashmla", default=".third_party/flashmla")
     p.add_argument("--etap", default=".third_party/flashmla-etap")
-    p.add_argument("--seed", type=int, default=0, help="added to every case's seed (etap)")
+    p.add_argument("--sparse", default=".third_party/flashmla-sparse-fp8")
+    p.add_argument("--seed", type=int, default=0, help="added to every case's seed (etap, sparse)")
     p.add_argument("--steps", default="lg2,nan,sglang,flashmla,etap")
     a = p.parse_args()
     out = Path(a.out)
@@ -176,7 +210,8 @@ def main() -> None:
         t0 = time.time()
         try:
             {"lg2": lambda: lg2_step(out), "nan": lambda: nan_step(out), "sglang": lambda: sglang_step(out, a.sglang),
-             "flashmla": lambda: flashmla_step(out, a.flashmla), "etap": lambda: etap_step(out, a.etap, a.seed)}[step]()
+             "flashmla": lambda: flashmla_step(out, a.flashmla), "etap": lambda: etap_step(out, a.etap, a.seed),
+             "sparse": lambda: sparse_step(out, a.sparse, a.seed)}[step]()
         except Exception as e:  # one step's failure must not lose the others' captures
             import traceback
 

@@ -1,0 +1,333 @@
+"""FlashMLA's sm90 sparse FP8 decode (issue 21), bit for bit: captures of an H100 and an H200 (seed 0 through
+scripts/capture_thirdparty.py --steps sparse; fresh seeds through `amla-sim crosscheck --kernel
+flashmla-sparse-fp8`), its scheduler's metadata int for int, and FlashMLA's own cache quantizer (tests/quant.py,
+run on the GPU) byte for byte."""
+
+import importlib
+import json
+import math
+
+import numpy as np
+import pytest
+
+from amla_sim import thirdparty
+from amla_sim.algorithms import golden
+from amla_sim.algorithms.flashmla_cache import (
+    LAYOUTS,
+    dequantize_kv_cache,
+    layout_of,
+    pages,
+    quantize_kv_cache,
+)
+from amla_sim.algorithms.flashmla_sched import decoding_schedule, num_sm_parts
+from amla_sim.algorithms.flashmla_sparse_fp8 import flashmla_sparse_fp8
+from amla_sim.crosscheck import CaptureError
+from amla_sim.experiments.inputs import make_inputs
+from amla_sim.formats import round_to
+from amla_sim.machines import get_machine
+from amla_sim.units import DivUnit, ExpUnit, FMAUnit, LogUnit
+
+sparse_module = importlib.import_module("amla_sim.algorithms.flashmla_sparse_fp8")  # the module, not the function
+DATA = "tests/data/"
+CAPTURES = ["flashmla_sparse_fp8_decode.npz", "flashmla_sparse_fp8_h100_fresh.npz",
+            "flashmla_sparse_fp8_h200_fresh.npz"]
+
+
+def _load(name):
+    with np.load(DATA + name) as z:
+        return json.loads(str(z["meta"])), {k: z[k] for k in z.files if k != "meta"}
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_flashmla_sparse_fp8_bit_exact(capture, engine):
+    report = thirdparty.replay(DATA + capture)
+    assert report["kernel"] == "flashmla-sparse-fp8" and report["version"] == "9241ae3" and len(report["cases"]) == 8
+    for row in report["cases"]:
+        assert row["first_difference"] is None, thirdparty.format_report(report)
+
+
+def test_the_captures_cover_the_issue():
+    """64 and 128 heads; s_q 1 and 2; topk 128 to 2048 with empty slots and topk_length (0 included); sinks
+    (-inf, +inf and 0 among them); batches of mixed lengths; both cache layouts; FlashMLA's and non-power-of-two
+    scales; requests in one split and in many; an H100 and an H200; three seeds."""
+    seen = {k: set() for k in ("heads", "sq", "topk", "layout", "sink", "power_of_two", "device", "seed", "dist")}
+    split_counts, lengths = set(), set()
+    for capture in CAPTURES:
+        meta, arrays = _load(capture)
+        seen["device"].add(meta["device"])
+        for i, c in enumerate(meta["cases"]):
+            for k in ("heads", "sq", "topk", "layout", "sink", "power_of_two", "dist"):
+                seen[k].add(c[k])
+            seen["seed"].add(c["seed"] // 1000)
+            lengths.update(c["topk_length"] or [])
+            split_counts.update(np.diff(arrays[f"c{i}_num_splits"]).tolist())
+            inputs = thirdparty.sparse_inputs(c)
+            assert (inputs["indices"] == -1).any() or c["topk"] >= max(c["seqlens"]) or c["invalid"] == 0
+    assert seen["heads"] == {64, 128} and seen["sq"] == {1, 2} and {128, 2048} <= seen["topk"]
+    assert seen["layout"] == {"v32", "model1"} and seen["sink"] == {None, "normal", "edge"}
+    assert seen["power_of_two"] == {True, False} and 0 in lengths and len(seen["dist"]) >= 4
+    assert 1 in split_counts and max(split_counts) >= 32 and len(seen["seed"]) == 3
+    assert seen["device"] == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_the_scheduler_writes_the_kernels_metadata(capture):
+    """Where the kernel scheduled for its own GPU (132 SMs), FlashMLA's scheduler here gives its 7 ints a part and
+    split counts; where the capture handed it a schedule for fewer SMs, the kernel used that one."""
+    meta, arrays = _load(capture)
+    for i, c in enumerate(meta["cases"]):
+        lengths = [max(n, 1) for n in (c["topk_length"] or [c["topk"]] * c["batch"])]
+        sched, cum = decoding_schedule(lengths, num_sm_parts(s_q=c["sq"], heads_q=c["heads"], num_sms=c["num_sms"]))
+        got = arrays[f"c{i}_sched"]
+        assert got.shape[1] == 7
+        np.testing.assert_array_equal(np.array([p.as_ints()[:7] for p in sched]), got[:len(sched)])
+        np.testing.assert_array_equal(cum, arrays[f"c{i}_num_splits"])
+        assert c["schedule"] == "kernel" or (got[len(sched):, 0] == c["batch"]).all()
+
+
+# --- the cache quantizer --------------------------------------------------------------------------------
+
+
+def test_the_quantizer_is_flashmlas_byte_for_byte():
+    """FlashMLA's tests/quant.py on the GPU against ours: every byte but MODEL1's pad bytes, which quant.py leaves
+    unwritten (torch.empty); zero tokens, tiny, subnormal, huge and exactly-448 amaxes included."""
+    meta, arrays = _load("flashmla_fp8_quant.npz")
+    assert {c["layout"] for c in meta["cases"]} == {"v32", "model1"} and any(c["edges"] for c in meta["cases"])
+    for i, c in enumerate(meta["cases"]):
+        theirs = arrays[f"q{i}"]
+        ours = quantize_kv_cache(thirdparty.quant_inputs(c), c["layout"])
+        live = np.ones(theirs.shape, bool)
+        if c["layout"] == "model1":
+            P = theirs.shape[1]
+            live.reshape(len(theirs), -1)[:, P * 576 + 7::8] = False
+        assert theirs.shape == ours.shape and live.sum() < live.size or c["layout"] == "v32"
+        np.testing.assert_array_equal(ours[live], theirs[live], err_msg=str(c))
+
+
+@pytest.mark.parametrize("layout", ["v32", "model1"])
+def test_the_cache_layouts(layout):
+    """Bytes where FlashMLA's interface documents them; RoPE kept as BF16; the dequantized nope within the E4M3
+    step of each tile's scale; zero pages stay zero."""
+    lay = LAYOUTS[layout]
+    _, kv = make_inputs("normal:2", batch=1, heads=1, context=128, d_k=lay.d, d_v=lay.d_nope, seed=3)
+    pg, base = pages(kv)
+    assert pg.shape == (2, 64, 1, lay.d) and base.tolist() == [0]
+    cache = quantize_kv_cache(pg, layout)
+    assert cache.shape == (2, 64, 1, lay.bytes_per_token) and cache.dtype == np.uint8
+    keys = dequantize_kv_cache(cache)
+    x = pg.reshape(128, lay.d).astype(np.float32)
+    np.testing.assert_array_equal(keys[:, lay.d_nope:], x[:, lay.d_nope:])
+    amax = np.abs(x[:, :lay.d_nope]).reshape(128, -1, lay.tile).max(-1, keepdims=True)
+    err = np.abs(keys[:, :lay.d_nope] - x[:, :lay.d_nope]).reshape(128, -1, lay.tile)
+    assert (err <= amax * 2.0**-3).all()  # E4M3 keeps 3 fraction bits; the scale at most doubles amax / 448
+    if layout == "v32":
+        t0 = cache[0, 0, 0]
+        np.testing.assert_array_equal(t0[528:].view("<u2"), (x[0, 512:].view(np.uint32) >> 16).astype(np.uint16))
+        s = t0[512:528].view("<f4")
+        assert (np.log2(s) == np.round(np.log2(s))).all()  # powers of two
+    else:
+        flat = cache.reshape(2, -1)
+        assert (flat[:, 64 * 576 + 7::8] == 0).all()
+        np.testing.assert_array_equal(flat[0, 448:576].view("<u2"), (x[0, 448:].view(np.uint32) >> 16))
+    zero = quantize_kv_cache(np.zeros((1, 64, lay.d), np.float32), layout)
+    assert (dequantize_kv_cache(zero) == 0).all()
+
+
+def test_the_kernels_dequantizer_rounds_where_the_reference_does_not():
+    """With a scale that is no power of two (a quantizer other than FlashMLA's), the kernel rounds the scale to
+    BF16 and the product to BF16; FlashMLA's reference dequantizer multiplies in FP32, and the two differ."""
+    _, kv = make_inputs("normal:1", batch=1, heads=1, context=64, seed=5)
+    pg, _ = pages(kv)
+    cache = quantize_kv_cache(pg, "v32", power_of_two=False)
+    s = cache[0, :, 0, 512:528].copy().view("<f4")
+    assert (np.log2(s) != np.round(np.log2(s))).any()
+    kernel, ref = dequantize_kv_cache(cache), dequantize_kv_cache(cache, as_kernel=False)
+    assert (kernel != ref).mean() > 0.01
+    pow2 = quantize_kv_cache(pg, "v32")
+    np.testing.assert_array_equal(dequantize_kv_cache(pow2), dequantize_kv_cache(pow2, as_kernel=False))
+
+
+# --- each choice matters ----------------------------------------------------------------------------------
+
+
+def _lane_sums_adjacent(mc, P):  # as the dense decode: column pairs first
+    q = P.reshape(P.shape[0], 8, 4, 2)
+    pair = mc.f(q[..., 0] + q[..., 1])
+    s = np.zeros((P.shape[0], 4), mc.dtype)
+    for g in range(8):
+        s = mc.f(s + pair[:, g])
+    return s
+
+
+def _lane_sums_numpy(mc, P):
+    return mc.f(P.reshape(P.shape[0], 8, 4, 2).transpose(0, 2, 1, 3).reshape(P.shape[0], 4, 16).sum(-1))
+
+
+CHOICES = {  # name: (case of the seed-0 capture, or (capture, case), where it bites; module function replaced, or
+    # machine units swapped)
+    "reference-dequantizer": (3, ("_keys", lambda cache: dequantize_kv_cache(cache, as_kernel=False))),
+    "lane-sums-pairwise": (1, ("_lane_sums", _lane_sums_adjacent)),
+    "lane-sums-numpy": (0, ("_lane_sums", _lane_sums_numpy)),
+    "row-total-in-order": (1, ("_row_total", lambda mc, x: mc.f(mc.f(mc.f(x[:, 0] + x[:, 1]) + x[:, 2]) + x[:, 3]))),
+    "lse-unfused": (1, ("_lse", lambda mc, L, m, ln2: mc.f(mc.f(mc.log2(L) * ln2) + mc.f(m * ln2)))),
+    "sink-fused": ((2, 1), ("_with_sink", lambda mc, L, m, sink: mc.f(L + mc.exp2(mc.mul_add(
+        mc.f(sink), mc.f(math.log2(math.e)), -m))))),
+    "sink-unfused": (5, ("_combine_sink", lambda mc, g, sink: np.where(
+        np.isposinf(g), np.where(np.isneginf(sink), np.inf, mc.f(sink * mc.f(math.log2(math.e)))),
+        mc.f(g + mc.log2(mc.f(1.0 + mc.exp2(mc.f(mc.f(sink * mc.f(math.log2(math.e))) - g)))))))),
+    "no-fma": (0, {"fma": FMAUnit(contract=False)}),
+    "ieee-exp2": (0, {"exponential": ExpUnit("correctly-rounded")}),
+    "ieee-log2": (0, {"logarithm": LogUnit(ln=None, lg2="correctly-rounded")}),
+    "ieee-reciprocal": (0, {"division": DivUnit("ieee")}),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHOICES))
+def test_each_sparse_fp8_choice_matters(change, monkeypatch):
+    """The replay fails when one of the model's choices is replaced by a plausible other."""
+    case, swap = CHOICES[change]
+    units = swap if isinstance(swap, dict) else {}
+    if not units:
+        monkeypatch.setattr(sparse_module, *swap)
+    capture, case = case if isinstance(case, tuple) else (0, case)
+    meta, arrays = _load(CAPTURES[capture])
+    c = meta["cases"][case]
+    res = flashmla_sparse_fp8(**thirdparty.sparse_inputs(c), scale=c["scale"], num_sms=c["num_sms"],
+                              machine=get_machine("sm90-cuda", **units))
+    same = (np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]),
+            np.mean(res.lse.view(np.uint32) == arrays[f"c{case}_lse"]))
+    assert min(same) < 1, same
+
+
+# --- semantics on other machines --------------------------------------------------------------------------
+
+
+def _reference(q, keys, idx, ok, scale, d_v=512):
+    """FP64 attention of one query's heads over the keys its valid slots name."""
+    K = keys[idx[ok]].astype(np.float64)
+    s = q.astype(np.float64) @ K.T * scale
+    mx = s.max(1, keepdims=True)
+    p = np.exp(s - mx)
+    return p @ K[:, :d_v] / p.sum(1, keepdims=True), np.log(p.sum(1)) + mx[:, 0]
+
+
+@pytest.mark.parametrize("layout", ["v32", "model1"])
+@pytest.mark.parametrize("machine", ["golden", "ieee32", "sm90-cuda"])
+def test_flashmla_sparse_fp8_is_attention_over_the_named_keys(machine, layout):
+    """Against FP64 attention over the dequantized keys the valid slots name: empty slots, a topk_length, two
+    splits; and an attention sink scales the output by exp(lse) / (exp(lse) + exp(sink)), leaving the LSE."""
+    lay = LAYOUTS[layout]
+    c = {"batch": 2, "sq": 2, "heads": 64, "layout": layout, "seqlens": [500, 90], "topk": 192,
+         "topk_length": [150, 192] if layout == "model1" else None, "invalid": 0.2, "sink": "normal",
+         "dist": "normal:1", "seed": 4, "scale": None, "power_of_two": True}
+    inputs = thirdparty.sparse_inputs(c)
+    res = flashmla_sparse_fp8(**inputs, machine=machine, num_sms=4, trace=True)
+    keys = dequantize_kv_cache(inputs["kv_cache"])
+    assert res.out.shape == (2, 2, 64, 512) and res.lse.shape == (2, 64, 2)
+    tol = 1e-12 if machine == "golden" else 8e-3
+    for i in range(2):
+        assert len(res.trace["split_blocks"][i]) >= 1
+        for j in range(2):
+            idx = inputs["indices"][i, j]
+            ok = (idx != -1) & (np.arange(192) < (c["topk_length"] or [192, 192])[i])
+            ref, lse = _reference(inputs["q"][i, j], keys, idx, ok, lay.d ** -0.5)
+            w = 1 / (1 + np.exp(inputs["attn_sink"].astype(np.float64) - lse))
+            got = res.out[i, j].astype(np.float64)
+            assert np.linalg.norm(got - ref * w[:, None]) / np.linalg.norm(ref * w[:, None]) < tol
+            np.testing.assert_allclose(res.lse[i, :, j], lse, rtol=1e-12 if machine == "golden" else 1e-5)
+
+
+def test_a_query_with_no_keys():
+    """topk_length 0 (and every slot empty): zero output and an LSE of +inf, in one split and in several."""
+    c = {"batch": 2, "sq": 1, "heads": 64, "layout": "model1", "seqlens": [300, 300], "topk": 128,
+         "topk_length": [0, 128], "invalid": 0.0, "sink": None, "dist": "normal:1", "seed": 6, "scale": None}
+    inputs = thirdparty.sparse_inputs(c)
+    inputs["indices"][1] = -1
+    for sms in (1, 132):
+        res = flashmla_sparse_fp8(**inputs, num_sms=sms)
+        assert (res.out == 0).all() and np.isposinf(res.lse).all()
+
+
+def test_sparse_fp8_matches_golden_on_fp8_keys_within_bf16():
+    """The whole pipeline's error against FP64 attention over the same dequantized keys: BF16 rounding only."""
+    q, kv = make_inputs("flashmla", batch=1, heads=128, context=1024, seed=8)
+    pg, base = pages(kv)
+    cache = quantize_kv_cache(pg, "v32")
+    idx = np.arange(1024, dtype=np.int32)[None, None]
+    res = flashmla_sparse_fp8(q, cache, idx)
+    keys = round_to(dequantize_kv_cache(cache), "bf16")
+    ref = golden(q, keys[None])
+    err = np.sqrt(np.mean((res.out.astype(np.float64) - ref.out) ** 2))
+    assert err < 2e-4, err
+    np.testing.assert_allclose(res.lse, np.swapaxes(ref.lse, 1, 2), rtol=1e-5)
+
+
+# --- bad input ----------------------------------------------------------------------------------------------
+
+
+def _ok_inputs():
+    return thirdparty.sparse_inputs({"batch": 1, "sq": 1, "heads": 64, "layout": "v32", "seqlens": [100],
+                                     "topk": 64, "invalid": 0.0, "dist": "normal:1", "seed": 1})
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.update(kv_cache=a["kv_cache"][..., :600]), "kv_cache: expected one of"),
+    (lambda a: a.update(kv_cache=a["kv_cache"].astype(np.int16)), "kv_cache: expected uint8 pages"),
+    (lambda a: a.update(indices=a["indices"] + 10**6), "indices: expected -1 or a token"),
+    (lambda a: a["indices"].__setitem__((0, 0, 3), -2), "indices: expected -1 or a token"),
+    (lambda a: a.update(indices=a["indices"][..., :32]), "indices: expected ints"),
+    (lambda a: a.update(topk_length=np.array([10], np.int32)), "topk_length: the V3.2 kernel takes none"),
+    (lambda a: a.update(q=a["q"].astype(np.float32)), "q: the kernel takes BF16"),
+    (lambda a: a.update(q=a["q"][..., :512]), r"q: expected \(b, s_q, 64 or 128, 576\)"),
+    (lambda a: a.update(q=np.concatenate([a["q"]] * 3, axis=2)), r"q: expected \(b, s_q, 64 or 128, 576\)"),
+    (lambda a: a.update(attn_sink=np.zeros(65, np.float32)), "attn_sink: expected float32 \\(64,\\)"),
+    (lambda a: a.update(attn_sink=np.zeros(64)), "attn_sink: expected float32"),
+    (lambda a: a.update(scale=-1.0), "scale: expected a positive finite number"),
+    (lambda a: a.update(num_sms=0), "num_sms"),
+])
+def test_bad_input_names_the_argument(change, match):
+    args = _ok_inputs()
+    args.pop("topk_length")
+    args.pop("attn_sink")
+    change(args)
+    with pytest.raises((ValueError, TypeError), match=match):
+        flashmla_sparse_fp8(**args)
+
+
+def test_model1_topk_length_above_topk():
+    c = {"batch": 1, "sq": 1, "heads": 64, "layout": "model1", "seqlens": [100], "topk": 64, "invalid": 0.0,
+         "dist": "normal:1", "seed": 1}
+    args = thirdparty.sparse_inputs(c)
+    args["topk_length"] = np.array([65], np.int32)
+    with pytest.raises(ValueError, match="topk_length: expected 1 ints in 0..64"):
+        flashmla_sparse_fp8(**args)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda c: c.update(layout="v33"), "layout: expected one of"),
+    (lambda c: c.update(topk=100), "topk, heads: the kernel takes topk a multiple of 64"),
+    (lambda c: c.update(heads=32), "topk, heads: the kernel takes"),
+    (lambda c: c.update(topk_length=[64]), "topk_length: only MODEL1 caches take one"),
+    (lambda c: c.update(invalid=1.5), "invalid: a share of empty slots"),
+    (lambda c: c.update(sink="big"), "sink: expected null"),
+    (lambda c: c.update(page_size=32), "page_size: recipes use pages of 64"),
+    (lambda c: c.update(seed=c["seed"] + 1), "do not rebuild"),
+    (lambda c: c.pop("topk"), "has no 'topk'"),
+])
+def test_a_capture_that_does_not_match_its_recipe_is_refused(change, match, tmp_path):
+    meta, arrays = _load(CAPTURES[0])
+    change(meta["cases"][1])
+    path = tmp_path / "bad.npz"
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    with pytest.raises(CaptureError, match=match):
+        thirdparty.replay(path, cases=[1])
+
+
+def test_layout_names_and_sizes():
+    assert layout_of(656).name == "v32" and layout_of("model1").bytes_per_token == 584
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        layout_of(600)
+    with pytest.raises(ValueError, match="power_of_two: layout model1 stores E8M0 scales"):
+        quantize_kv_cache(np.zeros((1, 64, 512), np.float32), "model1", power_of_two=False)
+    with pytest.raises(ValueError, match="kv: the cache quantizer takes BF16 values"):
+        quantize_kv_cache(np.full((1, 64, 576), 0.1, np.float32), "v32")
