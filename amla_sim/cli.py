@@ -498,12 +498,13 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     from .machines import MACHINES
 
     p = sub.add_parser("reproduce", help="reproduce a paper's accuracy table (resumable; CSV, JSON, Markdown, PNG)")
-    p.add_argument("table", help="amla-table3 | amla-table4 | etap-table1 | etap-table1-kernel | snapmla-configs | all "
-                                 "(or a,b)")
+    p.add_argument("table", help="amla-table3 | amla-table4 | etap-table1 | etap-table1-kernel | fp8-mla | "
+                                 "snapmla-configs | all (or a,b)")
     p.add_argument("--samples", type=_int_at_least(1), default=None, help="samples per distribution (default 100)")
     p.add_argument("--context", type=_int_at_least(1), default=None, help="context length (default: the paper's)")
     p.add_argument("--heads", type=_int_at_least(1), default=None, help="query heads G (default: the paper's)")
-    p.add_argument("--machine", default="ieee32-fast", choices=sorted(MACHINES))
+    p.add_argument("--machine", default=None, choices=sorted(MACHINES),
+                   help="default: the table's (sm90-cuda for fp8-mla, whose kernels are CUDA; else ieee32-fast)")
     _schedule_flag(p)
     p.add_argument("--seed", type=_int_at_least(0), default=0)
     p.add_argument("--out", default="results", help="output folder (one subfolder per table)")

@@ -2,8 +2,9 @@
 FP8 decode (DeepSeek V3.2's and MODEL1's caches) and FlashMLA-ETAP (the ETAP paper's own kernel).
 
 A capture (``.npz``) holds, per case, the device's output bits and the case's recipe: shapes, seqlens, splits,
-the distribution and seed that :func:`amla_sim.experiments.inputs.make_inputs` rebuilds the inputs from, and the
-inputs' CRC to prove it did. :func:`replay` simulates every case on the CPU and compares bit for bit;
+the distribution and seed that :func:`amla_sim.experiments.inputs.make_inputs` rebuilds the inputs from (for the
+sparse decode also the cache layout, indices, topk_length and sink drawn from that seed: :func:`sparse_inputs`),
+and the inputs' CRC to prove it did. :func:`replay` simulates every case on the CPU and compares bit for bit;
 :func:`capture` runs the kernel on a GPU (:mod:`amla_sim.gpu.thirdparty`) and writes such a file.
 """
 
@@ -334,11 +335,12 @@ def format_report(report: dict) -> str:
 
 
 def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: int = 0) -> None:
-    """Run `kernel` on this machine's GPU over its cases (SGLANG_CASES, FLASHMLA_CASES) and write a capture.
+    """Run `kernel` on this machine's GPU over its cases (SGLANG_CASES, FLASHMLA_CASES, ETAP_CASES,
+    SPARSE_FP8_CASES) and write a capture.
 
     source: the sglang kernel file (default: the installed sglang package), or the folder holding FlashMLA's
-    build_flashmla.py (FlashMLA-ETAP's build_etap.py). seed: added to every case's seed, for inputs no committed
-    capture used."""
+    build_flashmla.py (FlashMLA-ETAP's build_etap.py, the sparse decode's build_sparse_fp8.py). seed: added to
+    every case's seed, for inputs no committed capture used."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     import torch

@@ -260,6 +260,38 @@ def test_sparse_fp8_matches_golden_on_fp8_keys_within_bf16():
     err = np.sqrt(np.mean((res.out.astype(np.float64) - ref.out) ** 2))
     assert err < 2e-4, err
     np.testing.assert_allclose(res.lse, np.swapaxes(ref.lse, 1, 2), rtol=1e-5)
+    # the cache's quantization, not the arithmetic, sets the error against the BF16 keys
+    to_bf16 = np.sqrt(np.mean((res.out.astype(np.float64) - golden(q, kv).out) ** 2))
+    assert to_bf16 > 5 * err, (to_bf16, err)
+
+
+def test_the_fp8_table_runs_through_reproduce(tmp_path):
+    """`reproduce fp8-mla`: on sm90-cuda unless told, FlashMLA's dense and sparse decodes as sweep algorithms; their
+    rows are their errors on the same draw, computed here directly (the sparse one from a cache and indices built
+    here)."""
+    import csv
+
+    from amla_sim._seeds import derive_seed
+    from amla_sim.algorithms import flashmla
+    from amla_sim.cli import main
+
+    assert main(["reproduce", "fp8-mla", "--samples", "1", "--context", "100", "--heads", "64", "--out",
+                 str(tmp_path), "--quiet"]) == 0
+    with open(tmp_path / "fp8-mla" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    summary = json.loads((tmp_path / "fp8-mla" / "summary.json").read_text())
+    assert summary["machine"] == "sm90-cuda" and len(rows) == 3 * 7
+    assert "| rel. Frobenius | RMSE | cos diff |" in (tmp_path / "fp8-mla" / "table.md").read_text()
+    q, kv = make_inputs("rope-outliers", heads=64, context=100, seed=derive_seed(0, "fp8-mla", "rope-outliers", 0))
+    ref = golden(q, kv).out
+    pg, base = pages(kv)
+    idx = np.full((1, 1, 128), -1, np.int32)
+    idx[0, 0, :100] = np.arange(100)
+    for alg, out in (("flashmla", flashmla(q, kv, seqlens=None).out),
+                     ("flashmla-sparse-fp8", flashmla_sparse_fp8(q, quantize_kv_cache(pg), idx).out)):
+        want = np.sqrt(np.mean((out.astype(np.float64) - ref) ** 2))
+        got = next(float(r["rmse"]) for r in rows if r["algorithm"] == alg and r["distribution"] == "rope-outliers")
+        assert got == pytest.approx(want, rel=1e-12), alg
 
 
 # --- bad input ----------------------------------------------------------------------------------------------
@@ -331,3 +363,17 @@ def test_layout_names_and_sizes():
         quantize_kv_cache(np.zeros((1, 64, 512), np.float32), "model1", power_of_two=False)
     with pytest.raises(ValueError, match="kv: the cache quantizer takes BF16 values"):
         quantize_kv_cache(np.full((1, 64, 576), 0.1, np.float32), "v32")
+
+
+@pytest.mark.parametrize("kwargs, match", [({"block": 128}, "block: the kernel's block is 64 tokens, got 128"),
+                                           ({"schedule": "nope"}, "schedule"),
+                                           ({"block": 0}, "block")])
+@pytest.mark.parametrize("alg", ["flashmla", "flashmla-sparse-fp8"])
+def test_the_sweep_entries_refuse_another_layout(alg, kwargs, match):
+    from amla_sim.algorithms import ALGORITHMS
+
+    q, kv = make_inputs("normal:1", heads=64, context=70, seed=2)
+    with pytest.raises(ValueError, match=match):
+        ALGORITHMS[alg](q, kv, **kwargs)
+    res = ALGORITHMS[alg](q, kv, machine="ieee32")
+    assert res.out.shape == (1, 1, 64, 512)

@@ -8,10 +8,10 @@ from ._common import DEEPSEEK_V3_SCALE, DEFAULT_SCALE, AttentionResult
 from .amla import amla
 from .base import base
 from .etap import etap
-from .flashmla import flashmla
+from .flashmla import flashmla, flashmla_decode
 from .flashmla_cache import dequantize_kv_cache, quantize_kv_cache
 from .flashmla_etap import flashmla_etap, flashmla_etap_decode
-from .flashmla_sparse_fp8 import flashmla_sparse_fp8
+from .flashmla_sparse_fp8 import flashmla_sparse_fp8, flashmla_sparse_fp8_decode
 from .golden import golden
 from .naive import naive
 from .seesaw import seesaw
@@ -19,7 +19,8 @@ from .snapmla import snapmla
 from .splitkv_decode import splitkv_decode
 
 ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla,
-              "flashmla-etap": flashmla_etap_decode}
+              "flashmla-etap": flashmla_etap_decode, "flashmla": flashmla_decode,
+              "flashmla-sparse-fp8": flashmla_sparse_fp8_decode}
 
 __all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "flashmla_etap", "flashmla_sparse_fp8", "quantize_kv_cache",
            "dequantize_kv_cache", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive", "seesaw",

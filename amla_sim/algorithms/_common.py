@@ -225,6 +225,14 @@ def check_block(block: int, schedule: Schedule) -> int:
     return int(block)
 
 
+def check_kernel_layout(schedule: str | Schedule, block: int, kernel_block: int = 64) -> None:
+    """A deployed kernel lays its work out itself: as a sweep algorithm its `schedule` is checked, not used, and
+    `block` must be the kernel's own."""
+    get_schedule(schedule)
+    if check_int(block, "block", lo=1) != kernel_block:
+        raise ValueError(f"block: the kernel's block is {kernel_block} tokens, got {block}")
+
+
 def online_softmax_step(
     mc: Machine, m: np.ndarray, S: np.ndarray, exp: Callable[[np.ndarray], np.ndarray] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

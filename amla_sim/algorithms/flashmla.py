@@ -35,10 +35,11 @@ import numpy.typing as npt
 from .._validate import check_int, quiet_fp
 from ..arith.reductions import _xor_tree
 from ..machines import Machine, get_machine
-from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_scale
+from ..schedules import Schedule
+from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from .flashmla_sched import BLOCK_SIZE_N, num_sm_parts, request_splits
 
-__all__ = ["flashmla", "FLASHMLA_COMMIT"]
+__all__ = ["flashmla", "flashmla_decode", "FLASHMLA_COMMIT"]
 
 FLASHMLA_COMMIT = "9241ae3"
 _MAX_INIT_SM = -1e30  # the running max before the first block
@@ -116,6 +117,24 @@ def flashmla(
         hazards["nan_outputs"] += int(np.isnan(out).sum())
     out = mc.cast(out.reshape(b, s_q, H, D_V), "bf16")
     return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
+
+
+def flashmla_decode(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine = "sm90-cuda",
+    schedule: str | Schedule = "reference",
+    block: int = BLOCK_SIZE_N,
+    scale: float | None = None,
+    num_sms: int = 132,
+    trace: bool = False,
+) -> AttentionResult:
+    """:func:`flashmla` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): every request
+    the whole of kv. The kernel lays its work out itself: `block` must be its 64 and `schedule` is checked, not
+    used."""
+    check_kernel_layout(schedule, block, BLOCK_SIZE_N)
+    return flashmla(q, kv, seqlens=None, scale=scale, num_sms=num_sms, machine=machine, trace=trace)
 
 
 def _block(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, blk: int, first_half: bool):

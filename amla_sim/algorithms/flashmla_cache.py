@@ -67,7 +67,7 @@ def layout_of(name_or_bytes: str | int, argname: str = "layout") -> CacheLayout:
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
     """BF16 values as their bits (the values must be BF16 already)."""
-    return np.asarray(x, np.float32).view(np.uint32).__rshift__(16).astype(np.uint16)
+    return (np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
 @quiet_fp

@@ -37,8 +37,8 @@ from .._validate import check_int, quiet_fp
 from ..arith.reductions import _xor_tree
 from ..formats import get_format
 from ..machines import Machine, get_machine
-from ..schedules import Schedule, get_schedule
-from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_scale
+from ..schedules import Schedule
+from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from .flashmla import combine_sum
 from .flashmla_sched import BLOCK_SIZE_N, decoding_schedule
 
@@ -219,9 +219,7 @@ def flashmla_etap_decode(
     """:func:`flashmla_etap` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): every
     request the whole of kv, causal when s_q > 1. The kernel lays its work out itself: `block` must be its 64 and
     `schedule` is checked, not used."""
-    get_schedule(schedule)
-    if check_int(block, "block", lo=1) != BLOCK_SIZE_N:
-        raise ValueError(f"block: the kernel's block is {BLOCK_SIZE_N} tokens, got {block}")
+    check_kernel_layout(schedule, block, BLOCK_SIZE_N)
     return flashmla_etap(q, kv, scale=scale, num_sms=num_sms, machine=machine, trace=trace)
 
 

@@ -32,12 +32,13 @@ import numpy.typing as npt
 
 from .._validate import check_int, quiet_fp
 from ..machines import Machine, get_machine
-from ._common import D_V, AttentionResult, _check_storage
+from ..schedules import Schedule
+from ._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout
 from .flashmla import FLASHMLA_COMMIT, combine_sum
-from .flashmla_cache import CacheLayout, dequantize_kv_cache, layout_of
+from .flashmla_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
 from .flashmla_sched import BLOCK_SIZE_N, decoding_schedule, num_sm_parts
 
-__all__ = ["flashmla_sparse_fp8", "FLASHMLA_COMMIT", "sparse_splits"]
+__all__ = ["flashmla_sparse_fp8", "flashmla_sparse_fp8_decode", "FLASHMLA_COMMIT", "sparse_splits"]
 
 _MAX_INIT = -1e30  # the running max before the first block
 _LOG2E = math.log2(math.e)  # LOG_2_E and CUDART_L2E_F: fl32(log2 e) on FP32 machines, exact on golden
@@ -140,7 +141,7 @@ def flashmla_sparse_fp8(
             if has_len:
                 ok &= np.arange(idx.shape[2]) < lengths[i]
             K = np.where(ok[:, None], keys[np.where(ok, idx[i, j], 0)], 0).astype(keys.dtype)
-            res = [_split(mc, lay, Q[i, j], K, ok, lo, hi, c) for lo, hi in splits[i]]
+            res = [_split(mc, Q[i, j], K, ok, lo, hi, c) for lo, hi in splits[i]]
             if len(res) == 1:
                 O, L, m = res[0]
                 r = mc.div(mc.f(1.0), L if sink is None else _with_sink(mc, L, m, sink))
@@ -156,9 +157,37 @@ def flashmla_sparse_fp8(
     return AttentionResult(mc.cast(out, "bf16"), np.transpose(lse, (0, 2, 1)), tr, hazards)
 
 
-def _split(mc: Machine, lay: CacheLayout, Q: np.ndarray, K: np.ndarray, ok: np.ndarray, lo: int, hi: int,
+def flashmla_sparse_fp8_decode(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine = "sm90-cuda",
+    schedule: str | Schedule = "reference",
+    block: int = BLOCK_SIZE_N,
+    scale: float | None = None,
+    num_sms: int = 132,
+    trace: bool = False,
+) -> AttentionResult:
+    """:func:`flashmla_sparse_fp8` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): kv
+    (b, S, 576) BF16 quantized by FlashMLA's V3.2 quantizer into pages of 64 tokens, and every query attending to
+    all S tokens of its request (topk = S rounded up to 64, the rest empty): the keys a dense decode sees. The
+    kernel lays its work out itself: `block` must be its 64 and `schedule` is checked, not used; the softmax
+    scale defaults to 576^-0.5 as for every decode here."""
+    check_kernel_layout(schedule, block, BLOCK_SIZE_N)
+    qa, kva, _ = check_kernel_inputs(q, kv, None)
+    b, s_q, _, _ = qa.shape
+    S = kva.shape[1]
+    paged, base = pages(kva, BLOCK_SIZE_N)
+    idx = np.full((b, s_q, -(-S // BLOCK_SIZE_N) * BLOCK_SIZE_N), -1, np.int32)
+    idx[..., :S] = (base[:, None, None] + np.arange(S)).astype(np.int32)
+    return flashmla_sparse_fp8(qa, quantize_kv_cache(paged, "v32"), idx, scale=scale, num_sms=num_sms,
+                               machine=machine, trace=trace)
+
+
+def _split(mc: Machine, Q: np.ndarray, K: np.ndarray, ok: np.ndarray, lo: int, hi: int,
            c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One split over blocks [lo, hi): (O, L, m) per row, O not yet divided by L."""
+    """One split over blocks [lo, hi): (O, L, m) per row, O not yet divided by L. V is K's first 512 columns
+    (V3.2: the dequantized FP8 part; MODEL1: its 448 and the 64 BF16 RoPE values)."""
     dt = mc.dtype
     R = Q.shape[0]
     m = np.full(R, mc.f(_MAX_INIT), dt)

@@ -201,7 +201,7 @@ def run_task(task: tuple) -> list[tuple[str, ...]]:
 
 def _check_runs(grid: Grid) -> None:
     """Every (algorithm, machine, block) once on a tiny problem, so that a bad option fails before any work."""
-    q, kv = make_inputs("normal:1", heads=1, sq=1, context=16, fmt=grid.input_format, seed=0)
+    q, kv = make_inputs("normal:1", heads=64, sq=1, context=16, fmt=grid.input_format, seed=0)  # 64: FlashMLA's least
     for spec in grid.algorithms:
         label, name, options = parse_algorithm(spec)
         for machine in grid.machines:

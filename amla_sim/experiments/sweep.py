@@ -11,6 +11,7 @@ sorted store and are identical either way.
 from __future__ import annotations
 
 import statistics
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +103,13 @@ def markdown(summary: dict) -> str:
     lines = [f"### {summary['title']}", "",
              f"{summary['samples']} samples, G = {summary['heads']}, context {summary['context']}, "
              f"machine `{summary['machine']}`, schedule `{summary.get('schedule', 'reference')}`, "
-             f"metric: {summary['metric']} (mean over samples).", "",
+             f"metric: {summary['metric']} (means over samples).", "",
              "| distribution | algorithm | ours | paper | ours / paper |", "|---|---|---|---|---|"]
+    if all(r["paper"] is None for r in summary["rows"]):  # nothing published: every metric, side by side
+        lines[-2:] = ["| distribution | algorithm | rel. Frobenius | RMSE | cos diff |", "|---|---|---|---|---|"]
+        lines += [f"| {r['distribution']} | {r['algorithm']} | {r['mean_rel_frobenius']:.3e} | {r['mean_rmse']:.3e} | "
+                  f"{r['mean_cos_diff']:.3e} |" for r in summary["rows"]]
+        return "\n".join(lines) + "\n"
     for r in summary["rows"]:
         paper = "-" if r["paper"] is None else f"{r['paper']:.3g}"
         ratio = "-" if r["paper"] is None else f"{r['ours'] / r['paper']:.3f}"
@@ -140,7 +146,7 @@ def plot(summary: dict, path: Path) -> bool:
         ax.set_yscale("log")
         ax.set_ylabel(summary["metric"])
     ax.set_xticks(range(len(dists)), dists, fontsize=7)
-    ax.set_title(summary["title"], fontsize=8)
+    ax.set_title(textwrap.fill(summary["title"], 90), fontsize=8)  # a long title wraps, not clipped
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, path)
@@ -154,7 +160,7 @@ def run_table(
     samples: int | None = None,
     context: int | None = None,
     heads: int | None = None,
-    machine: str = "ieee32-fast",
+    machine: str | None = None,
     schedule: str = "reference",
     seed: int = 0,
     jobs: int = 1,
@@ -175,6 +181,7 @@ def run_table(
     if name not in TABLES:
         raise ValueError(f"table: expected one of {sorted(TABLES)}, got {name!r}")
     table = TABLES[name]
+    machine = table.machine if machine is None else machine
     get_machine(machine)  # validate the names before any work
     get_schedule(schedule)
     samples = 100 if samples is None else samples

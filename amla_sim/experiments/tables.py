@@ -27,6 +27,7 @@ class Table:
     input_format: str = "bf16"
     sampler: str = "round"  # how make_inputs draws them (``table``: the exact rounded distribution, faster)
     source: str = ""
+    machine: str = "ieee32-fast"  # the machine reproduce runs it on unless told otherwise
 
 
 _T3 = {"N(0, 1)": (1.77e-3, 1.81e-3), "N(0, 4)": (1.74e-3, 1.75e-3), "N(0, 9)": (1.65e-3, 1.66e-3),
@@ -71,6 +72,16 @@ TABLES: dict[str, Table] = {
         source="arXiv FlashMLA-ETAP, Table 1 (setup: Section 4; FP16, 16 heads, contexts 512-64K); FA3's figure "
                "is the FA3 paper's, on its own inputs",
     ),
+    "fp8-mla": Table(
+        "fp8-mla", "FP8 MLA side by side: FlashMLA's BF16 dense and FP8 sparse decodes (V3.2 cache, every token "
+        "selected) and SnapMLA's configs, against FP64 over the BF16 inputs",
+        (("flashmla", "FlashMLA test inputs"), ("normal:1", "N(0, 1)"),
+         ("rope-outliers", "RoPE outliers ~1e3, content within +-10")),
+        ("flashmla", "flashmla-sparse-fp8", "snapmla", "A", "B", "C", "D"), "rmse", {}, heads=128, context=4096,
+        block=64, machine="sm90-cuda",
+        source="issue 21: FlashMLA 9241ae3's decodes (bit-exact models on sm90-cuda) and SnapMLA (arXiv SnapMLA, "
+               "Section 4.3) on the same BF16 inputs",
+    ),
     "snapmla-configs": Table(
         "snapmla-configs", "SnapMLA paper, Table 2 configs: errors against the BF16 golden (the paper plots them)",
         (("flashmla", "FlashMLA test inputs"), ("rope-outliers", "RoPE outliers ~1e3, content within +-10")),
@@ -88,6 +99,8 @@ SPECS: dict[str, str] = {  # the tables' algorithm columns as sweep specs (label
     "fa3-base": "fa3-base=base:p_format=fp16:io_format=fp16",
     "etap": "etap:p_format=fp16:io_format=fp16",
     "flashmla-etap": "flashmla-etap",
+    "flashmla": "flashmla",
+    "flashmla-sparse-fp8": "flashmla-sparse-fp8",
     "snapmla": "snapmla",
     **{cfg: f"{cfg}=snapmla:config={cfg}" for cfg in ("A", "B", "C", "D")},
 }
@@ -99,13 +112,13 @@ def _reference(table: Table) -> str:
 
 
 def table_grid(name: str, *, samples: int = 100, context: int | None = None, heads: int | None = None,
-               machine: str = "ieee32-fast", schedule: str = "reference", seed: int = 0) -> Grid:
+               machine: str | None = None, schedule: str = "reference", seed: int = 0) -> Grid:
     """A paper's table as a named sweep grid: the same draws, hence the same numbers, as :func:`run_sample`."""
     if name not in TABLES:
         raise ValueError(f"grid: expected a table name from {sorted(TABLES)} or a TOML file, got {name!r}")
     t = TABLES[name]
     labels = dict(t.distributions)
-    return Grid(algorithms=tuple(SPECS[a] for a in t.algorithms), machines=(machine,),
+    return Grid(algorithms=tuple(SPECS[a] for a in t.algorithms), machines=(machine or t.machine,),
                 distributions=tuple(d for d, _ in t.distributions), contexts=(context or t.context,),
                 heads=(heads or t.heads,), sq=(t.sq,), blocks=(t.block,), schedule=schedule, samples=samples, seed=seed,
                 input_format=t.input_format, sampler=t.sampler, reference=_reference(t), metric=t.metric,
