@@ -21,7 +21,7 @@ from amla_sim.algorithms.flashmla_cache import (
 )
 from amla_sim.algorithms.flashmla_sched import decoding_schedule, num_sm_parts
 from amla_sim.algorithms.flashmla_sparse_fp8 import flashmla_sparse_fp8
-from amla_sim.crosscheck import CaptureError
+from amla_sim.crosscheck import CaptureError, read_capture
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.formats import round_to
 from amla_sim.machines import get_machine
@@ -34,8 +34,7 @@ CAPTURES = ["flashmla_sparse_fp8_decode.npz", "flashmla_sparse_fp8_h100_fresh.np
 
 
 def _load(name):
-    with np.load(DATA + name) as z:
-        return json.loads(str(z["meta"])), {k: z[k] for k in z.files if k != "meta"}
+    return read_capture(DATA + name)
 
 
 @pytest.mark.parametrize("capture", CAPTURES)
