@@ -23,12 +23,12 @@ from .algorithms._common import D_V, check_scale
 from .algorithms.flashmla import FLASHMLA_COMMIT, flashmla
 from .algorithms.flashmla_cache import layout_of, pages, quantize_kv_cache
 from .algorithms.flashmla_etap import ETAP_COMMIT, flashmla_etap
-from .algorithms.flashmla_sched import decoding_schedule, num_sm_parts
-from .algorithms.flashmla_sparse_fp8 import flashmla_sparse_fp8
+from .algorithms.flashmla_sparse_fp8 import flashmla_sparse_fp8, sparse_schedule
 from .algorithms.splitkv_decode import SGLANG_VERSION, splitkv_decode
 from .captures import input_crc
 from .crosscheck import CaptureError, read_capture
 from .experiments.inputs import make_inputs
+from .formats import round_to
 from .resources import check_fits, run_bytes
 from .testing import ulp_distance
 
@@ -142,8 +142,6 @@ def quant_inputs(case: dict) -> np.ndarray:
         x[4, :lay.tile] = np.float32(448.0)
         x[5, :] = np.float32(1.75 * 2.0**-20) * np.sign(x[5])
         x[6, :lay.tile] = np.float32(-0.3)
-    from .formats import round_to
-
     return round_to(x, "bf16").astype(np.float32).reshape(case["pages"], SPARSE_PAGE_SIZE, 1, lay.d)
 
 
@@ -229,6 +227,9 @@ def _check_sparse_recipe(case: dict) -> None:
             raise ValueError(f"topk_length: {len(case['topk_length'])} lengths for batch {case['batch']}")
         for n in case["topk_length"]:
             check_int(n, "topk_length", lo=0, hi=topk)
+    if case.get("power_of_two", True) not in (True, False) or (lay.scale_type != "fp32" and not case["power_of_two"]):
+        raise ValueError(f"power_of_two: true or false (false for V3.2's FP32 scales only), got "
+                         f"{case['power_of_two']!r} for {lay.name}")
     if not 0 <= float(case.get("invalid", 0.0)) <= 1:
         raise ValueError(f"invalid: a share of empty slots in [0, 1], got {case['invalid']!r}")
     if case.get("sink") not in (None, "normal", "edge"):
@@ -387,8 +388,7 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: i
             inputs = sparse_inputs(recipe)
             given = None
             if sms is not None:  # FlashMLA's schedule for fewer SMs
-                lengths = [max(int(n), 1) for n in (tlen or [topk] * b)]
-                parts, cum = decoding_schedule(lengths, num_sm_parts(s_q=sq, heads_q=H, num_sms=sms))
+                parts, cum = sparse_schedule(list(tlen or [topk] * b), s_q=sq, heads=H, num_sms=sms)
                 given = (np.array([p.as_ints()[:7] for p in parts], np.int32), cum)
             got = adapters.run_sparse_fp8(mod, **inputs, scale=layout_of(layout).d ** -0.5 if scale is None else scale,
                                           schedule=given)

@@ -165,13 +165,13 @@ def sparse_step(out: Path, folder: str, seed: int) -> None:
     runs = [out / name] + [out / f"rerun{k}_{name}" for k in (1, 2)]
     for path in runs:
         thirdparty.capture("flashmla-sparse-fp8", path, source=folder, seed=seed)
-    first = np.load(runs[0])
-    same = {}
+    with np.load(runs[0]) as z:
+        first = {k: z[k] for k in z.files if k != "meta"}
+    same = dict.fromkeys(first, True)
     for path in runs[1:]:
-        other = np.load(path)
-        for k in first.files:
-            if k != "meta":
-                same[k] = same.get(k, True) and np.array_equal(first[k], other[k])
+        with np.load(path) as other:
+            for k in first:
+                same[k] = same[k] and np.array_equal(first[k], other[k])
         path.unlink()
     print("sparse:", len(thirdparty.SPARSE_FP8_CASES), "cases ->", name, "runs_identical:",
           {k: v for k, v in same.items() if not v} or "all")

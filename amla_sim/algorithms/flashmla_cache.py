@@ -25,12 +25,12 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from .._validate import quiet_fp
-from ..formats import round_to
+from .._validate import check_int, quiet_fp
+from ..formats import FORMATS, is_float_dtype, round_to
 
 __all__ = ["CacheLayout", "LAYOUTS", "layout_of", "quantize_kv_cache", "dequantize_kv_cache", "pages"]
 
-E4M3_MAX = 448.0
+E4M3_MAX = FORMATS["e4m3"].max_finite  # 448
 SCALE_FLOOR = np.float32(1e-4)  # quant.py's clamp_min(1e-4), in FP32
 
 
@@ -49,6 +49,11 @@ class CacheLayout:
     def num_tiles(self) -> int:
         return self.d_nope // self.tile
 
+    @property
+    def token_bytes(self) -> int:
+        """A token's E4M3 values and BF16 RoPE values, without its scales."""
+        return self.d_nope + 2 * D_ROPE
+
 
 LAYOUTS = {
     "v32": CacheLayout("v32", 576, 512, 128, "fp32", 656),
@@ -63,11 +68,6 @@ def layout_of(name_or_bytes: str | int, argname: str = "layout") -> CacheLayout:
         if name_or_bytes in (lay.name, lay.bytes_per_token):
             return lay
     raise ValueError(f"{argname}: expected one of {tuple(LAYOUTS)} (656 or 584 bytes a token), got {name_or_bytes!r}")
-
-
-def _bf16_bits(x: np.ndarray) -> np.ndarray:
-    """BF16 values as their bits (the values must be BF16 already)."""
-    return (np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
 @quiet_fp
@@ -95,6 +95,8 @@ def quantize_kv_cache(kv: npt.ArrayLike, layout: str = "v32", *, power_of_two: b
     if not power_of_two and lay.scale_type != "fp32":
         raise ValueError(f"power_of_two: layout {lay.name} stores E8M0 scales, which are powers of two")
     x = np.asarray(kv)
+    if not is_float_dtype(x.dtype):
+        raise TypeError(f"kv: expected BF16 values (a float array), got {x.dtype}")
     if x.ndim == 4:
         if x.shape[2] != 1:
             raise ValueError(f"kv: one KV head (num_blocks, P, 1, d), got shape {x.shape}")
@@ -109,29 +111,33 @@ def quantize_kv_cache(kv: npt.ArrayLike, layout: str = "v32", *, power_of_two: b
     s = _scales(nope, lay.tile, power_of_two)  # (nb, P, tiles)
     q8 = (nope.reshape(nb, P, lay.num_tiles, lay.tile) / s[..., None]).reshape(nb, P, lay.d_nope)
     q8 = q8.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-    rope_b = _bf16_bits(rope).view(np.uint8).reshape(nb, P, 2 * D_ROPE)
-    if lay.name == "v32":
-        out = np.concatenate([q8, s.astype("<f4").view(np.uint8).reshape(nb, P, 16), rope_b], axis=-1)
+    rope_b = np.ascontiguousarray(rope).astype(ml_dtypes.bfloat16).view(np.uint8).reshape(nb, P, 2 * D_ROPE)
+    if lay.name == "v32":  # per token: values, FP32 scales, RoPE
+        out = np.concatenate([q8, s.astype("<f4").view(np.uint8).reshape(nb, P, 4 * lay.num_tiles), rope_b], axis=-1)
         return out.reshape(nb, P, 1, lay.bytes_per_token)
-    page = np.zeros((nb, P * lay.bytes_per_token), np.uint8)
-    page[:, :P * 576] = np.concatenate([q8, rope_b], axis=-1).reshape(nb, P * 576)
-    e8 = np.zeros((nb, P, 8), np.uint8)
-    e8[..., :7] = s.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)
-    page[:, P * 576:] = e8.reshape(nb, P * 8)
+    page = np.zeros((nb, P * lay.bytes_per_token), np.uint8)  # per page: every token's values and RoPE, then scales
+    head = P * lay.token_bytes
+    page[:, :head] = np.concatenate([q8, rope_b], axis=-1).reshape(nb, head)
+    e8 = np.zeros((nb, P, lay.num_tiles + 1), np.uint8)  # 7 scales and a pad byte
+    e8[..., :-1] = s.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)
+    page[:, head:] = e8.reshape(nb, -1)
     return page.reshape(nb, P, 1, lay.bytes_per_token)
 
 
 def _fields(cache: np.ndarray, lay: CacheLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(E4M3 bytes (n, d_nope), scales as FP32 (n, tiles), RoPE BF16 bits (n, 64)) of every token of a cache."""
+    """(E4M3 bytes (n, d_nope), scales as FP32 (n, tiles), RoPE as FP32 (n, 64)) of every token of a cache."""
     nb, P = cache.shape[:2]
+    n, v = nb * P, lay.d_nope
     if lay.name == "v32":
-        t = cache.reshape(nb * P, lay.bytes_per_token)
-        return (t[:, :512], np.ascontiguousarray(t[:, 512:528]).view("<f4").astype(np.float32),
-                np.ascontiguousarray(t[:, 528:]).view("<u2"))
-    flat = cache.reshape(nb, P * lay.bytes_per_token)
-    tok = flat[:, :P * 576].reshape(nb * P, 576)
-    e8 = np.ascontiguousarray(flat[:, P * 576:].reshape(nb * P, 8)[:, :7])
-    return tok[:, :448], e8.view(ml_dtypes.float8_e8m0fnu).astype(np.float32), np.ascontiguousarray(tok[:, 448:]).view("<u2")
+        t = cache.reshape(n, lay.bytes_per_token)
+        scales = np.ascontiguousarray(t[:, v:v + 4 * lay.num_tiles]).view("<f4").astype(np.float32)
+        rope = t[:, v + 4 * lay.num_tiles:]
+    else:
+        flat = cache.reshape(nb, P * lay.bytes_per_token)
+        t = flat[:, :P * lay.token_bytes].reshape(n, lay.token_bytes)
+        e8 = np.ascontiguousarray(flat[:, P * lay.token_bytes:].reshape(n, lay.num_tiles + 1)[:, :-1])
+        scales, rope = e8.view(ml_dtypes.float8_e8m0fnu).astype(np.float32), t[:, v:]
+    return t[:, :v], scales, np.ascontiguousarray(rope).view(ml_dtypes.bfloat16).astype(np.float32)
 
 
 @quiet_fp
@@ -154,7 +160,7 @@ def dequantize_kv_cache(cache: npt.ArrayLike, layout: str | None = None, *, as_k
         nope = round_to(v * s[..., None], "bf16")
     keys = np.empty((len(q8), lay.d), np.float32)
     keys[:, :lay.d_nope] = nope.reshape(len(q8), lay.d_nope)
-    keys[:, lay.d_nope:] = (rope.astype(np.uint32) << 16).view(np.float32)
+    keys[:, lay.d_nope:] = rope
     return keys
 
 
@@ -162,6 +168,9 @@ def pages(kv: npt.ArrayLike, page: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """A (b, S, d) cache as pages (b * n, page, 1, d), zero past S, and each request's first token index in the
     paged cache (request i owns pages i n .. i n + n - 1): token t of request i is ``base[i] + t``."""
     x = np.asarray(kv)
+    if x.ndim != 3 or min(x.shape) < 1:
+        raise ValueError(f"kv: expected a cache (b, S, d), got shape {x.shape}")
+    check_int(page, "page", lo=1)
     b, S, d = x.shape
     n = -(-S // page)
     out = np.zeros((b, n * page, d), x.dtype)

@@ -33,29 +33,35 @@ import numpy.typing as npt
 from .._validate import check_int, quiet_fp
 from ..machines import Machine, get_machine
 from ..schedules import Schedule
-from ._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout
+from ._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout, check_scale
 from .flashmla import FLASHMLA_COMMIT, combine_sum
 from .flashmla_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
-from .flashmla_sched import BLOCK_SIZE_N, decoding_schedule, num_sm_parts
+from .flashmla_sched import BLOCK_SIZE_N, SchedPart, decoding_schedule, num_sm_parts, request_splits
 
-__all__ = ["flashmla_sparse_fp8", "flashmla_sparse_fp8_decode", "FLASHMLA_COMMIT", "sparse_splits"]
+__all__ = ["flashmla_sparse_fp8", "flashmla_sparse_fp8_decode", "FLASHMLA_COMMIT", "sparse_schedule"]
 
 _MAX_INIT = -1e30  # the running max before the first block
 _LOG2E = math.log2(math.e)  # LOG_2_E and CUDART_L2E_F: fl32(log2 e) on FP32 machines, exact on golden
 _HEADS = (64, 128)
 
 
-def sparse_splits(lengths: list[int], parts: int) -> list[list[tuple[int, int]]]:
-    """Per request, its splits as block ranges [lo, hi), in split order (each request ``lengths[i]`` slots)."""
-    sched, _ = decoding_schedule(lengths, parts)
-    out: list[list[tuple[int, int]]] = [[] for _ in lengths]
-    for p in sched:
-        for r in range(p.begin_req, min(p.end_req, len(lengths) - 1) + 1):
-            lo = p.begin_block if r == p.begin_req else 0
-            hi = p.end_block if r == p.end_req else -(-lengths[r] // BLOCK_SIZE_N)
-            if hi > lo:
-                out[r].append((lo, hi))
-    return out
+def _slots(lengths: list[int]) -> list[int]:
+    """Each request's length as the scheduler counts it: its topk_length or topk, 0 counted as 1 (the scheduler
+    never leaves a request empty)."""
+    return [max(int(n), 1) for n in lengths]
+
+
+def sparse_schedule(lengths: list[int], *, s_q: int, heads: int, num_sms: int = 132
+                    ) -> tuple[list[SchedPart], np.ndarray]:
+    """FlashMLA's split schedule for a sparse decode (its parts and cumulative split counts), request i being
+    ``lengths[i]`` slots long (its topk_length, or topk)."""
+    return decoding_schedule(_slots(lengths), num_sm_parts(s_q=s_q, heads_q=heads, num_sms=num_sms))
+
+
+def _block_splits(lengths: list[int], parts: int) -> list[list[tuple[int, int]]]:
+    """Per request, its splits as block ranges [lo, hi) of 64 slots, in split order."""
+    return [[(lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N)) for lo, hi in r]
+            for r in request_splits(_slots(lengths), parts)]
 
 
 def _check(q, kv_cache, indices, topk_length, attn_sink, scale, num_sms):
@@ -92,11 +98,9 @@ def _check(q, kv_cache, indices, topk_length, attn_sink, scale, num_sms):
         sink = np.asarray(attn_sink)
         if sink.dtype != np.float32 or sink.shape != (H,) or np.isnan(sink).any():
             raise ValueError(f"attn_sink: expected float32 ({H},) without NaN, got {sink.dtype} {sink.shape}")
-    sm = lay.d ** -0.5 if scale is None else scale
-    if isinstance(sm, bool) or not isinstance(sm, (int, float, np.floating)) or not math.isfinite(sm) or sm <= 0:
-        raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
+    sm = check_scale(lay.d ** -0.5 if scale is None else scale)  # FlashMLA's default: d_qk^-0.5
     check_int(num_sms, "num_sms", lo=1)
-    return qa, c, lay, idx.astype(np.int64), lengths, topk_length is not None, sink, float(sm)
+    return qa, c, lay, idx.astype(np.int64), lengths, topk_length is not None, sink, sm
 
 
 @quiet_fp
@@ -134,7 +138,7 @@ def flashmla_sparse_fp8(
     out = np.zeros((b, s_q, H, D_V), mc.dtype)
     lse = np.zeros((b, s_q, H), mc.dtype)
     tr: dict[str, list] = {}
-    splits = sparse_splits([max(n, 1) for n in lengths], parts)
+    splits = _block_splits(lengths, parts)
     for i in range(b):
         for j in range(s_q):
             ok = idx[i, j] != -1
@@ -148,7 +152,7 @@ def flashmla_sparse_fp8(
                 out[i, j] = np.where((L == 0)[:, None], mc.f(0.0), mc.f(O * r[:, None]))
                 lse[i, j] = np.where(L == 0, np.inf, _lse(mc, L, m, ln2))
             else:
-                out[i, j], lse[i, j] = _combine(mc, res, max_splits, sink)
+                out[i, j], lse[i, j] = _combine(mc, res, max_splits, sink, ln2)
         if trace:
             tr.setdefault("split_blocks", []).append(np.array(splits[i]))
     hazards = Counter()
@@ -249,13 +253,14 @@ def _lane_sums(mc: Machine, P: np.ndarray) -> np.ndarray:
     return s
 
 
-def _combine(mc: Machine, res: list, max_splits: int, sink: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _combine(mc: Machine, res: list, max_splits: int, sink: np.ndarray | None,
+             ln2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     dt = mc.dtype
     Ls = np.stack([r[1] for r in res], axis=1)
     lse_s = np.where(Ls == 0, -np.inf, mc.f(mc.log2(Ls) + np.stack([r[2] for r in res], axis=1))).astype(dt)
     M, total = combine_sum(mc, lse_s, max_splits, mc.exp2)
     g = np.where((total == 0) | np.isneginf(total), np.inf, mc.f(mc.log2(total) + M)).astype(dt)
-    lse = mc.f(g * mc.f(math.log(2.0)))
+    lse = mc.f(g * ln2)
     if sink is not None:
         g = _combine_sink(mc, g, mc.f(sink))
     scales = mc.exp2(mc.f(lse_s - g[:, None]))

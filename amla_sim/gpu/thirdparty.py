@@ -23,6 +23,7 @@ import sys
 import types
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from . import require_gpu, to_torch
@@ -225,6 +226,5 @@ def flashmla_quantize(folder: str | Path, kv_pages: np.ndarray, layout: str) -> 
     finally:
         sys.path.remove(str(folder))
     kind = {"v32": quant.FP8KVCacheLayout.V32_FP8Sparse, "model1": quant.FP8KVCacheLayout.MODEL1_FP8Sparse}[layout]
-    bits = np.asarray(kv_pages, np.float32).view(np.uint32) >> 16  # BF16 values: their top halves
-    got = quant.quantize_k_cache(_bits16(torch, bits.astype(np.uint16)), kind)
+    got = quant.quantize_k_cache(_bits16(torch, np.asarray(kv_pages).astype(ml_dtypes.bfloat16)), kind)  # exact
     return got.view(torch.uint8).contiguous().cpu().numpy()
