@@ -8,6 +8,7 @@ algorithms. Importing ``amla_sim`` never needs torch.
 from . import bits, formats, machines, mma
 from ._version import __version__
 from .bits import lemma_domain, mul_pow2_via_int_add
+from .comparison import ComparisonReport, StageComparison, compare
 from .formats import FORMATS, Format, get_format, round_significand, round_to
 
 __all__ = [
@@ -23,4 +24,7 @@ __all__ = [
     "round_significand",
     "mul_pow2_via_int_add",
     "lemma_domain",
+    "compare",
+    "ComparisonReport",
+    "StageComparison",
 ]

@@ -97,13 +97,17 @@ def _cmd_lemma(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .algorithms import ALGORITHMS, golden
+    from .algorithms import golden
     from .experiments.inputs import make_inputs
     from .experiments.metrics import all_metrics
+    from .experiments.specs import parse_algorithm
     from .machines import get_machine
+    from .plugins import call_algorithm, get_algorithm
     from .resources import check_fits, run_bytes
 
     mc = get_machine(args.machine)
+    _, name, spec_options = parse_algorithm(args.algorithm)
+    args.algorithm = name
     _check_options(args)
     need = run_bytes(batch=args.batch, sq=args.sq, heads=args.heads, context=args.context,
                      mufu_tables=mc.exponential.mode == "sm90" or mc.division.mode == "sm90")
@@ -115,9 +119,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                  ("config", args.config)) if v is not None}
     if args.no_cleanup:
         options["cleanup"] = False
+    options.update(spec_options)
     t0 = time.perf_counter()
-    res = ALGORITHMS[args.algorithm](q, kv, machine=mc, schedule=args.schedule, scale=args.scale, block=args.block,
-                                     **options)
+    res = call_algorithm(name, get_algorithm(name), q, kv, machine=mc, schedule=args.schedule, scale=args.scale,
+                         block=args.block, **options)
     seconds = time.perf_counter() - t0
     ref = golden(q, kv, scale=args.scale)
     report = {
@@ -179,7 +184,7 @@ def _cmd_thirdparty(args: argparse.Namespace) -> int:
                       "flashmla-etap": args.etap_dir, "flashmla-sparse-fp8": args.sparse_dir}[args.kernel]
             thirdparty.capture(args.kernel, path, source=source, seed=args.seed)
             report = thirdparty.replay(path, kernel=args.kernel)
-    print(dumps_strict(report, indent=2) if args.json else thirdparty.format_report(report))
+    print(thirdparty.to_json(report, indent=2) if args.json else thirdparty.format_report(report))
     return 0
 
 
@@ -202,8 +207,8 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
         mc = torch_machine(args.device)
         q, kv = make_inputs(args.dist, batch=b, sq=sq, heads=G, context=L, seed=args.seed)
         report = compare(args.algorithm, run_stages(args.algorithm, q, kv, machine=mc),
-                         run_stages(args.algorithm, q, kv, machine="ieee32"))
-        report.update({"device": f"torch on {args.device}", "exp_mode": "torch", "machine": "ieee32"})
+                         run_stages(args.algorithm, q, kv, machine="ieee32"), device=f"torch on {args.device}",
+                         exp_mode="torch", machine="ieee32")
     else:
         from .experiments.inputs import make_inputs
         from .gpu import GPUUnavailable, gpu_status
@@ -229,13 +234,40 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
             save_capture(path, algorithm=args.algorithm, q=q, kv=kv, scale=None, exp_mode=args.exp,
                          div_mode=div, device_name=torch.cuda.get_device_name(), device=dev)
             report = replay(path)
-    if args.json:
-        keys = ("algorithm", "stages", "output_bit_exact", "first_difference", "responsible", "device", "exp_mode",
-                "machine")
-        print(dumps_strict({k: report.get(k) for k in keys}, indent=2))
-    else:
-        print(format_report(report))
+    print(report.to_json(indent=2) if args.json else format_report(report))
     return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .comparison import compare
+    from .crosscheck import read_capture
+
+    sides = []
+    for path in (args.device, args.simulated):
+        meta, arrays = read_capture(path, what="compare", need_meta=False)
+        # np.save writes ml_dtypes' types as raw void words: read them as the bits they are
+        sides.append({k: (a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "V" else a) for k, a in arrays.items()})
+    formats = dict(args.format or ())
+    names = list(args.stages) if args.stages else None
+    if formats and names is None:
+        names = [k for k in sides[0] if k in sides[1]]
+    stages = None if names is None else {n: formats.pop(n, None) for n in names}
+    if formats:
+        raise ValueError(f"--format: {sorted(formats)} not among the stages compared ({names})")
+    report = compare(*sides, stages=stages, meta={"device": args.device, "simulated": args.simulated})
+    if args.json:
+        print(report.to_json(indent=2))
+    else:
+        print(f"{args.device} against {args.simulated}:\n{report}")
+    return 0 if report.bit_exact else 3
+
+
+def _stage_format(text: str) -> tuple[str, str]:
+    name, eq, fmt = text.partition("=")
+    if not eq or not name or not fmt:
+        raise argparse.ArgumentTypeError(f"expected STAGE=FORMAT such as out=bf16, got {text!r}")
+    get_format(fmt, argname="--format")
+    return name, fmt
 
 
 def _floats(text: str, argname: str) -> list[float]:
@@ -323,7 +355,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     for name in dict.fromkeys(names):
         res = run_table(name, out_dir=args.out, samples=args.samples, context=args.context, heads=args.heads,
                         machine=args.machine, schedule=args.schedule, seed=args.seed, jobs=args.jobs,
-                        progress=not args.quiet, repair=args.repair, scheduler=args.scheduler, engine=args.engine)
+                        progress=not args.quiet, repair=args.repair, scheduler=args.scheduler, engine=args.engine,
+                        algorithms=args.algorithms or ())
         print(markdown(res.summary))
         if res.computed:
             ratio = (f"{res.seconds * args.jobs / res.blas_seconds:.2f}" if res.blas_seconds > 0.01 * res.seconds
@@ -445,7 +478,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     from .machines import MACHINES
 
     p = sub.add_parser("run", help="run one algorithm on one machine and compare it with the FP64 golden")
-    p.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS))
+    p.add_argument("--algorithm", required=True, metavar="SPEC",
+                   help=f"{', '.join(sorted(ALGORITHMS))}, an entry point of amla_sim.algorithms, or "
+                        "module:function; options as :key=value (snapmla:config=A)")
     p.add_argument("--machine", default="ieee32", choices=sorted(MACHINES))
     _schedule_flag(p)
     p.add_argument("--batch", type=_int_at_least(1), default=1)
@@ -494,6 +529,22 @@ def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_crosscheck)
 
 
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="two .npz files of named stages, bit for bit (exit 3 when they differ)",
+                       description="Compare the arrays of two .npz files stage by stage: bit-exact fraction, max and "
+                                   "median ULP, histogram, NaN and Inf agreement, the first stage that differs. "
+                                   "Exit status: 0 bit-identical, 3 different, 1 or 2 an error.")
+    p.add_argument("device", help="the device's stages (.npz of named arrays: floats, or raw bits with --format)")
+    p.add_argument("simulated", help="the simulator's stages (.npz)")
+    p.add_argument("--stages", type=_csv(str), help="the stages to compare, in pipeline order (default: the names "
+                                                    "both files hold, in the first file's order)")
+    p.add_argument("--format", action="append", type=_stage_format, metavar="STAGE=FORMAT",
+                   help="read a stage held as raw bits in this format (bf16, fp16, e4m3, e5m2, fp32, fp64); "
+                        "repeatable")
+    p.add_argument("--json", action="store_true", help="the report as strict JSON")
+    p.set_defaults(func=_cmd_compare)
+
+
 def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     from .machines import MACHINES
 
@@ -507,6 +558,9 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
                    help="default: the table's (sm90-cuda for fp8-mla, whose kernels are CUDA; else ieee32-fast)")
     _schedule_flag(p)
     p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--algorithms", type=_csv(str), metavar="SPECS",
+                   help="more columns beside the paper's, on the same draws: e.g. mine=my_pkg.kernels:my_algo "
+                        "(label=name:key=value; a name, an entry point or module:function)")
     p.add_argument("--out", default="results", help="output folder (one subfolder per table)")
     _sweep_flags(p)
     p.set_defaults(func=_cmd_reproduce)
@@ -520,7 +574,9 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
                                      "(resumable; CSV, JSON, Markdown, PNG; local or Dask)")
     p.add_argument("--grid", help="a TOML file with the grid's fields, or a table name (amla-table3, ...); "
                                   "the flags below override it")
-    p.add_argument("--algorithms", type=_csv(str), help="e.g. base,amla,A=snapmla:config=A (label=name:key=value)")
+    p.add_argument("--algorithms", type=_csv(str),
+                   help="e.g. base,amla,A=snapmla:config=A,mine=my_pkg.kernels:my_algo (label=name:key=value; a "
+                        "name is a built-in, an entry point of amla_sim.algorithms, or module:function)")
     p.add_argument("--machines", type=_csv(str), help=f"from {', '.join(sorted(MACHINES))}")
     p.add_argument("--dists", type=_csv(str), help="e.g. normal:1,uniform:60,flashmla")
     p.add_argument("--contexts", type=_csv(_int_at_least(1)), help="e.g. 1024,8192")
@@ -565,7 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"amla-sim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_lemma, _add_run, _add_crosscheck, _add_reproduce, _add_sweep, _add_pipeline, _add_roofline):
+    for add in (_add_lemma, _add_run, _add_crosscheck, _add_compare, _add_reproduce, _add_sweep, _add_pipeline,
+                _add_roofline):
         add(sub)
     return parser
 
@@ -574,7 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amla-sim`` console script.
 
     Exit codes: 0 success; 2 a usage error (bad arguments, a request that will not fit); 1 a failure (a damaged
-    or locked results folder, an unreadable file, no GPU, out of memory); 130 interrupted. Never a traceback for
+    or locked results folder, an unreadable file, no GPU, out of memory); 3 ``compare``: the files differ;
+    130 interrupted. Never a traceback for
     any of these.
     """
     from .experiments.store import StoreLocked

@@ -20,10 +20,11 @@ from ._files import atomic_savez
 from ._validate import DataError, quiet_fp
 from .algorithms import ALGORITHMS
 from .algorithms._common import D_V
+from .comparison import ComparisonReport
+from .comparison import compare as compare_stages
 from .machines import Machine
 from .resources import check_fits, run_bytes
 from .schedules import Schedule
-from .testing import ulp_distance
 
 STAGES = {
     "base": ("S", "m", "P", "l", "O", "out"),
@@ -43,7 +44,6 @@ RESPONSIBLE = {
 }
 MACHINE_FOR_MODE = {"poly": "sm90-triton-exact", "hw": "sm90-triton"}
 KERNEL_SCHEDULE = "amla-sim-gpu"  # how amla_sim.gpu's kernels lay the blocks out
-_HIST_EDGES = (0, 1, 2, 4, 16, 256)
 
 
 def device_run(algorithm: str, q: np.ndarray, kv: np.ndarray, **kwargs) -> dict[str, np.ndarray]:
@@ -81,44 +81,12 @@ def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine: str | 
     return stages
 
 
-def _histogram(d: np.ndarray) -> dict[str, int]:
-    hist = {}
-    for lo, hi in zip(_HIST_EDGES, _HIST_EDGES[1:] + (None,)):
-        key = f"{lo}" if hi == lo + 1 else (f">={lo}" if hi is None else f"{lo}-{hi - 1}")
-        sel = (d >= lo) if hi is None else ((d >= lo) & (d < hi))
-        hist[key] = int(sel.sum())
-    hist["nan"] = int((d < 0).sum())
-    return hist
-
-
-@quiet_fp
-def compare(algorithm: str, device: dict, sim: dict) -> dict:
-    """Per stage: fraction of bit-identical elements, max ULP, an ULP histogram; the first stage that differs
-    and the model responsible for it."""
-    rows = []
-    first = None
-    for name in STAGES[algorithm]:
-        if name not in device or name not in sim:
-            continue
-        d, s = np.asarray(device[name]), np.asarray(sim[name])
-        if d.shape != s.shape:
-            raise ValueError(f"device: stage {name} has shape {d.shape}, the simulator's {s.shape}")
-        if d.dtype.kind in "iu":
-            dist = np.abs(d.astype(np.int64) - s.astype(np.int64))
-        else:
-            dist = ulp_distance(d, s.astype(d.dtype))
-        exact = float(np.mean(dist == 0))
-        rows.append({"name": name, "bit_exact": exact, "max_ulp": int(dist.max()), "histogram": _histogram(dist)})
-        if first is None and exact < 1.0:
-            first = name
-    out_row = next((r for r in rows if r["name"] == "out"), None)
-    return {
-        "algorithm": algorithm,
-        "stages": rows,
-        "output_bit_exact": out_row["bit_exact"] if out_row else None,
-        "first_difference": first,
-        "responsible": RESPONSIBLE.get(first) if first else None,
-    }
+def compare(algorithm: str, device_stages: dict, sim: dict, **meta) -> ComparisonReport:
+    """:func:`amla_sim.compare` over the stages of `algorithm` that both sides hold, each explained by the model
+    it depends on (``RESPONSIBLE``)."""
+    names = [n for n in STAGES[algorithm] if n in device_stages and n in sim]
+    return compare_stages(device_stages, sim, stages=names, explanations=RESPONSIBLE,
+                          meta={"algorithm": algorithm, **meta})
 
 
 def save_capture(path: str | Path, *, algorithm: str, q: np.ndarray, kv: np.ndarray, scale: float | None,
@@ -161,33 +129,37 @@ class CaptureError(DataError):
 MAX_CAPTURE_BYTES = 1 << 30  # uncompressed arrays of one capture; the committed ones hold under 10 MB
 
 
-def read_capture(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
+def read_capture(path: str | Path, *, what: str = "replay",
+                 need_meta: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
     """(meta, arrays) of any capture file, checked before anything is decompressed: a readable .npz without
-    pickles, at most MAX_CAPTURE_BYTES of arrays, and a 'meta' that is a JSON object."""
+    pickles, at most MAX_CAPTURE_BYTES of arrays, and a 'meta' that is a JSON object (``{}`` where there is none
+    and `need_meta` is false: any file of named arrays). what: the command named in errors."""
     path = Path(path)
     if not path.is_file():
-        raise CaptureError(f"replay: {path} is not a file")
+        raise CaptureError(f"{what}: {path} is not a file")
     try:
         with zipfile.ZipFile(path) as zf:
             size = sum(i.file_size for i in zf.infolist())
     except (zipfile.BadZipFile, OSError) as e:
-        raise CaptureError(f"replay: {path} is not a capture (.npz): {e}") from None
+        raise CaptureError(f"{what}: {path} is not a capture (.npz): {e}") from None
     if size > MAX_CAPTURE_BYTES:
-        raise CaptureError(f"replay: {path} holds {size / 2**20:.0f} MiB of arrays, more than a capture may "
+        raise CaptureError(f"{what}: {path} holds {size / 2**20:.0f} MiB of arrays, more than a capture may "
                            f"({MAX_CAPTURE_BYTES >> 20} MiB)")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise CaptureError(f"replay: {path} is not a readable capture: {e}") from None
+        raise CaptureError(f"{what}: {path} is not a readable capture: {e}") from None
     if "meta" not in arrays:
-        raise CaptureError(f"replay: {path} has no 'meta' array")
+        if not need_meta:
+            return {}, arrays
+        raise CaptureError(f"{what}: {path} has no 'meta' array")
     try:
         meta = json.loads(str(arrays.pop("meta")))
     except json.JSONDecodeError:
         meta = None
     if not isinstance(meta, dict):
-        raise CaptureError(f"replay: {path}: 'meta' is not a JSON object")
+        raise CaptureError(f"{what}: {path}: 'meta' is not a JSON object")
     return meta, arrays
 
 
@@ -255,26 +227,17 @@ def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
     return meta, q.view(ml_dtypes.bfloat16), kv.view(ml_dtypes.bfloat16), device
 
 
-def replay(path: str | Path) -> dict:
+def replay(path: str | Path) -> ComparisonReport:
     """Redo the comparison of a saved capture on the CPU."""
     meta, q, kv, device = load_capture(path)
     device["out"] = device["out"].view(ml_dtypes.bfloat16)
     sim = simulate(meta["algorithm"], q, kv, scale=meta["scale"], exp_mode=meta["exp_mode"])
-    report = compare(meta["algorithm"], device, sim)
-    report.update({"device": str(meta.get("device", "unknown")), "exp_mode": meta["exp_mode"],
-                   "machine": MACHINE_FOR_MODE[meta["exp_mode"]], "shape": list(q.shape), "context": int(kv.shape[1])})
-    return report
+    return compare(meta["algorithm"], device, sim, device=str(meta.get("device", "unknown")),
+                   exp_mode=meta["exp_mode"], machine=MACHINE_FOR_MODE[meta["exp_mode"]], shape=list(q.shape),
+                   context=int(kv.shape[1]))
 
 
-def format_report(report: dict) -> str:
-    lines = [f"{report['algorithm']} on {report.get('device', 'device')} (exp mode {report.get('exp_mode')}) "
-             f"against {report.get('machine', 'the simulator')}:"]
-    lines.append(f"  {'stage':6s} {'bit-exact':>10s} {'max ulp':>8s}  histogram")
-    for r in report["stages"]:
-        hist = " ".join(f"{k}:{v}" for k, v in r["histogram"].items() if v)
-        lines.append(f"  {r['name']:6s} {100 * r['bit_exact']:9.3f}% {r['max_ulp']:8d}  {hist}")
-    if report["first_difference"]:
-        lines.append(f"  first difference at {report['first_difference']}: {report['responsible']}")
-    else:
-        lines.append("  every stage bit-identical")
-    return "\n".join(lines)
+def format_report(report: ComparisonReport) -> str:
+    m = report.meta
+    return (f"{m.get('algorithm')} on {m.get('device', 'device')} (exp mode {m.get('exp_mode')}) against "
+            f"{m.get('machine', 'the simulator')}:\n{report.format()}")

@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from ._files import atomic_savez
-from ._validate import check_int
+from ._validate import check_int, dumps_strict
 from .algorithms._common import D_V, check_scale
 from .algorithms.flashmla import FLASHMLA_COMMIT, flashmla
 from .algorithms.flashmla_cache import layout_of, pages, quantize_kv_cache
@@ -26,18 +26,19 @@ from .algorithms.flashmla_etap import ETAP_COMMIT, flashmla_etap
 from .algorithms.flashmla_sparse_fp8 import flashmla_sparse_fp8, sparse_schedule
 from .algorithms.splitkv_decode import SGLANG_VERSION, splitkv_decode
 from .captures import input_crc
+from .comparison import compare
 from .crosscheck import CaptureError, read_capture
 from .experiments.inputs import make_inputs
 from .formats import round_to
 from .resources import check_fits, run_bytes
-from .testing import ulp_distance
 
 __all__ = ["KERNELS", "SGLANG_CASES", "FLASHMLA_CASES", "ETAP_CASES", "SPARSE_FP8_CASES", "sparse_inputs", "capture",
            "replay", "format_report"]
 
+#: The third-party kernels the cross-check covers.
 KERNELS = ("sglang-triton", "flashmla", "flashmla-etap", "flashmla-sparse-fp8")
 
-# (batch, heads, seqlens, num_kv_splits, max_kv_splits, dist, seed, scale): what scripts/capture_thirdparty.py ran
+#: (batch, heads, seqlens, num_kv_splits, max_kv_splits, dist, seed, scale): what scripts/capture_thirdparty.py ran
 SGLANG_CASES = [
     (1, 128, (4096,), (8,), 8, "flashmla", 1, None),
     (1, 128, (4096,), (8,), 8, "normal:1", 2, None),
@@ -48,7 +49,7 @@ SGLANG_CASES = [
     (1, 64, (8192,), (32,), 32, "flashmla", 7, 0.1352),
     (2, 128, (2000, 6000), (5, 11), 16, "uniform:3", 8, None),
 ]
-# (batch, s_q, heads, seqlens, dist, seed): what scripts/capture_thirdparty.py ran
+#: (batch, s_q, heads, seqlens, dist, seed): what scripts/capture_thirdparty.py ran
 FLASHMLA_CASES = [
     (1, 1, 128, (4096,), "flashmla", 11),
     (1, 1, 128, (4096,), "normal:1", 12),
@@ -57,7 +58,7 @@ FLASHMLA_CASES = [
     (3, 2, 128, (8192, 77, 5000), "normal:1", 15),
     (4, 1, 128, (513, 2048, 4097, 129), "flashmla", 16),
 ]
-# (batch, s_q, heads, seqlens, format, dist, seed, scale): what scripts/capture_thirdparty.py ran; s_q = 2 is causal
+#: (batch, s_q, heads, seqlens, format, dist, seed, scale): what scripts/capture_thirdparty.py ran; s_q = 2 is causal
 ETAP_CASES = [
     (1, 1, 16, (4096,), "fp16", "normal:1", 21, None),
     (1, 1, 128, (2048,), "bf16", "flashmla", 22, None),
@@ -70,10 +71,10 @@ ETAP_CASES = [
     (8, 2, 32, (1, 63, 64, 65, 700, 2500, 4097, 129), "bf16", "flashmla", 28, None),
 ]
 ETAP_PAGE_SIZE = 64  # the kernel's only page size (kBlockN)
-# FlashMLA's sparse FP8 decode: (batch, s_q, heads, layout, seqlens (tokens each request's cache holds), topk,
-# topk_length, share of empty (-1) slots, attention sink, dist, seed, scale, power-of-two scales, num_sms); slots
-# past a request's tokens are empty; a sink "normal" is N(6, 4) per head, "edge" that with heads 0-2 at -inf, +inf,
-# 0; num_sms (None: the GPU's) sets the split schedule the kernel is handed (fewer SMs: requests in one split)
+#: FlashMLA's sparse FP8 decode: (batch, s_q, heads, layout, seqlens (tokens each request's cache holds), topk,
+#: topk_length, share of empty (-1) slots, attention sink, dist, seed, scale, power-of-two scales, num_sms); slots
+#: past a request's tokens are empty; a sink "normal" is N(6, 4) per head, "edge" that with heads 0-2 at -inf, +inf,
+#: 0; num_sms (None: the GPU's) sets the split schedule the kernel is handed (fewer SMs: requests in one split)
 SPARSE_FP8_CASES = [
     (1, 1, 128, "v32", (4096,), 2048, None, 0.0, None, "flashmla", 31, None, True, None),
     (1, 1, 64, "v32", (1000,), 512, None, 0.1, "normal", "normal:1", 32, None, True, 1),
@@ -239,12 +240,9 @@ def _check_sparse_recipe(case: dict) -> None:
         raise ValueError(f"page_size: recipes use pages of {SPARSE_PAGE_SIZE} tokens, got {case['page_size']!r}")
 
 
-def _compare(name: str, device: np.ndarray, sim: np.ndarray, fmt: type) -> dict:
-    d, s = device.view(fmt), sim.view(fmt)
-    live = ~(np.isnan(d) & np.isnan(s))  # both NaN: a split that wrote nothing
-    dist = ulp_distance(d[live], s[live])
-    return {"name": name, "bit_exact": float(np.mean(dist == 0)) if dist.size else 1.0,
-            "max_ulp": int(dist.max()) if dist.size else 0}
+def _stage(name: str, device: np.ndarray, sim: np.ndarray, fmt: type) -> tuple[str, np.ndarray, np.ndarray]:
+    """A stage as :func:`amla_sim.compare` takes it: the device's raw bits, the simulator's, in `fmt`."""
+    return name, device.view(fmt), sim.view(fmt)
 
 
 def _kernel_of(meta: dict) -> str:
@@ -282,57 +280,60 @@ def replay(path: str | Path, *, cases: list[int] | None = None, kernel: str | No
             q, kv = _case_inputs(case)
             stages = {"sglang-triton": _sglang_stages, "flashmla": _flashmla_stages,
                       "flashmla-etap": _etap_stages}[kernel](case, i, q, kv, arrays)
-        first = next((s["name"] for s in stages if s["bit_exact"] < 1), None)
-        rows.append({"case": i, "batch": case["batch"], "sq": case.get("sq", 1), "heads": case["heads"],
-                     "seqlens": case["seqlens"], "num_kv_splits": case.get("num_kv_splits"), "dist": case["dist"],
-                     "format": case.get("format") or case.get("layout"),
-                     "stages": stages, "first_difference": first, "seconds": round(time.perf_counter() - t0, 2)})
+        rows.append(compare({n: d for n, d, _ in stages}, {n: s for n, _, s in stages}, meta={
+            "case": i, "batch": case["batch"], "sq": case.get("sq", 1), "heads": case["heads"],
+            "seqlens": case["seqlens"], "num_kv_splits": case.get("num_kv_splits"), "dist": case["dist"],
+            "format": case.get("format") or case.get("layout"), "seconds": round(time.perf_counter() - t0, 2)}))
     version = {"sglang-triton": meta.get("sglang"), "flashmla": meta.get("flashmla_commit"),
                "flashmla-etap": meta.get("etap_commit"), "flashmla-sparse-fp8": meta.get("flashmla_commit")}[kernel]
     return {"kernel": kernel, "version": version, "device": meta.get("device"), "cases": rows}
 
 
-def _sglang_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[dict]:
+def _sglang_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[tuple]:
     res = splitkv_decode(q, kv, seqlens=np.array(case["seqlens"]), num_kv_splits=np.array(case["num_kv_splits"]),
                          max_kv_splits=case["max_kv_splits"], scale=case.get("scale"))
     stages = []
     if f"c{i}_mid" in arrays:
-        stages.append(_compare("mid", arrays[f"c{i}_mid"], res.mid.view(np.uint32), np.float32))
-    stages.append(_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32))
-    stages.append(_compare("out", arrays[f"c{i}_o"], res.out[:, 0].view(np.uint16), ml_dtypes.bfloat16))
+        stages.append(_stage("mid", arrays[f"c{i}_mid"], res.mid.view(np.uint32), np.float32))
+    stages.append(_stage("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32))
+    stages.append(_stage("out", arrays[f"c{i}_o"], res.out[:, 0].view(np.uint16), ml_dtypes.bfloat16))
     return stages
 
 
-def _flashmla_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[dict]:
+def _flashmla_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[tuple]:
     res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"))
-    return [_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
-            _compare("out", arrays[f"c{i}_out"], res.out.view(np.uint16), ml_dtypes.bfloat16)]
+    return [_stage("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
+            _stage("out", arrays[f"c{i}_out"], res.out.view(np.uint16), ml_dtypes.bfloat16)]
 
 
-def _etap_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[dict]:
+def _etap_stages(case: dict, i: int, q: np.ndarray, kv: np.ndarray, arrays: dict) -> list[tuple]:
     res = flashmla_etap(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"), causal=case["causal"])
     fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16
-    return [_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
-            _compare("out", arrays[f"c{i}_out"], res.out.view(np.uint16), fmt)]
+    return [_stage("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
+            _stage("out", arrays[f"c{i}_out"], res.out.view(np.uint16), fmt)]
 
 
-def _sparse_stages(case: dict, i: int, arrays: dict) -> list[dict]:
+def _sparse_stages(case: dict, i: int, arrays: dict) -> list[tuple]:
     res = flashmla_sparse_fp8(**sparse_inputs(case), scale=case.get("scale"), num_sms=case.get("num_sms", 132))
-    return [_compare("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
-            _compare("out", arrays[f"c{i}_out"], res.out.view(np.uint16), ml_dtypes.bfloat16)]
+    return [_stage("lse", arrays[f"c{i}_lse"], res.lse.view(np.uint32), np.float32),
+            _stage("out", arrays[f"c{i}_out"], res.out.view(np.uint16), ml_dtypes.bfloat16)]
 
 
 def format_report(report: dict) -> str:
     lines = [f"{report['kernel']} {report.get('version') or ''} on {report.get('device')} against the simulator:"]
     for r in report["cases"]:
-        stages = "  ".join(f"{s['name']} {100 * s['bit_exact']:.3f}% (max {s['max_ulp']} ulp)" for s in r["stages"])
-        tail = f"first difference: {r['first_difference']}" if r["first_difference"] else "bit-identical"
-        splits = f" splits={r['num_kv_splits']}" if r.get("num_kv_splits") else ""
-        fmt = f" {r['format']}" if r.get("format") else ""
-        lines.append(f"  case {r['case']}:{fmt} b={r['batch']} s_q={r['sq']} H={r['heads']} "
-                     f"seqlens={r['seqlens']}{splits}"
-                     f"  {stages}  {tail}  ({r['seconds']} s)")
+        m = r.meta
+        splits = f" splits={m['num_kv_splits']}" if m.get("num_kv_splits") else ""
+        fmt = f" {m['format']}" if m.get("format") else ""
+        lines.append(f"  case {m['case']}:{fmt} b={m['batch']} s_q={m['sq']} H={m['heads']} "
+                     f"seqlens={m['seqlens']}{splits} ({m['seconds']} s)")
+        lines.append(r.format(indent="    "))
     return "\n".join(lines)
+
+
+def to_json(report: dict, **kwargs) -> str:
+    """A replay's report as strict JSON (each case's comparison through its ``to_dict``)."""
+    return dumps_strict({**report, "cases": [r.to_dict() for r in report["cases"]]}, **kwargs)
 
 
 def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: int = 0) -> None:

@@ -19,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from amla_sim import compare
 from amla_sim.crosscheck import format_report, replay, save_capture, save_inputs, simulate
 from amla_sim.experiments.inputs import make_inputs
 
@@ -72,7 +73,7 @@ def step_fidelity(out: str, jobs: int) -> None:
     rows, arrays = [], {}
     for (algo, mode, sq, L, seed), sim in zip(cases, sims):
         d = dev[(algo, mode, sq, L)]
-        frac = float(np.mean(d.view(np.uint16) == sim.view(np.uint16)))
+        frac = compare(d, sim)["out"].bit_exact
         rows.append({"algorithm": algo, "exp_mode": mode, "sq": sq, "context": L, "seed": seed,
                      "output_bit_exact": frac})
         arrays[f"{algo}/{mode}/sq{sq}/L{L}"] = d.view(np.uint16)

@@ -16,7 +16,8 @@ LAYERS = {  # module prefix -> layer (the longest matching prefix decides)
     "amla_sim.arith": 2, "amla_sim.mma": 2,
     "amla_sim.units": 3, "amla_sim.machines": 3, "amla_sim.schedules": 3, "amla_sim.gpu": 3,
     "amla_sim.algorithms": 4, "amla_sim.experiments.inputs": 4, "amla_sim.experiments.sampling": 4,
-    "amla_sim.crosscheck": 5, "amla_sim.thirdparty": 5, "amla_sim.captures": 5,
+    "amla_sim.crosscheck": 5, "amla_sim.thirdparty": 5, "amla_sim.captures": 5, "amla_sim.comparison": 5,
+    "amla_sim.plugins": 5,
     "amla_sim.experiments": 6, "amla_sim.pipeline": 6, "amla_sim.roofline": 6,
     "amla_sim.cli": 7, "amla_sim": 7,
 }

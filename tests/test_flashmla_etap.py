@@ -35,7 +35,7 @@ def test_flashmla_etap_bit_exact(capture, engine):
     report = thirdparty.replay(DATA + capture)
     assert report["kernel"] == "flashmla-etap" and report["version"] == "39e6160" and len(report["cases"]) == 8
     for row in report["cases"]:
-        assert row["first_difference"] is None, thirdparty.format_report(report)
+        assert row.first_difference is None, thirdparty.format_report(report)
 
 
 def test_the_captures_cover_the_issue():

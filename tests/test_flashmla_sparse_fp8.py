@@ -41,7 +41,7 @@ def test_flashmla_sparse_fp8_bit_exact(capture, engine):
     report = thirdparty.replay(DATA + capture)
     assert report["kernel"] == "flashmla-sparse-fp8" and report["version"] == "9241ae3" and len(report["cases"]) == 8
     for row in report["cases"]:
-        assert row["first_difference"] is None, thirdparty.format_report(report)
+        assert row.first_difference is None, thirdparty.format_report(report)
 
 
 def test_the_captures_cover_the_issue():

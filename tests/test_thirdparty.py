@@ -81,8 +81,8 @@ def test_sglang_decode_bit_exact(case, engine):
     report = thirdparty.replay(DATA + "sglang_decode.npz", cases=[case])
     row = report["cases"][0]
     assert report["version"] == "0.5.23"
-    assert row["first_difference"] is None, thirdparty.format_report(report)
-    assert [s["name"] for s in row["stages"]][-2:] == ["lse", "out"]
+    assert row.first_difference is None, thirdparty.format_report(report)
+    assert [s.name for s in row.stages][-2:] == ["lse", "out"]
 
 
 @pytest.mark.parametrize("change", ["no-fma", "wgmma-layout", "ieee-exp", "correct-log"])
@@ -151,7 +151,7 @@ def test_flashmla_decode_bit_exact(capture, engine):
     report = thirdparty.replay(DATA + capture)
     assert report["version"] == "9241ae3" and len(report["cases"]) == 6
     for row in report["cases"]:
-        assert row["first_difference"] is None, thirdparty.format_report(report)
+        assert row.first_difference is None, thirdparty.format_report(report)
 
 
 @pytest.mark.parametrize("change", ["no-fma", "ieee-exp2", "ieee-log2", "ieee-div"])

@@ -1,10 +1,13 @@
 """The attention algorithms of the seeds, each written once against a machine.
 
 Every algorithm takes ``q: (b, s_q, G, d_k)`` and ``kv: (b, S, d_k)`` (V = the first d_v columns of kv) and
-returns an :class:`AttentionResult`.
+returns an :class:`AttentionResult`. :func:`make_problem` (the checked inputs on a machine and schedule, with its
+block loop, scores, row sums and matrix products) and :func:`online_softmax_step` are what they are written with,
+and what an algorithm of one's own uses (:mod:`amla_sim.plugins`).
 """
 
-from ._common import DEEPSEEK_V3_SCALE, DEFAULT_SCALE, AttentionResult
+from ._common import (DEEPSEEK_V3_SCALE, DEFAULT_SCALE, AttentionResult, Problem, make_problem, online_softmax_step,
+                      safe_max)
 from .amla import amla
 from .base import base
 from .etap import etap
@@ -18,10 +21,13 @@ from .seesaw import seesaw
 from .snapmla import snapmla
 from .splitkv_decode import splitkv_decode
 
+#: The built-in algorithms by name, as ``run``, ``sweep`` and ``reproduce`` name them (plugins: :mod:`amla_sim.plugins`).
 ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla,
               "flashmla-etap": flashmla_etap_decode, "flashmla": flashmla_decode,
               "flashmla-sparse-fp8": flashmla_sparse_fp8_decode}
 
 __all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "flashmla_etap", "flashmla_sparse_fp8", "quantize_kv_cache",
-           "dequantize_kv_cache", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla", "naive", "seesaw",
-           "etap", "snapmla"]
+           "dequantize_kv_cache", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla",
+           "naive", "seesaw", "etap", "snapmla",
+           # what an algorithm of one's own is written with (amla_sim.plugins; the tutorial's split_fp16)
+           "Problem", "make_problem", "online_softmax_step", "safe_max"]

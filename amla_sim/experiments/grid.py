@@ -25,10 +25,11 @@ import numpy as np
 
 from .._seeds import derive_seed
 from .._validate import check_int, check_positive_int, dumps_strict
-from ..algorithms import ALGORITHMS, golden
+from ..algorithms import golden
 from ..engine import use_engine
 from ..formats import get_format, round_to
 from ..machines import Machine, get_machine
+from ..plugins import PluginError, call_algorithm, get_algorithm
 from ..schedules import get_schedule
 from .inputs import make_inputs, parse_dist
 from .metrics import all_metrics
@@ -181,7 +182,8 @@ def sample_errors(specs: Iterable[str], dist: str, *, seed: int, heads: int, sq:
     out = []
     for spec in specs:
         label, name, options = parse_algorithm(spec)
-        run = ALGORITHMS[name](q, kv, machine=mc, block=block, **{"schedule": schedule, **options})
+        run = call_algorithm(name, get_algorithm(name), q, kv, machine=mc, block=block,
+                             **{"schedule": schedule, **options})
         out.append((label, all_metrics(run.out, ref)))
     return out
 
@@ -199,17 +201,27 @@ def run_task(task: tuple) -> list[tuple[str, ...]]:
     return [(*map(str, (*cell, sample)), label, *(repr(float(m[k])) for k in METRICS)) for label, m in errors]
 
 
-def _check_runs(grid: Grid) -> None:
-    """Every (algorithm, machine, block) once on a tiny problem, so that a bad option fails before any work."""
-    q, kv = make_inputs("normal:1", heads=64, sq=1, context=16, fmt=grid.input_format, seed=0)  # 64: FlashMLA's least
-    for spec in grid.algorithms:
+def check_runs(specs: Iterable[str], machines: Iterable[str], blocks: Iterable[int], *, schedule: str = "reference",
+               input_format: str = "bf16") -> None:
+    """Every (algorithm, machine, block) once on a tiny problem, so that a bad option or a broken plugin fails
+    before any work."""
+    q, kv = make_inputs("normal:1", heads=64, sq=1, context=16, fmt=input_format, seed=0)  # 64: FlashMLA's least
+    for spec in specs:
         label, name, options = parse_algorithm(spec)
-        for machine in grid.machines:
-            for block in grid.blocks:
+        fn = get_algorithm(name)
+        for machine in machines:
+            for block in blocks:
                 try:
-                    ALGORITHMS[name](q, kv, machine=machine, block=block, **{"schedule": grid.schedule, **options})
+                    call_algorithm(name, fn, q, kv, machine=machine, block=block, **{"schedule": schedule, **options})
+                except PluginError as e:
+                    raise PluginError(f"algorithms: {spec!r} on machine {machine!r} with block {block}, a tiny "
+                                      f"problem (q {q.shape}, kv {kv.shape}): {e}") from None
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"algorithms: {spec!r} on machine {machine!r} with block {block}: {e}") from None
+
+
+def _check_runs(grid: Grid) -> None:
+    check_runs(grid.algorithms, grid.machines, grid.blocks, schedule=grid.schedule, input_format=grid.input_format)
 
 
 # --- summary ----------------------------------------------------------------------------------------------

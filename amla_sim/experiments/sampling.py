@@ -3,7 +3,7 @@
 Rounding a float64 draw of X to BF16 costs a float64 normal per value plus a rounding pass; a sweep of the AMLA
 tables spent most of its non-BLAS time there. The rounded value has a discrete distribution on the format's
 codes: a code gets the probability of the interval of reals that round to it (nearest-even; the ties have
-probability zero), which the closed-form tail function of |X| gives. Those probabilities, as integer weights
+probability zero), which the closed-form tail function of ``|X|`` gives. Those probabilities, as integer weights
 summing to 2^31 (each off by less than 2^-31), are sampled by inversion from 32 random bits: the top bit is the
 sign, the other 31 a uniform integer u, and the magnitude code is the first whose cumulative weight exceeds u.
 A guide table indexed by the sign and the top 16 bits of u answers directly wherever its bucket lies inside one
@@ -22,11 +22,12 @@ from ..formats import Format, get_format
 
 __all__ = ["TABLE_DISTRIBUTIONS", "sample_rounded"]
 
+#: The distributions the exact sampler of rounded values draws.
 TABLE_DISTRIBUTIONS = ("normal", "uniform", "flashmla")
 
 
 def _tail(name: str, arg: float | None) -> Callable[[float], float]:
-    """P(|X| >= t) for t >= 0: X symmetric about zero, so the sign is one fair bit."""
+    """``P(|X| >= t)`` for t >= 0: X symmetric about zero, so the sign is one fair bit."""
     if name == "normal":  # N(0, sigma^2)
         s = float(arg) * math.sqrt(2.0)
         return lambda t: math.erfc(t / s)

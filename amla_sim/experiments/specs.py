@@ -1,11 +1,16 @@
-"""Algorithm specs of sweeps: a name, an optional label, options as ``:key=value``."""
+"""Algorithm specs of sweeps: a name, an optional label, options as ``:key=value``.
+
+``[label=]name[:key=value...]`` where name is a built-in, an entry point's name, or an import path
+``module:function`` (:mod:`amla_sim.plugins`). An option always holds ``=``; the segment after ``module`` never
+does, so the two cannot be confused: ``mine=my_pkg.kernels:my_algo:block_scale=2``.
+"""
 
 from __future__ import annotations
 
 import inspect
 from typing import Any
 
-from ..algorithms import ALGORITHMS
+from ..plugins import PluginError, get_algorithm
 
 __all__ = ["parse_algorithm"]
 
@@ -13,24 +18,33 @@ _FIXED = frozenset(("q", "kv", "machine", "block", "trace", "d_v", "scale"))  # 
 
 
 def parse_algorithm(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """``"amla"`` -> ("amla", "amla", {}); ``"A=snapmla:config=A"`` -> ("A", "snapmla", {"config": "A"}).
+    """``"amla"`` -> ("amla", "amla", {}); ``"A=snapmla:config=A"`` -> ("A", "snapmla", {"config": "A"});
+    ``"my_pkg.kernels:my_algo:p=fp16"`` -> ("my_algo", "my_pkg.kernels:my_algo", {"p": "fp16"}).
 
-    An optional label before ``=`` names the row; options follow as ``:key=value`` (ints, floats, true/false,
-    or strings), checked against the algorithm's keyword arguments.
+    An optional label before ``=`` names the row (default: the name, or an import path's function); options
+    follow as ``:key=value`` (ints, floats, true/false, or strings), checked against the algorithm's keyword
+    arguments (any key, where it takes ``**options``).
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"algorithms: expected a name like 'amla' or 'snapmla:config=A', got {spec!r}")
     head, *opts = spec.split(":")
     label, _, name = head.rpartition("=")
+    if opts and "=" not in opts[0]:  # module:function
+        attr = opts.pop(0)
+        name = f"{name}:{attr}"
+        label = label or attr.rpartition(".")[2]
     label = label or name
-    if name not in ALGORITHMS:
-        raise ValueError(f"algorithms: unknown algorithm {name!r} in {spec!r}; expected one of {sorted(ALGORITHMS)}")
-    params = inspect.signature(ALGORITHMS[name]).parameters
+    try:
+        fn = get_algorithm(name)
+    except PluginError as e:
+        raise PluginError(f"algorithms: {spec!r}: {e}") from None
+    params = inspect.signature(fn).parameters
+    any_key = any(p.kind is p.VAR_KEYWORD for p in params.values())
     options: dict[str, Any] = {}
     for opt in opts:
         key, eq, raw = opt.partition("=")
-        if not eq or key not in params or key in _FIXED:
-            allowed = sorted(k for k in params if k not in _FIXED)
+        if not eq or not key or key in _FIXED or not (any_key or key in params):
+            allowed = sorted(k for k in params if k not in _FIXED and params[k].kind is not params[k].VAR_KEYWORD)
             raise ValueError(f"algorithms: {spec!r}: option {opt!r} is not key=value with a key of {name} "
                              f"({allowed})")
         options[key] = _value(raw)

@@ -10,6 +10,7 @@ sorted store and are identical either way.
 
 from __future__ import annotations
 
+import math
 import statistics
 import textwrap
 import time
@@ -23,7 +24,8 @@ from ..machines import get_machine
 from ..schedules import get_schedule
 from .schedulers import check_run, execute, progress_bar
 from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
-from .tables import TABLE_METRICS, TABLES, Table, run_sample
+from .grid import check_runs
+from .tables import TABLE_METRICS, TABLES, Table, run_sample, with_algorithms
 
 FIELDS = ("distribution", "sample", "algorithm", *TABLE_METRICS)
 
@@ -39,11 +41,11 @@ class SweepResult:
 
 
 def _task(args: tuple) -> tuple[list[dict], float]:
-    table_name, dist, sample, machine, schedule, context, heads, seed, engine = args
+    table_name, extra, dist, sample, machine, schedule, context, heads, seed, engine = args
     t0 = _blas_clock.elapsed()
     with use_engine(engine):
-        rows = run_sample(TABLES[table_name], dist, sample, machine=get_machine(machine), schedule=schedule,
-                          context=context, heads=heads, seed=seed)
+        rows = run_sample(with_algorithms(TABLES[table_name], extra), dist, sample, machine=get_machine(machine),
+                          schedule=schedule, context=context, heads=heads, seed=seed)
     return rows, _blas_clock.elapsed() - t0
 
 
@@ -86,8 +88,11 @@ def summarize(table: Table, tasks: dict[tuple[str, int], list[dict]], *, samples
             vals = [r for (d, _), rs in tasks.items() if d == dist for r in rs if r["algorithm"] == alg]
             if not vals:
                 continue
+            metric = [r[table.metric] for r in vals]
             entry = {"distribution": label, "algorithm": alg,
-                     "ours": statistics.fmean(r[table.metric] for r in vals),
+                     "ours": statistics.fmean(metric),
+                     # the standard error of that mean (None for one sample): how far the paper may be by chance
+                     "sem": statistics.stdev(metric) / math.sqrt(len(metric)) if len(metric) > 1 else None,
                      "paper": table.paper.get((label, alg)), "samples": len(vals),
                      "median": statistics.median(r[table.metric] for r in vals),
                      "worst_sample": max(vals, key=lambda r: r[table.metric])["sample"]}
@@ -104,7 +109,7 @@ def markdown(summary: dict) -> str:
              f"{summary['samples']} samples, G = {summary['heads']}, context {summary['context']}, "
              f"machine `{summary['machine']}`, schedule `{summary.get('schedule', 'reference')}`, "
              f"metric: {summary['metric']} (means over samples).", "",
-             "| distribution | algorithm | ours | paper | ours / paper |", "|---|---|---|---|---|"]
+             "| distribution | algorithm | ours | s.e. | paper | ours / paper |", "|---|---|---|---|---|---|"]
     if all(r["paper"] is None for r in summary["rows"]):  # nothing published: every metric, side by side
         lines[-2:] = ["| distribution | algorithm | rel. Frobenius | RMSE | cos diff |", "|---|---|---|---|---|"]
         lines += [f"| {r['distribution']} | {r['algorithm']} | {r['mean_rel_frobenius']:.3e} | {r['mean_rmse']:.3e} | "
@@ -113,14 +118,19 @@ def markdown(summary: dict) -> str:
     for r in summary["rows"]:
         paper = "-" if r["paper"] is None else f"{r['paper']:.3g}"
         ratio = "-" if r["paper"] is None else f"{r['ours'] / r['paper']:.3f}"
-        lines.append(f"| {r['distribution']} | {r['algorithm']} | {r['ours']:.3e} | {paper} | {ratio} |")
+        if r["paper"] is not None and r.get("sem") is not None:
+            ratio += f" ± {r['sem'] / r['paper']:.3f}"
+        sem = "-" if r.get("sem") is None else f"{r['sem']:.1e}"
+        lines.append(f"| {r['distribution']} | {r['algorithm']} | {r['ours']:.3e} | {sem} | {paper} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(summary: dict, path: Path) -> bool:
     """Ours against the paper: the ratio ours / paper per distribution and algorithm, on a linear axis around 1
-    (bars on a log axis from an arbitrary floor would make a 5% gap look like 3x); a table with no published
-    numbers gets its metric as points on a log axis. False when matplotlib is missing."""
+    (bars on a log axis from an arbitrary floor would make a 5% gap look like 3x), with the standard error of
+    each mean as an error bar (ours / paper +- s.e. / paper: is the gap within noise?); a table with no published
+    numbers gets its metric as points on a log axis, with the same error bars. False when matplotlib is
+    missing."""
     try:
         from ..plots import _pyplot, save_png
 
@@ -132,19 +142,21 @@ def plot(summary: dict, path: Path) -> bool:
     ratios = any(r["paper"] is not None for r in summary["rows"])
     fig, ax = plt.subplots(figsize=(1.3 * len(dists) + 3, 3.4))
     for j, alg in enumerate(algs):
-        xs, ys = [], []
+        xs, ys, errs = [], [], []
         for i, d in enumerate(dists):
             r = next((r for r in summary["rows"] if r["distribution"] == d and r["algorithm"] == alg), None)
             if r is not None and (r["paper"] is not None or not ratios):
+                unit = r["paper"] if ratios else 1.0
                 xs.append(i + (j - (len(algs) - 1) / 2) * 0.12)
-                ys.append(r["ours"] / r["paper"] if ratios else r["ours"])
-        ax.plot(xs, ys, "o", label=alg)
+                ys.append(r["ours"] / unit)
+                errs.append((r.get("sem") or 0.0) / unit)
+        ax.errorbar(xs, ys, yerr=errs, fmt="o", capsize=3, ms=4, label=alg)
     if ratios:
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_ylabel(f"{summary['metric']}: ours / paper")
+        ax.set_ylabel(f"{summary['metric']}: ours / paper (± s.e.)", fontsize=8)
     else:
         ax.set_yscale("log")
-        ax.set_ylabel(summary["metric"])
+        ax.set_ylabel(f"{summary['metric']} (± s.e.)", fontsize=8)
     ax.set_xticks(range(len(dists)), dists, fontsize=7)
     ax.set_title(textwrap.fill(summary["title"], 90), fontsize=8)  # a long title wraps, not clipped
     ax.legend(fontsize=7)
@@ -169,6 +181,7 @@ def run_table(
     repair: bool = False,
     scheduler: str = "local",
     engine: str = "numpy",
+    algorithms: tuple[str, ...] = (),
 ) -> SweepResult:
     """Reproduce one table into out_dir (results.csv, summary.json, table.md, table.png), resuming if there.
 
@@ -177,10 +190,12 @@ def run_table(
     max_tasks: stop after computing this many new tasks (as an interruption would; for tests).
     scheduler, engine: where the samples run (:mod:`.schedulers`) and on which engine; neither changes a bit.
     schedule: the kernel schedule every algorithm runs on (:mod:`amla_sim.schedules`).
+    algorithms: more columns, as sweep specs (a plugin's ``label=module:function`` too), run on the same draws.
     """
     if name not in TABLES:
         raise ValueError(f"table: expected one of {sorted(TABLES)}, got {name!r}")
-    table = TABLES[name]
+    algorithms = tuple(algorithms)
+    table = with_algorithms(TABLES[name], algorithms)
     machine = table.machine if machine is None else machine
     get_machine(machine)  # validate the names before any work
     get_schedule(schedule)
@@ -191,17 +206,22 @@ def run_table(
         check_positive_int(v, arg)
     check_int(seed, "seed", lo=0, hi=2**63 - 1)
     jobs = check_run(scheduler, jobs, engine)
+    if algorithms:  # the added columns once on a tiny problem before any work, as a sweep does
+        check_runs(algorithms, (machine,), (table.block,), schedule=schedule, input_format=table.input_format)
     out = Path(out_dir) / name
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
     meta = {"table": name, "context": context, "heads": heads, "machine": machine, "schedule": schedule, "seed": seed}
+    if algorithms:  # (absent otherwise: folders of the paper's columns alone resume as before)
+        meta["algorithms"] = list(algorithms)
     with ResultStore(out, FIELDS, 3) as store:
         claim_folder(out, meta, filename="run.json", what="run")
         if repair:
             store.repair()
         store.compact(_order(store, table))  # drop a torn last line before appending
         done = _tasks(store, table)
-        todo = [(name, d, s, machine, schedule, context, heads, seed, engine) for d, _ in table.distributions
+        todo = [(name, algorithms, d, s, machine, schedule, context, heads, seed, engine)
+                for d, _ in table.distributions
                 for s in range(samples) if (d, s) not in done]
         if max_tasks is not None:
             todo = todo[:max_tasks]
@@ -222,7 +242,8 @@ def run_table(
 
 def _write_summary(out: Path, table: Table, tasks: dict, samples: int, meta: dict) -> dict:
     """summary.json, table.md and table.png of the tasks (rebuilt whole each run: the store is the record)."""
-    summary = summarize(table, tasks, samples=samples, **{k: v for k, v in meta.items() if k != "table"})
+    keep = {k: v for k, v in meta.items() if k not in ("table", "algorithms")}
+    summary = summarize(table, tasks, samples=samples, **keep)
     atomic_write(out / "summary.json", dumps_strict(summary, indent=1))
     atomic_write(out / "table.md", markdown(summary))
     plot(summary, out / "table.png")

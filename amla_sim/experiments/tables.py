@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .._seeds import derive_seed
 from ..machines import Machine
 from .grid import Grid, sample_errors
+from .specs import parse_algorithm
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Table:
     sampler: str = "round"  # how make_inputs draws them (``table``: the exact rounded distribution, faster)
     source: str = ""
     machine: str = "ieee32-fast"  # the machine reproduce runs it on unless told otherwise
+    specs: tuple[tuple[str, str], ...] = ()  # (label, sweep spec) of columns added to the paper's (with_algorithms)
 
 
 _T3 = {"N(0, 1)": (1.77e-3, 1.81e-3), "N(0, 4)": (1.74e-3, 1.75e-3), "N(0, 9)": (1.65e-3, 1.66e-3),
@@ -106,6 +108,26 @@ SPECS: dict[str, str] = {  # the tables' algorithm columns as sweep specs (label
 }
 
 
+def with_algorithms(table: Table, specs: tuple[str, ...]) -> Table:
+    """The table with more algorithm columns: sweep specs (``label=name:key=value``, plugins included)."""
+    if not specs:
+        return table
+    labels = [parse_algorithm(spec)[0] for spec in specs]
+    taken = set(table.algorithms)
+    for label, spec in zip(labels, specs):
+        if label in taken:
+            raise ValueError(f"algorithms: {spec!r} is labelled {label!r}, a column the table has or another "
+                             "spec takes; name it as label=spec")
+        taken.add(label)
+    return replace(table, algorithms=table.algorithms + tuple(labels), specs=tuple(zip(labels, specs)))
+
+
+def table_specs(table: Table) -> list[str]:
+    """The sweep spec of every algorithm column, in order."""
+    own = dict(table.specs)
+    return [own.get(a) or SPECS[a] for a in table.algorithms]
+
+
 def _reference(table: Table) -> str:
     # SnapMLA's reference is the attention of the BF16-rounded inputs (FP64 arithmetic)
     return "golden-bf16" if table.name == "snapmla-configs" else "golden"
@@ -118,7 +140,7 @@ def table_grid(name: str, *, samples: int = 100, context: int | None = None, hea
         raise ValueError(f"grid: expected a table name from {sorted(TABLES)} or a TOML file, got {name!r}")
     t = TABLES[name]
     labels = dict(t.distributions)
-    return Grid(algorithms=tuple(SPECS[a] for a in t.algorithms), machines=(machine or t.machine,),
+    return Grid(algorithms=tuple(table_specs(t)), machines=(machine or t.machine,),
                 distributions=tuple(d for d, _ in t.distributions), contexts=(context or t.context,),
                 heads=(heads or t.heads,), sq=(t.sq,), blocks=(t.block,), schedule=schedule, samples=samples, seed=seed,
                 input_format=t.input_format, sampler=t.sampler, reference=_reference(t), metric=t.metric,
@@ -129,7 +151,7 @@ def table_grid(name: str, *, samples: int = 100, context: int | None = None, hea
 def run_sample(table: Table, dist: str, sample: int, *, machine: Machine, context: int, heads: int,
                seed: int, schedule: str = "reference") -> list[dict]:
     """One sample of one distribution: inputs, the reference, every algorithm of the table, its metrics."""
-    errors = sample_errors([SPECS[a] for a in table.algorithms], dist, seed=derive_seed(seed, table.name, dist, sample),
+    errors = sample_errors(table_specs(table), dist, seed=derive_seed(seed, table.name, dist, sample),
                            heads=heads, sq=table.sq, context=context, block=table.block, machine=machine,
                            schedule=schedule, input_format=table.input_format, sampler=table.sampler,
                            reference_kind=_reference(table))
