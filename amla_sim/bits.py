@@ -103,7 +103,7 @@ def mul_pow2_via_int_add(x: npt.ArrayLike, n: npt.ArrayLike) -> np.ndarray:
     """Lemma 3.1 / Eq. 8: AS_FLOAT(AS_INT(x) + n * 2^mantissa_bits), with wrap-around and no checks.
 
     Equals ``x * 2**n`` bit for bit where :func:`lemma_domain` holds; elsewhere it is whatever the integer add
-    gives: +0.0 with n = -3 wraps to 0xFE800000 = -2^126, which is why AMLA as shipped zeroes |O| > 1e10.
+    gives: +0.0 with n = -3 wraps to 0xFE800000 = -2^126, which is why AMLA as shipped zeroes ``|O| > 1e10``.
     """
     arr, fmt = _float_array(x, "x")
     nn = _int_array(n, "n")
@@ -167,7 +167,7 @@ def mul_one_plus_eps_via_int_add(
 
 @dataclass(frozen=True)
 class CompensationError:
-    """Relative error of :func:`mul_one_plus_eps_via_int_add` against x*(1+eps), in units of |eps|."""
+    """Relative error of :func:`mul_one_plus_eps_via_int_add` against x*(1+eps), in units of ``|eps|``."""
 
     coefficient: float
     worst: float  # max over mantissas and eps of |error| / |eps|
@@ -217,7 +217,7 @@ def optimal_compensation_coefficient(
     mantissas: int = 1 << 12,
     tol: float = 1e-6,
 ) -> float:
-    """The coefficient in [1, 2] that minimises the worst-case, mean or |mean signed| error (golden section)."""
+    """The coefficient in [1, 2] that minimises the worst-case, mean or ``|mean signed|`` error (golden section)."""
     keys = {"worst": lambda r: r.worst, "mean": lambda r: r.mean, "bias": lambda r: abs(r.mean_signed)}
     if metric not in keys:
         raise ValueError(f"metric: expected one of {sorted(keys)}, got {metric!r}")

@@ -15,6 +15,7 @@ from .formats import get_format, round_to
 
 __all__ = ["DOT_DISTRIBUTIONS", "dot_operand", "input_crc"]
 
+#: The input distributions of the tensor-core captures.
 DOT_DISTRIBUTIONS = ("normal", "wide", "special")
 
 

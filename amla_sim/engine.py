@@ -14,6 +14,7 @@ from functools import lru_cache
 
 __all__ = ["ENGINES", "get_engine", "set_engine", "use_engine", "numba_available"]
 
+#: The engines: ``numpy`` (the reference) and ``numba`` (compiled, the same bits).
 ENGINES = ("numpy", "numba")
 _ENV = "AMLA_SIM_ENGINE"
 

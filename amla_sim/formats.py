@@ -40,9 +40,13 @@ __all__ = [
     "tf32_operand",
 ]
 
+#: The rounding modes of :func:`round_to`.
 RoundingMode = Literal["nearest-even", "toward-zero", "stochastic"]
+#: What :func:`round_to` does past the largest finite value.
 Overflow = Literal["ieee", "satfinite"]
+#: The values of RoundingMode.
 ROUNDING_MODES: tuple[str, ...] = ("nearest-even", "toward-zero", "stochastic")
+#: The values of Overflow.
 OVERFLOW_MODES: tuple[str, ...] = ("ieee", "satfinite")
 
 _ML_FLOAT_DTYPES = frozenset(
@@ -134,6 +138,7 @@ def _fp32_container(name: str, mantissa_bits: int) -> Format:
     )
 
 
+#: Every supported format by name.
 FORMATS: dict[str, Format] = {
     "fp64": _from_finfo("fp64", np.float64),
     "fp32": _from_finfo("fp32", np.float32),
@@ -210,6 +215,7 @@ def _as_float64(x: npt.ArrayLike, argname: str) -> np.ndarray:
         return arr.astype(np.float64)
 
 
+#: The least normal FP32 value, 2^-126.
 FP32_MIN_NORMAL = np.float32(2.0**-126)
 
 
@@ -452,6 +458,7 @@ def round_significand(
 
 # --- tensor-core accumulators: the final normalisation of an exact sum --------------------------------------
 
+#: The tensor cores' accumulator formats.
 Accumulator = Literal["fp32-rz", "e8m13-rz", "fp16-rne", "fp32-rne"]
 
 
@@ -464,6 +471,7 @@ class AccumulatorFormat:
     dtype: np.dtype  # the storage type (FP16 or FP32); nearest-even rounds into it
 
 
+#: Each accumulator format by name.
 ACCUMULATORS: dict[str, AccumulatorFormat] = {
     "fp32-rz": AccumulatorFormat(24, "toward-zero", np.dtype(np.float32)),
     "e8m13-rz": AccumulatorFormat(14, "toward-zero", np.dtype(np.float32)),  # FP8 wgmma's 14 bits

@@ -132,6 +132,7 @@ _SM90 = (
 _SM90_TRITON = dict(matrix=MatrixUnit("sm90"), exponential=ExpUnit("sm90"), division=DivUnit("sm90"),
                     logarithm=LogUnit(ln="sm90", lg2=None), fma=FMAUnit(contract=True), reduction=ReduceUnit("triton"))
 
+#: The named machines: which unit model each one uses.
 MACHINES: dict[str, Machine] = {
     "golden": Machine(
         "golden", matrix=MatrixUnit("fp64"), exponential=ExpUnit("fp64"), division=DivUnit("fp64"),
@@ -168,6 +169,7 @@ MACHINES: dict[str, Machine] = {
     ),
 }
 
+#: The units a machine is made of.
 UNITS = ("matrix", "exponential", "division", "logarithm", "fma", "reduction", "casts", "atomics")
 
 

@@ -65,6 +65,7 @@ def compute_bound_threshold(
     return ratio / (2.0 if flashmla_approximation else (dk + dv) / dk)
 
 
+#: AMLA's Table 2: the variants and the arithmetic intensity the paper gives.
 TABLE2 = (
     (AttentionShape("MHA", "mha", 64, 64), 1),
     (AttentionShape("GQA", "gqa", 64, 8), 8),

@@ -54,6 +54,7 @@ class Schedule:
         return vec * lanes * warps
 
 
+#: The named schedules: how a kernel lays its blocks out.
 SCHEDULES: dict[str, Schedule] = {
     "reference": Schedule(source="the papers' pseudo-code: blocks as cut, P summed in the reduction unit's "
                                  "own order, 4 ETAP lanes"),

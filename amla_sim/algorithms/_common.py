@@ -18,7 +18,9 @@ from ..machines import Machine, get_machine
 from ..schedules import Schedule, get_schedule
 
 D_K, D_V, D_ROPE = 576, 512, 64
+#: The default softmax scale, 576^-0.5, as FlashMLA's tests use.
 DEFAULT_SCALE = 1.0 / math.sqrt(D_K)  # 576^-0.5, as FlashMLA's tests use
+#: The scale DeepSeek-V3 runs with: 192^-0.5 mscale^2 (YaRN).
 DEEPSEEK_V3_SCALE = 0.1352  # 192^-0.5 * mscale^2 (YaRN), what the model runs with
 
 

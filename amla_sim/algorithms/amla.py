@@ -9,7 +9,7 @@ Per KV block j, with m_j the running max (Alg. 2 lines 4-12; notes Section 3 for
     N     = max(n_j - n_{j-1}, -30) + 1.5 (cof_{j-1} / cof_j - 1) + 1e-6,   N_int = round(N 2^23)
     O     = AS_FP32(AS_INT32(O) + N_int)              int32 AtomicAdd in global memory (j > 1)
     O     = O + P~_j V_j                              FP32 AtomicAdd (a plain store for j = 1)
-    end:  O[|O| > 1e10] = 0;  out = O / (l c16_final)
+    end:  ``O[|O| > 1e10] = 0``;  out = O / (l c16_final)
 
 Why the compensation is cof_{j-1}/cof_j: the buffer must hold sum_i e^{S_i} 2^{n_j} / cof_j V_i after block j,
 so moving from j-1 to j multiplies it by 2^{n_j - n_{j-1}} cof_{j-1} / cof_j; Appendix A's trick turns the
@@ -62,7 +62,7 @@ def amla(
     compensation: ``cann`` (cof_{j-1}/cof_j, what compensates), ``paper`` (Alg. 2 line 9 as printed) or
     ``none``. scaling: ``pre`` (P c16 rounded to BF16 before PV, Appendix A's pre-multiplication) or ``post``
     (PV computed from bf16(P), then scaled by c_j in FP32: no BF16 error in the scale, nothing to compensate).
-    cleanup: CANN's |O| > 1e10 -> 0 at the end (``False``: the literal algorithm). guard: CANN's ``+1e-6`` in N,
+    cleanup: CANN's ``|O| > 1e10 -> 0`` at the end (``False``: the literal algorithm). guard: CANN's ``+1e-6`` in N,
     which keeps Cast_to_int32(N 2^23) from falling one below an integer N (0: the exact mathematics). seed: for a
     machine whose atomics arrive in random order.
 
@@ -149,7 +149,7 @@ def _rescale_bits(mc: Machine, dn: np.ndarray, eps: np.ndarray, guard: float) ->
 
 
 def _clean_up(mc: Machine, O: np.ndarray, cleanup: bool, hazards: Counter) -> np.ndarray:
-    """CANN's |O| > 1e10 -> 0 (counted as ``cleaned``), or, without it, the count of such ``garbage``."""
+    """CANN's ``|O| > 1e10 -> 0`` (counted as ``cleaned``), or, without it, the count of such ``garbage``."""
     big = np.abs(O) > CLEANUP_THRESHOLD
     if not cleanup:
         hazards["garbage"] += int(big.sum())

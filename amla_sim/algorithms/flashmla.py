@@ -41,6 +41,7 @@ from .flashmla_sched import BLOCK_SIZE_N, num_sm_parts, request_splits
 
 __all__ = ["flashmla", "flashmla_decode", "FLASHMLA_COMMIT"]
 
+#: The FlashMLA commit whose kernels the models follow.
 FLASHMLA_COMMIT = "9241ae3"
 _MAX_INIT_SM = -1e30  # the running max before the first block
 _MAX_INIT = -1e33  # a masked score

@@ -55,6 +55,7 @@ class CacheLayout:
         return self.d_nope + 2 * D_ROPE
 
 
+#: The FP8 cache layouts by name: DeepSeek V3.2's (``v32``) and MODEL1's.
 LAYOUTS = {
     "v32": CacheLayout("v32", 576, 512, 128, "fp32", 656),
     "model1": CacheLayout("model1", 512, 448, 64, "e8m0", 584),

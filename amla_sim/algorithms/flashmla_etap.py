@@ -44,6 +44,7 @@ from .flashmla_sched import BLOCK_SIZE_N, decoding_schedule
 
 __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
 
+#: The FlashMLA-ETAP commit (pengcuo/FlashMLA-ETAP) the model follows.
 ETAP_COMMIT = "39e6160"
 WARPS, GROUPS = 4, 8  # the S^T warpgroup: 4 warps of 8 lane groups, each holding keys 16 w + g and 16 w + g + 8
 MAX_SPLITS = (32, 64, 96, 128, 160)  # the combine kernel's instantiations (MLA_NUM_SPLITS_SWITCH)

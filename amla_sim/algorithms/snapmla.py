@@ -1,6 +1,6 @@
 """SnapMLA (the FP8 pipeline as ported to Triton in FlagGems-vllm, flash_mla_ckv_fp8_per_token.py).
 
-Cache (per token t): s_k = max(amax|c_t|, 1e-26) / 448 over the 512 content dims, c8 = e4m3(c / s_k), RoPE kept
+Cache (per token t): ``s_k = max(amax|c_t|, 1e-26) / 448`` over the 512 content dims, c8 = e4m3(c / s_k), RoPE kept
 in BF16 pre-scaled: kr = bf16(k_rope / s_k). Query (per token and head): s_q over q_nope, q8 = e4m3(q_nope / s_q),
 qr = bf16(q_rope / s_q). Per 64-token page, m in log2 units (notes Section 4):
   1. qk = q8 . c8 (FP8, tl.dot over 128-wide tiles) + qr . kr (BF16, last), FP32 accumulation
@@ -60,7 +60,7 @@ def snapmla(
 ) -> AttentionResult:
     """SnapMLA decode; q: (b, s_q, G, 576), kv: (b, S, 576) in any float format (quantized here).
 
-    Hazards: ``saturated`` counts FP8 casts clamped to +-448 (values that round past it: |v| > 464), over q,
+    Hazards: ``saturated`` counts FP8 casts clamped to +-448 (values that round past it: ``|v| > 464``), over q,
     kv and P; a quantizer's own amax lands on 448 and is not counted.
     """
     if config not in CONFIGS:

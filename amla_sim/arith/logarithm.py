@@ -39,6 +39,7 @@ def _f32(bits: int) -> np.float32:
 
 
 # libdevice __nv_logf's polynomial, highest degree first (the FP32 bits in the PTX)
+#: libdevice ``__nv_logf``'s polynomial, highest degree first (the FP32 bits in the PTX).
 LOGF_POLY = tuple(_f32(b) for b in (0xBE055027, 0x3E1039F6, 0xBDF8CDCC, 0x3E0F2955, 0xBE2AD8B9, 0x3E4CED0B,
                                      0xBE7FFF22, 0x3EAAAA78, 0xBF000000))
 _TWO_THIRDS_BITS = 0x3F2AAAAB

@@ -26,6 +26,7 @@ from .elementwise import as_f32
 __all__ = ["GlobalMemory", "TraceEntry", "ORDER_POLICIES"]
 
 OrderPolicy = Literal["program", "reversed", "random"]
+#: The orders in which the atomics of one element may land.
 ORDER_POLICIES = ("program", "reversed", "random")
 
 

@@ -84,6 +84,7 @@ _SM90_FP8_FUSED = (
 )
 _SM80 = "MMA-Sim nv.py (Ampere: F = 24, k16 split into two k8 halves); not verified here (no A100 captures)"
 
+#: Every tensor-core model by name, with its parameters and their sources.
 MODEL_TABLE: dict[str, MMAModel] = {
     "sm90": MMAModel(
         "sm90",
@@ -136,6 +137,7 @@ MODEL_TABLE: dict[str, MMAModel] = {
     "fp32": MMAModel("fp32", kind="fp32", doc="sequential FP32 fused multiply-add in ascending K"),
     "blas": MMAModel("blas", kind="blas", bit_exact=False, doc="NumPy float32 matmul (BLAS): fast, NOT bit-exact"),
 }
+#: The names of MODEL_TABLE.
 MODELS = tuple(MODEL_TABLE)
 
 

@@ -1,0 +1,177 @@
+"""Sphinx configuration: ``pip install ".[docs]"`` then ``python -m sphinx -W -b html docs docs/_build/html``.
+
+Pages are Markdown (MyST); the notebooks are rendered with the outputs they are committed with (the tests execute
+them); the API reference is read from the docstrings and the CLI reference from the argument parsers, both at
+build time, so neither can drift from the code.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+sys.path.insert(0, str(ROOT))
+
+import amla_sim  # noqa: E402
+
+project = "amla-sim"
+author = "the amla-sim developers"
+copyright = "2026, the amla-sim developers"
+release = version = amla_sim.__version__
+
+extensions = ["myst_nb", "sphinx.ext.autodoc"]
+myst_enable_extensions = ["dollarmath", "colon_fence"]
+myst_heading_anchors = 3
+nb_execution_mode = "off"  # tests/test_notebooks.py executes them; the site shows the committed outputs
+autodoc_mock_imports = ["torch", "triton"]  # the GPU modules are documented without a GPU stack
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": False}
+exclude_patterns = ["_build", "reproductions/**/*.md", "**/.ipynb_checkpoints"]
+suppress_warnings = ["myst.header"]  # notebooks of the repo start at h1 and go to h2 as they please
+
+html_theme = "pydata_sphinx_theme"
+html_title = "amla-sim"
+html_theme_options = {
+    "navbar_align": "left",
+    "show_toc_level": 2,
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+    "navigation_with_keys": False,
+}
+html_static_path: list[str] = []
+html_sidebars = {"**": []}  # the sections are in the top bar; a left column would stay empty
+
+
+def _generate() -> None:
+    """The notebooks (copied: Sphinx reads sources under docs/ only) and the CLI reference, into _generated/."""
+    out = DOCS / "_generated"
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "notebooks").mkdir(parents=True)
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        shutil.copy2(nb, out / "notebooks" / nb.name)
+    from amla_sim.cli import build_parser
+
+    parser = build_parser()
+    parser.prog = "amla-sim"
+    text = ["# CLI reference", "",
+            "Generated from the argument parsers of `amla_sim.cli` when this site was built. Exit codes: 0 done, "
+            "2 a usage error (the message names the argument), 1 a failure (a damaged or locked folder, an "
+            "unreadable capture, no GPU, out of memory), 3 `compare`: the files differ, 130 interrupted.", "",
+            "```text", parser.format_help().rstrip(), "```", ""]
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, p in sub.choices.items():
+        p.prog = f"amla-sim {name}"
+        text += [f"## amla-sim {name}", "", "```text", p.format_help().rstrip(), "```", ""]
+    (out / "cli.md").write_text("\n".join(text))
+    (out / "api.md").write_text(api_page())
+
+
+def public_modules() -> list[str]:
+    """Every module of the package that declares ``__all__``, found in the sources (not imported: the GPU ones
+    need torch and Triton), private ones (``_x``) left out."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "amla_sim").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if len(parts) == 1 or any(p.startswith("_") for p in parts):
+            continue
+        tree = ast.parse(path.read_text())
+        if any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets)
+               for n in tree.body):
+            found.append(".".join(parts))
+    return found
+
+
+def _all_of(mod: str) -> list[str]:
+    import ast
+
+    path = ROOT / Path(*mod.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def _data_of(mod: str) -> dict[str, bool]:
+    """The names of `mod`'s ``__all__`` that are data (not functions, classes or modules): name -> whether its
+    value is too long to print. Modules that need the GPU stack to import hold none."""
+    import importlib
+    import inspect
+
+    try:
+        m = importlib.import_module(mod)
+    except ImportError:
+        return {}
+    out = {}
+    for name in _all_of(mod):
+        obj = getattr(m, name)
+        if not (inspect.isroutine(obj) or inspect.isclass(obj) or inspect.ismodule(obj)):
+            out[name] = len(repr(obj)) > 100
+    return out
+
+
+def _home_of(obj: object) -> str | None:
+    """Where a data object of the root's ``__all__`` is documented: the first public module that lists it."""
+    import importlib
+
+    for mod in public_modules():
+        for name in _data_of(mod):
+            if getattr(importlib.import_module(mod), name) is obj:
+                return f"{mod}.{name}"
+    return None
+
+
+def api_page() -> str:
+    """The API reference: the names the package root re-exports, then every public module's ``__all__``."""
+    import inspect
+
+    lines = ["# API reference", "",
+             "Every name a module lists in `__all__`, from its docstring. `import amla_sim` re-exports these "
+             "(each documented in its own module below):", ""]
+    for name in amla_sim.__all__:
+        obj = getattr(amla_sim, name)
+        if inspect.ismodule(obj):
+            lines.append(f"- `amla_sim.{name}`: {{py:mod}}`{obj.__name__}`")
+        elif hasattr(obj, "__qualname__") and hasattr(obj, "__module__"):
+            lines.append(f"- `amla_sim.{name}`: {{py:obj}}`{obj.__module__}.{obj.__qualname__}`")
+        elif home := _home_of(obj):
+            lines.append(f"- `amla_sim.{name}`: {{py:data}}`{home}`")
+        else:
+            lines.append(f"- `amla_sim.{name}` = `{obj!r}`")
+    lines.append("")
+    modules = public_modules()
+    for mod in modules:
+        # a package's name that is also a submodule's (amla_sim.algorithms.flashmla) is documented there
+        shadowed = [n for n in _all_of(mod) if f"{mod}.{n}" in modules]
+        data = _data_of(mod)  # autodoc passes over data without a docstring: each gets its own directive
+        lines += [f"## `{mod}`", "", "```{eval-rst}", f".. automodule:: {mod}"]
+        if shadowed or data:
+            lines.append(f"   :exclude-members: {', '.join(shadowed + list(data))}")
+        for name, long in data.items():
+            lines += ["", f".. autodata:: {mod}.{name}"] + (["   :no-value:"] if long else [])
+        lines += ["```", ""]
+    return "\n".join(lines)
+
+
+_generate()
+
+
+def _no_type_docstring(app, what, name, obj, options, lines):
+    """Data without a doc comment of its own (a re-export) would show its type's docstring (dict's, float's):
+    show none."""
+    import inspect
+
+    if what == "data" and lines and "\n".join(lines).strip() == (inspect.getdoc(type(obj)) or "").strip():
+        lines[:] = []
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _no_type_docstring)
