@@ -12,6 +12,7 @@ import argparse
 
 import numpy as np
 
+from amla_sim import compare
 from amla_sim._seeds import derive_seed
 from amla_sim.algorithms import flashmla_sparse_fp8_decode, golden
 from amla_sim.algorithms.flashmla_cache import pages, quantize_kv_cache
@@ -35,11 +36,10 @@ def main() -> None:
             idx = np.arange(t.context, dtype=np.int32)[None, None]
             got = adapters.run_sparse_fp8(mod, q, quantize_kv_cache(paged), idx, None, None, 576 ** -0.5)
             sim = flashmla_sparse_fp8_decode(q, kv)
-            same = np.mean(got["out"] == sim.out.view(np.uint16))
+            report = compare({"lse": got["lse"], "out": got["out"]}, {"lse": sim.lse, "out": sim.out})
             rmse = np.sqrt(np.mean((got["out"].view(q.dtype).astype(np.float64) - golden(q, kv).out) ** 2))
-            print(f"{label}, sample {sample}: out bits equal {100 * same:.3f}%, "
-                  f"lse {100 * np.mean(got['lse'] == sim.lse.view(np.uint32)):.3f}%; device RMSE {rmse:.4e}",
-                  flush=True)
+            print(f"{label}, sample {sample}: out bits equal {100 * report['out'].bit_exact:.3f}%, "
+                  f"lse {100 * report['lse'].bit_exact:.3f}%; device RMSE {rmse:.4e}", flush=True)
 
 
 if __name__ == "__main__":
