@@ -32,6 +32,10 @@ from .units import (
 __all__ = ["Machine", "MACHINES", "UNITS", "get_machine"]
 
 
+_PRODUCT_ELEMENTS = 1 << 15  # rows x columns of one product in matmul_blocks: far fewer calls, while the exact
+# model's recomputation of uncertain elements stays within the memory that resources.run_bytes promises
+
+
 @dataclass(frozen=True)
 class Machine:
     """A hardware profile: a named set of unit models (:mod:`amla_sim.units`). Build a what-if machine by
@@ -85,6 +89,27 @@ class Machine:
                dot_k: int | None = None) -> np.ndarray:
         """``acc + a @ b`` on the matrix unit; dot_k: the schedule's K extent of one ``tl.dot``."""
         return self.matrix.matmul(a, b, None if acc is None else self.f(acc), dot_k=dot_k)
+
+    def block_width(self, rows: int, block: int) -> int:
+        """Key columns one product over kernel blocks may take (:meth:`matmul_blocks`): `block` unless the matrix
+        unit is columnwise; then as many whole blocks as make about 2^20 outputs with `rows` rows for the
+        tensor-core models (they work in cache-sized tiles; this bounds the widened operands), 2^15 for the
+        others."""
+        if not getattr(self.matrix, "columnwise", False):
+            return block
+        outputs = _PRODUCT_ELEMENTS << 5 if getattr(self.matrix, "tiles_itself", False) else _PRODUCT_ELEMENTS
+        return max(block, outputs // max(rows, 1) // block * block)
+
+    def matmul_blocks(self, a: npt.ArrayLike, b: npt.ArrayLike, *, block: int,
+                      dot_k: int | None = None) -> np.ndarray:
+        """``a @ b`` where b's columns are kernel blocks of `block` keys, each its own product in the kernel: as many
+        blocks a product as :meth:`block_width` allows (the same bits, far fewer calls)."""
+        b = np.asarray(b)
+        n, width = b.shape[-1], self.block_width(np.shape(a)[-2], block)
+        if n <= width:
+            return self.matmul(a, b, dot_k=dot_k)
+        return np.concatenate([self.matmul(a, b[..., j:j + width], dot_k=dot_k) for j in range(0, n, width)],
+                              axis=-1)
 
     def exp(self, x: npt.ArrayLike) -> np.ndarray:
         return self.exponential.exp(self.f(x))

@@ -56,6 +56,17 @@ class MatrixUnit:
             return np.asarray(x, dtype=np.float64)
         return np.asarray(x)
 
+    @property
+    def columnwise(self) -> bool:
+        """Each output column computed on its own, whatever the columns beside it (every bit-level model): then one
+        product over many kernel blocks gives each block's bits. BLAS (``blas``, ``fp64``) may not."""
+        return self.model not in ("blas", "fp64")
+
+    @property
+    def tiles_itself(self) -> bool:
+        """A T-FDPA model (``sm90``, ...): its products go in cache-sized tiles of columns, whatever their width."""
+        return self.model not in ("blas", "fp64") and _mma.get_model(self.model).kind == "tfdpa"
+
     def matmul(self, a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None, *,
                dot_k: int | None = None) -> np.ndarray:
         """acc: in the working type; dot_k: the K extent of one ``tl.dot`` (models it does not affect ignore it)."""

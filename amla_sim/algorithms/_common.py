@@ -98,11 +98,17 @@ class Problem:
 
     def scores(self, blk: slice) -> np.ndarray:
         """S = (Q K_blk^T) * scale on the machine, masked keys at -inf (Alg. 1 lines 4-5)."""
+        return self._scores[..., blk]
+
+    @cached_property
+    def _scores(self) -> np.ndarray:
+        """The scores of every key: they do not depend on the softmax state, so every block's product is made at
+        once where that gives the same bits (:meth:`Machine.matmul_blocks`)."""
         mc = self.machine
-        kt = np.swapaxes(self.Km[:, blk], -1, -2)
-        S = mc.f(self.matmul(self.Qm, kt)) * mc.f(self.scale)
-        if not self.valid[:, blk].all():
-            S = np.where(self.valid[None, :, blk], S, -np.inf)
+        kt = np.swapaxes(self.Km, -1, -2)
+        S = mc.f(mc.matmul_blocks(self.Qm, kt, block=self.block, dot_k=self.schedule.dot_k)) * mc.f(self.scale)
+        if not self.valid.all():
+            S = np.where(self.valid[None], S, -np.inf)
         return S.astype(mc.dtype, copy=False)
 
     def finish(self, O: np.ndarray, l: np.ndarray, m: np.ndarray, hazards: Counter) -> AttentionResult:

@@ -138,18 +138,28 @@ def flashmla_decode(
     return flashmla(q, kv, seqlens=None, scale=scale, num_sms=num_sms, machine=machine, trace=trace)
 
 
-def _block(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, blk: int, first_half: bool):
-    """Scores of one 64-token block (masked keys: -1e33) and its V (masked rows zero)."""
+def _blocks(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, blks: range, first_half: bool):
+    """Scores of the 64-token blocks `blks` (masked keys: -1e33), (n, R, 64), and their V (masked rows zero),
+    (n, 64, 512). Scores do not depend on the softmax state, so the blocks a warpgroup takes go in few products
+    (:meth:`Machine.block_width`: each element is the same chain of T-FDPA blocks whatever the columns beside it)."""
     mc = u.mc
-    t = blk * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)
+    t = np.asarray(blks, dtype=np.int64)[:, None] * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)  # (n, 64)
     ok = t < seqlen
-    Kb = np.where(ok[:, None], K[np.minimum(t, seqlen - 1)], 0).astype(K.dtype)
-    KT = np.ascontiguousarray(Kb.T)
-    if first_half:  # warpgroup 0: k tiles 0..8
-        S = mc.matmul(mc.operand(Q), mc.operand(KT))
-    else:  # warpgroup 1: tiles 4..8, then 0..3
-        S = mc.matmul(mc.operand(Q[:, :256]), mc.operand(KT[:256]), mc.matmul(mc.operand(Q[:, 256:]), mc.operand(KT[256:])))
-    return np.where(ok[None, :], mc.f(S), u.c(_MAX_INIT)).astype(u.dt), Kb[:, :D_V]
+    Kb = np.where(ok[..., None], K[np.minimum(t, seqlen - 1)], 0).astype(K.dtype)  # (n, 64, 576)
+    KT = np.ascontiguousarray(Kb.reshape(-1, Kb.shape[-1]).T)  # (576, 64 n)
+    Qm = mc.operand(Q)
+
+    def product(kt: np.ndarray) -> np.ndarray:
+        kt = mc.operand(kt)
+        if first_half:  # warpgroup 0: k tiles 0..8
+            return mc.matmul(Qm, kt)
+        return mc.matmul(Qm[:, :256], kt[:256], mc.matmul(Qm[:, 256:], kt[256:]))  # warpgroup 1: tiles 4..8, 0..3
+
+    width = mc.block_width(Q.shape[0], BLOCK_SIZE_N)  # one block a product unless that changes no bit
+    S = product(KT) if KT.shape[1] <= width else np.concatenate(
+        [product(KT[:, j:j + width]) for j in range(0, KT.shape[1], width)], axis=1)
+    S = np.where(ok.reshape(1, -1), mc.f(S), u.c(_MAX_INIT)).astype(u.dt)  # (R, 64 n)
+    return np.moveaxis(S.reshape(S.shape[0], -1, BLOCK_SIZE_N), 1, 0), Kb[..., :D_V]
 
 
 def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: int, c: np.ndarray):
@@ -164,13 +174,15 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
         m_new = np.maximum(m, mc.f(np.max(S, axis=1) * c))
         return m_new, mc.exp2(m - m_new), mc.exp2(mc.mul_add(S, c, -m_new[:, None]))
 
-    for blk in range(b0, b1, 2):
-        S0, V0 = _block(u, Q, K, seqlen, blk, True)
+    S0s, V0s = _blocks(u, Q, K, seqlen, range(b0, b1, 2), True)
+    S1s, V1s = _blocks(u, Q, K, seqlen, range(b0 + 1, b1, 2), False)
+    for i, blk in enumerate(range(b0, b1, 2)):
+        S0, V0 = S0s[i], V0s[i]
         m, s0, P0 = softmax(S0)
         OL = mc.matmul(mc.operand(mc.cast(P0, "bf16")), mc.operand(V0[:, :256]), mc.f(OL * s0[:, None]))
         l0 = mc.mul_add(l0, s0[:, None], u.lane_sums(P0))
         if blk + 1 < b1:
-            S1, V1 = _block(u, Q, K, seqlen, blk + 1, False)
+            S1, V1 = S1s[i], V1s[i]
             m, s1, P1 = softmax(S1)
             sum1 = u.lane_sums(P1)
         else:  # an odd block count: warpgroup 1 only rescales

@@ -234,10 +234,14 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
     M = np.full(R, -np.inf, dt)
     part = np.zeros((R, WARPS, GROUPS), dt)  # a thread's partial row sum: (warp, lane group)
     masking_steps = 2 if shift is not None else 1  # n_masking_steps = causal ? cdiv(16, 64) + 1 : 1
+    keys = np.arange(lo * BLOCK_SIZE_N, hi * BLOCK_SIZE_N)
+    Ks = np.where((keys < seqlen)[:, None], K[np.minimum(keys, seqlen - 1)], 0).astype(K.dtype)  # OOB rows cleared
+    # the scores do not depend on the softmax state: the split's blocks in few products (the same bits)
+    Ss = mc.f(mc.matmul_blocks(Qm, mc.operand(np.ascontiguousarray(Ks.T)), block=BLOCK_SIZE_N))  # (R, 64 n)
     for step, blk in enumerate(_walk(lo, hi)):
         t = blk * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)
-        Kb = np.where((t < seqlen)[:, None], K[np.minimum(t, seqlen - 1)], 0).astype(K.dtype)  # OOB rows cleared
-        S = mc.f(mc.matmul(Qm, mc.operand(np.ascontiguousarray(Kb.T))))  # (R, 64)
+        cols = slice((blk - lo) * BLOCK_SIZE_N, (blk - lo + 1) * BLOCK_SIZE_N)
+        Kb, S = Ks[cols], Ss[:, cols]  # (64, 576), (R, 64)
         if step < masking_steps:
             limit = seqlen - 1 - (shift[:, None] if shift is not None else 0)  # the last key a row sees
             S = np.where(t[None, :] <= limit, S, -np.inf).astype(dt)

@@ -145,7 +145,9 @@ def flashmla_sparse_fp8(
             if has_len:
                 ok &= np.arange(idx.shape[2]) < lengths[i]
             K = np.where(ok[:, None], keys[np.where(ok, idx[i, j], 0)], 0).astype(keys.dtype)
-            res = [_split(mc, Q[i, j], K, ok, lo, hi, c) for lo, hi in splits[i]]
+            # the scores do not depend on the softmax state: every block's at once where that changes no bit
+            S = mc.f(mc.matmul_blocks(mc.operand(Q[i, j]), mc.operand(np.ascontiguousarray(K.T)), block=BLOCK_SIZE_N))
+            res = [_split(mc, S, K, ok, lo, hi, c) for lo, hi in splits[i]]
             if len(res) == 1:
                 O, L, m = res[0]
                 r = mc.div(mc.f(1.0), L if sink is None else _with_sink(mc, L, m, sink))
@@ -188,21 +190,20 @@ def flashmla_sparse_fp8_decode(
                                machine=machine, trace=trace)
 
 
-def _split(mc: Machine, Q: np.ndarray, K: np.ndarray, ok: np.ndarray, lo: int, hi: int,
+def _split(mc: Machine, scores: np.ndarray, K: np.ndarray, ok: np.ndarray, lo: int, hi: int,
            c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One split over blocks [lo, hi): (O, L, m) per row, O not yet divided by L. V is K's first 512 columns
-    (V3.2: the dequantized FP8 part; MODEL1: its 448 and the 64 BF16 RoPE values)."""
+    """One split over blocks [lo, hi) of the slots' scores Q K^T (R, topk): (O, L, m) per row, O not yet divided
+    by L. V is K's first 512 columns (V3.2: the dequantized FP8 part; MODEL1: its 448 and the 64 BF16 RoPE
+    values)."""
     dt = mc.dtype
-    R = Q.shape[0]
+    R = scores.shape[0]
     m = np.full(R, mc.f(_MAX_INIT), dt)
     O = np.zeros((R, D_V), dt)
     lanes = np.zeros((R, 4), dt)
-    Qop = mc.operand(Q)
     for blk in range(lo, hi):
         sl = slice(blk * BLOCK_SIZE_N, (blk + 1) * BLOCK_SIZE_N)
         Kb = K[sl]
-        S = mc.f(mc.matmul(Qop, mc.operand(np.ascontiguousarray(Kb.T))))
-        S = np.where(ok[sl][None, :], S, -np.inf).astype(dt)
+        S = np.where(ok[sl][None, :], scores[:, sl], -np.inf).astype(dt)
         m_new = np.maximum(m, mc.f(np.max(S, axis=1) * c))
         s = mc.exp2(mc.f(m - m_new))
         O = mc.f(O * s[:, None])

@@ -147,21 +147,36 @@ def _stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: n
     l = np.zeros((b, S, H), dt)
     acc = np.zeros((b, S, H, D_V), dt)
     Qn, Qr = mc.operand(Q[:, None, :, :D_V]), mc.operand(Q[:, None, :, D_V:])  # (b, 1, H, .)
+    every = None
+    if getattr(mc.matrix, "columnwise", False):  # a key's scores whatever its block: every key's, in few products
+        KT = np.swapaxes(K, -1, -2)[:, None]  # (b, 1, 576, L)
+        width = mc.block_width(H, block_n)
+        every = np.concatenate([mc.matmul(Qr, mc.operand(KT[..., D_V:, j:j + width]),
+                                          mc.matmul(Qn, mc.operand(KT[..., :D_V, j:j + width])))[:, 0]
+                                for j in range(0, KT.shape[-1], width)], axis=-1)  # (b, H, L)
+    bi, hi = np.arange(b)[:, None, None, None], np.arange(H)[None, None, :, None]
     for j in range(n_blocks):
         t = start[..., None] + j * block_n + np.arange(block_n)  # (b, S, n) token of every column
         valid = t < end[..., None]
         live = start + j * block_n < end  # (b, S): the split runs this block
         Kb = np.where(valid[..., None], K[np.arange(b)[:, None, None], np.minimum(t, K.shape[1] - 1)], 0)
         Kb = Kb.astype(K.dtype)  # keys past the split load as 0
-        KT = np.swapaxes(Kb, -1, -2)  # (b, S, 576, n)
-        qk = mc.matmul(Qr, mc.operand(KT[..., D_V:, :]), mc.matmul(Qn, mc.operand(KT[..., :D_V, :])))
+        if every is not None:
+            qk = every[bi, hi, np.minimum(t, K.shape[1] - 1)[:, :, None, :]]  # (b, S, H, n)
+        else:
+            KT = np.swapaxes(Kb, -1, -2)  # (b, S, 576, n)
+            qk = mc.matmul(Qr, mc.operand(KT[..., D_V:, :]), mc.matmul(Qn, mc.operand(KT[..., :D_V, :])))
         qk = np.where(valid[:, :, None, :], mc.f(qk) * sm, -np.inf).astype(dt)  # (b, S, H, n)
         m_new = np.maximum(m, mc.rowmax(qk))
         alpha = mc.exp(m - m_new)
         p = mc.exp(qk - m_new[..., None])
-        acc_new = mc.matmul(mc.operand(mc.cast(p, "bf16")), mc.operand(Kb[..., :D_V]), mc.f(acc * alpha[..., None]))
-        l_new = mc.mul_add(l, alpha, mc.rowsum(p, layout=layout))
         keep = live[..., None]
+        # a split past its range computes nothing that is kept: its NaN rows (-inf - -inf) zeroed here, so that
+        # they do not send the whole product down the tensor-core model's path for non-finite operands
+        rows = keep[..., None]
+        acc_new = mc.matmul(mc.operand(mc.cast(np.where(rows, p, 0), "bf16")), mc.operand(Kb[..., :D_V]),
+                            np.where(rows, mc.f(acc * alpha[..., None]), 0))
+        l_new = mc.mul_add(l, alpha, mc.rowsum(p, layout=layout))
         m, l = np.where(keep, m_new, m), np.where(keep, l_new, l)
         acc = np.where(keep[..., None], acc_new, acc)
         if trace is not None:

@@ -45,6 +45,8 @@ def _np(t, like: npt.DTypeLike = np.float32) -> np.ndarray:
 class TorchMatrix(MatrixUnit):
     """``torch.matmul`` of the operands widened (exactly) to FP32: an FP32 GEMM (TF32 off, torch's default)."""
 
+    columnwise = False  # cuBLAS picks its kernel, and so its summation order, by the shape
+
     device: str = "cpu"
 
     def matmul(self, a: np.ndarray, b: np.ndarray, acc: np.ndarray | None = None, *,

@@ -1,0 +1,139 @@
+"""Benchmark: the deployed-kernel models against the float32 BLAS products of the same shapes, in one run.
+
+    python benchmarks/bench_kernel_models.py [--sizes small,large] [--engines numpy,numba] [--repeat 3]
+        [--models flashmla,splitkv_decode,...] [--json FILE]
+
+For each model and size: the median seconds of a whole simulated decode on each engine (numba: after one call
+that compiles), its ratio to the yardstick, and the peak of NumPy's allocations during one call (tracemalloc).
+The yardstick is what the decode would cost as plain float32 BLAS: per request, Q K^T ((s_q h) x 576 by 576 x L)
+and P V ((s_q h) x L by L x 512), timed in the same run. Every engine's output is checked bit-identical.
+
+Sizes: ``small`` the issue's small cases (2 requests, 32 heads (64 for the sparse FP8 decode: its least), seqlens
+1 and 2049; FlashMLA with s_q 4, SGLang with 1 and 4 splits), ``large`` batch 4 x 128 heads x 4096 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import tracemalloc
+from collections.abc import Callable
+
+import numpy as np
+
+from _timing import median_time  # benchmarks/, the script's own folder
+from amla_sim.algorithms import amla, base, flashmla, flashmla_etap, flashmla_sparse_fp8, splitkv_decode
+from amla_sim.algorithms.flashmla_cache import pages, quantize_kv_cache
+from amla_sim.engine import ENGINES, numba_available, use_engine
+from amla_sim.experiments.inputs import make_inputs
+
+
+def _inputs(batch: int, sq: int, heads: int, seqlens: list[int], seed: int = 0):
+    q, kv = make_inputs("normal:1", batch=batch, sq=sq, heads=heads, context=max(seqlens), seed=seed)
+    return q, kv, np.array(seqlens)
+
+
+def _sparse(q, kv, lens):
+    """The sparse FP8 decode with every token of each request selected (V3.2 cache), as the sweep entry does."""
+    paged, base0 = pages(kv)
+    cache = quantize_kv_cache(paged)
+    topk = -(-int(lens.max()) // 64) * 64
+    idx = np.full((q.shape[0], q.shape[1], topk), -1, np.int32)
+    for i, n in enumerate(lens):
+        idx[i, :, :n] = base0[i] + np.arange(n)
+    return lambda: flashmla_sparse_fp8(q, cache, idx)
+
+
+def cases(size: str) -> dict[str, tuple[Callable[[], object], tuple]]:
+    """model -> (a call that simulates the decode, the inputs' (q, kv, seqlens) for the yardstick)."""
+    if size == "small":
+        shapes = {"flashmla": (2, 4, 32, [1, 2049]), "splitkv_decode": (2, 1, 32, [1, 2049]),
+                  "flashmla_etap": (2, 1, 32, [1, 2049]), "flashmla_sparse_fp8": (2, 1, 64, [1, 2049]),
+                  "base": (2, 1, 32, [2049, 2049]), "amla": (2, 1, 32, [2049, 2049])}
+    else:
+        shapes = {m: (4, 1, 128, [4096] * 4) for m in ("flashmla", "splitkv_decode", "flashmla_etap",
+                                                       "flashmla_sparse_fp8", "base", "amla")}
+    out = {}
+    for model, (b, sq, h, lens) in shapes.items():
+        q, kv, lens = _inputs(b, sq, h, lens)
+        if model == "flashmla":
+            fn = lambda q=q, kv=kv, lens=lens: flashmla(q, kv, seqlens=lens)  # noqa: E731
+        elif model == "splitkv_decode":
+            splits = np.array([1, 4] if size == "small" else [8] * b)
+            fn = lambda q=q, kv=kv, lens=lens, s=splits: splitkv_decode(q, kv, seqlens=lens, num_kv_splits=s,  # noqa: E731
+                                                                        max_kv_splits=int(s.max()))
+        elif model == "flashmla_etap":
+            fn = lambda q=q, kv=kv, lens=lens: flashmla_etap(q, kv, seqlens=lens)  # noqa: E731
+        elif model == "flashmla_sparse_fp8":
+            fn = _sparse(q, kv, lens)
+        else:
+            alg = {"base": base, "amla": amla}[model]
+            fn = lambda q=q, kv=kv, alg=alg: alg(q, kv, machine="sm90-triton", schedule="amla-sim-gpu")  # noqa: E731
+        out[model] = (fn, (q, kv, lens))
+    return out
+
+
+def yardstick(q: np.ndarray, kv: np.ndarray, lens: np.ndarray, repeat: int) -> float:
+    """Median seconds of the float32 BLAS products of the decode: Q K^T and P V of every request."""
+    b, sq, h, d = q.shape
+    mats = []
+    for i, n in enumerate(lens):
+        Q = q[i].reshape(sq * h, d).astype(np.float32)
+        K = np.ascontiguousarray(kv[i, :n].astype(np.float32))
+        P = np.ones((sq * h, int(n)), np.float32)
+        mats.append((Q, K, P, np.ascontiguousarray(K[:, :512])))
+
+    def run() -> None:
+        for Q, K, P, V in mats:
+            Q @ K.T
+            P @ V
+
+    return median_time(run, max(repeat, 20))
+
+
+def _bits(res) -> bytes:
+    return np.ascontiguousarray(res.out).tobytes() + np.ascontiguousarray(res.lse).tobytes()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="small,large")
+    ap.add_argument("--engines", default=",".join(e for e in ENGINES if e != "numba" or numba_available()))
+    ap.add_argument("--models", default="flashmla,splitkv_decode,flashmla_etap,flashmla_sparse_fp8,base,amla")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args()
+    rows = []
+    print(f"{'size':6s} {'model':20s} {'engine':6s} {'median s':>9s} {'BLAS ms':>8s} {'ratio':>7s} {'peak MB':>8s}")
+    for size in args.sizes.split(","):
+        for model, (fn, (q, kv, lens)) in cases(size).items():
+            if model not in args.models.split(","):
+                continue
+            blas = yardstick(q, kv, lens, args.repeat)
+            outs = []
+            for engine in args.engines.split(","):
+                with use_engine(engine):
+                    outs.append(_bits(fn()))  # compiles, for numba
+                    t = median_time(fn, args.repeat)
+                    tracemalloc.start()
+                    fn()
+                    peak = tracemalloc.get_traced_memory()[1] / 2**20
+                    tracemalloc.stop()
+                row = {"size": size, "model": model, "engine": engine, "seconds": t, "blas_seconds": blas,
+                       "ratio": t / blas, "peak_mb": peak, "shape": [int(v) for v in q.shape], "seqlens": lens.tolist()}
+                rows.append(row)
+                print(f"{size:6s} {model:20s} {engine:6s} {t:9.3f} {blas * 1e3:8.2f} {t / blas:6.0f}x {peak:8.0f}",
+                      flush=True)
+            assert all(o == outs[0] for o in outs), f"{model} ({size}): engines differ"
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"when": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}, f, indent=1)
+    for engine in args.engines.split(","):
+        worst = {s: max(r["ratio"] for r in rows if r["size"] == s and r["engine"] == engine)
+                 for s in dict.fromkeys(r["size"] for r in rows)}
+        print(f"worst ratio on {engine}: " + ", ".join(f"{s} {v:.0f}x" for s, v in worst.items()))
+
+
+if __name__ == "__main__":
+    main()
