@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from ._validate import from_registry
 from .arith.memory import GlobalMemory
+from .engine import get_engine
 from .formats import FormatLike, get_format
 from .units import (
     CastUnit,
@@ -91,13 +92,15 @@ class Machine:
         return self.matrix.matmul(a, b, None if acc is None else self.f(acc), dot_k=dot_k)
 
     def block_width(self, rows: int, block: int) -> int:
-        """Key columns one product over kernel blocks may take (:meth:`matmul_blocks`): `block` unless the matrix
-        unit is columnwise; then as many whole blocks as make about 2^20 outputs with `rows` rows for the
-        tensor-core models (they work in cache-sized tiles; this bounds the widened operands), 2^15 for the
-        others."""
+        """Key columns one product over kernel blocks may take (:meth:`matmul_blocks`), `rows` being the rows of
+        all its batches: `block` unless the matrix unit is columnwise; then as many whole blocks as make about
+        2^15 outputs (the NumPy engine's working set, and the exact model's recomputation of uncertain elements),
+        2^20 for the tensor-core models on the numba engine."""
         if not getattr(self.matrix, "columnwise", False):
             return block
-        outputs = _PRODUCT_ELEMENTS << 5 if getattr(self.matrix, "tiles_itself", False) else _PRODUCT_ELEMENTS
+        outputs = _PRODUCT_ELEMENTS
+        if getattr(self.matrix, "tiles_itself", False) and get_engine() == "numba":
+            outputs <<= 5  # the compiled chain works in cache-sized tiles itself; wide products keep its threads busy
         return max(block, outputs // max(rows, 1) // block * block)
 
     def matmul_blocks(self, a: npt.ArrayLike, b: npt.ArrayLike, *, block: int,
@@ -105,7 +108,8 @@ class Machine:
         """``a @ b`` where b's columns are kernel blocks of `block` keys, each its own product in the kernel: as many
         blocks a product as :meth:`block_width` allows (the same bits, far fewer calls)."""
         b = np.asarray(b)
-        n, width = b.shape[-1], self.block_width(np.shape(a)[-2], block)
+        rows = int(np.prod(np.broadcast_shapes(np.shape(a)[:-2], b.shape[:-2]), dtype=np.int64)) * np.shape(a)[-2]
+        n, width = b.shape[-1], self.block_width(rows, block)
         if n <= width:
             return self.matmul(a, b, dot_k=dot_k)
         return np.concatenate([self.matmul(a, b[..., j:j + width], dot_k=dot_k) for j in range(0, n, width)],

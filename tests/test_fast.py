@@ -55,7 +55,7 @@ def _operand(rng: np.random.Generator, fmt: str, shape: tuple[int, ...], kind: s
 
 @pytest.mark.parametrize("model, fmt", ROWS)
 @given(seed=st.integers(0, 2**32 - 1), kind_a=st.sampled_from(KINDS), kind_b=st.sampled_from(KINDS),
-       m=st.integers(1, 5), blocks=st.integers(1, 4), tail=st.integers(0, 7), n=st.sampled_from([1, 7, 40, 513]),
+       m=st.sampled_from([1, 2, 5, 9, 17]), blocks=st.integers(1, 4), tail=st.integers(0, 7), n=st.sampled_from([1, 7, 40, 513]),
        batch=st.sampled_from([(), (2,)]), dot_k=st.sampled_from([None, 32, 64]), specials=st.booleans(),
        c_kind=st.sampled_from(["none", "zero", "bits", "normal"]), zero_row=st.booleans())
 def test_numba_engine_gives_the_reference_bits(model, fmt, seed, kind_a, kind_b, m, blocks, tail, n, batch, dot_k,
@@ -87,7 +87,8 @@ def test_numba_engine_gives_the_reference_bits(model, fmt, seed, kind_a, kind_b,
 
 @pytest.mark.parametrize("model", ["sm90", "sm80"])
 def test_numba_engine_on_a_decode_sized_product(model):
-    """One MLA decode step's Q K^T at full width (several column tiles, both sums of the kernel)."""
+    """One MLA decode step's Q K^T at full width (several column tiles, both sums of the kernel; few tiles, so the
+    rows are cut into chunks for the threads)."""
     rng = np.random.default_rng(5)
     a = (rng.standard_normal((64, 576)) * 3).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((576, 1500)).astype(ml_dtypes.bfloat16)

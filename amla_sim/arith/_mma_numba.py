@@ -24,6 +24,7 @@ import numpy as np
 
 OUTPUT_CODES = {"fp32-rz": 0, "e8m13-rz": 1, "fp32-rne": 2, "fp16-rne": 3}
 _TILE = 512  # columns per task: the fastest of 64-1024 on benchmarks/bench_mma.py
+_ROW_CHUNKS = 4  # a product of one tile and no batch is cut into this many row ranges (tasks for the threads)
 _NO_E_ZERO = -(1 << 20)  # e_zero of rows whose zeros never set e_max
 _ZERO_FLOOR = -4000  # e_max below this: every product and c are zero (zero operands carry -8000)
 _EXP_MASK = np.uint64(0x7FF0_0000_0000_0000)  # a float64's exponent field: all ones for Inf and NaN
@@ -185,16 +186,20 @@ def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.nd
     N = b.shape[2]
     out = np.empty((nb_, M, N))
     tiles = (N + _TILE - 1) // _TILE
+    # few (batch, tile) tasks: cut the rows too, so that every core has work (rows are independent)
+    chunks = _ROW_CHUNKS if nb_ * tiles < _ROW_CHUNKS and M >= 2 * _ROW_CHUNKS else 1
+    rows = (M + chunks - 1) // chunks
     step = dot_k if fp32_add else K
     narrow_sum = L << (F + 2) <= 1 << 31  # |sum of L terms| < L 2^(F + 2) (significands below 2 each)
-    for t in nb.prange(nb_ * tiles):
-        bi, j0 = t // tiles, (t % tiles) * _TILE
-        w = min(_TILE, N - j0)
-        cur = np.empty((M, w))  # the tile's accumulators: every row of A meets the block's rows of B in turn
-        part = np.zeros((M, w)) if fp32_add else cur
-        for i in range(M):
+    for t in nb.prange(nb_ * tiles * chunks):
+        bi, rest = t // (tiles * chunks), t % (tiles * chunks)
+        j0, i0 = (rest // chunks) * _TILE, (rest % chunks) * rows
+        w, h = min(_TILE, N - j0), min(rows, M - i0)
+        cur = np.empty((h, w))  # the tile's accumulators: every row of A meets the block's rows of B in turn
+        part = np.zeros((h, w)) if fp32_add else cur
+        for i in range(h):
             for j in range(w):
-                cur[i, j] = c[bi, i, j0 + j]
+                cur[i, j] = c[bi, i0 + i, j0 + j]
         em, acc, acc32 = np.empty(w, np.int32), np.empty(w, np.int64), np.empty(w, np.int32)
         scb, sc32b, p2b = np.empty(w, np.int64), np.empty(w, np.int32), np.empty(w, np.int64)
         for k0 in range(0, K, step):
@@ -202,16 +207,16 @@ def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.nd
             if fp32_add:
                 part[:] = 0.0
             for kb in range(k0, k1, L):
-                for i in range(M):
-                    _block(a[bi, i], ea[bi, i], b[bi], eb[bi], j0, kb, min(kb + L, k1), F, out_code, e_zero,
-                           narrow_sum, part[i], em, acc, acc32, scb, sc32b, p2b)
+                for i in range(h):
+                    _block(a[bi, i0 + i], ea[bi, i0 + i], b[bi], eb[bi], j0, kb, min(kb + L, k1), F, out_code,
+                           e_zero, narrow_sum, part[i], em, acc, acc32, scb, sc32b, p2b)
             if fp32_add:
-                for i in range(M):
+                for i in range(h):
                     for j in range(w):
                         cur[i, j] = np.float64(np.float32(cur[i, j] + part[i, j]))
-        for i in range(M):
+        for i in range(h):
             for j in range(w):
-                out[bi, i, j0 + j] = cur[i, j]
+                out[bi, i0 + i, j0 + j] = cur[i, j]
     return out
 
 
