@@ -148,9 +148,9 @@ def _stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: n
     acc = np.zeros((b, S, H, D_V), dt)
     Qn, Qr = mc.operand(Q[:, None, :, :D_V]), mc.operand(Q[:, None, :, D_V:])  # (b, 1, H, .)
     every = None
-    if getattr(mc.matrix, "columnwise", False):  # a key's scores whatever its block: every key's, in few products
+    width = mc.block_width(b * H, block_n)  # more than a block where a key's scores do not depend on its block
+    if width > block_n:  # every key's scores, in few products
         KT = np.swapaxes(K, -1, -2)[:, None]  # (b, 1, 576, L)
-        width = mc.block_width(b * H, block_n)
         every = np.concatenate([mc.matmul(Qr, mc.operand(KT[..., D_V:, j:j + width]),
                                           mc.matmul(Qn, mc.operand(KT[..., :D_V, j:j + width])))[:, 0]
                                 for j in range(0, KT.shape[-1], width)], axis=-1)  # (b, H, L)
