@@ -122,3 +122,23 @@ def test_a_sweep_spec_may_name_its_own_schedule():
     for where in ({"schedule": "amla-sim-gpu", "specs": ["base"]}, {"specs": ["base:schedule=amla-sim-gpu"]}):
         with pytest.raises(ValueError, match="multiple of 8"):
             sample_errors(where.pop("specs"), block=12, **where, **kw)
+
+
+@pytest.mark.parametrize("machine", ["sm90-triton", "sm90-cuda", "ieee32", "ieee32-fast", "golden"])
+@pytest.mark.parametrize("engine_name", ["numpy", "numba"])
+@pytest.mark.parametrize(("rows", "keys"), [(64, 1000), (16, 4096), (3, 130)])
+def test_a_product_of_many_blocks_has_each_blocks_bits(machine, engine_name, rows, keys):
+    """matmul_blocks (the scores of every block at once) against one product a block, as the kernels make them:
+    the same bits on every machine (the columnwise ones join blocks; BLAS machines do not)."""
+    from amla_sim.engine import use_engine
+    from amla_sim.experiments.inputs import make_inputs
+    from amla_sim.machines import get_machine
+
+    mc = get_machine(machine)
+    q, kv = make_inputs("normal:1", heads=rows, context=keys, seed=rows + keys)
+    a, b = mc.operand(q[0, 0]), mc.operand(np.ascontiguousarray(kv[0].T))
+    with use_engine(engine_name):
+        joined = mc.matmul_blocks(a, b, block=64)
+        apart = np.concatenate([mc.matmul(a, b[:, j:j + 64]) for j in range(0, keys, 64)], axis=1)
+    assert joined.dtype == apart.dtype and np.array_equal(joined.view(np.uint8), apart.view(np.uint8))
+    assert (mc.block_width(rows, 64) > 64) == (machine not in ("ieee32-fast", "golden"))
