@@ -18,12 +18,12 @@ import numpy.typing as npt
 
 from ._validate import strict_json
 from .formats import Format, FormatLike, get_format, is_float_dtype
-from .testing import ulp_distance
+from .testing import _fmt_elem, ulp_distance
 
 __all__ = ["compare", "ComparisonReport", "StageComparison", "HISTOGRAM_BINS"]
 
 #: The ULP-distance bins of each stage's histogram (and ``"nan"``: NaN on one side only).
-HISTOGRAM_BINS = ("0", "1", "2-3", "4-15", "16-255", ">=256")  # ULP distance bins of each stage's histogram
+HISTOGRAM_BINS = ("0", "1", "2-3", "4-15", "16-255", ">=256")
 _EDGES = (0, 1, 2, 4, 16, 256)
 
 
@@ -254,6 +254,5 @@ def _compare_stage(name: str, d: np.ndarray, s: np.ndarray, fmt: FormatLike | No
 def _show(v: Any, f: Format | None) -> str:
     if f is None:
         return str(int(v))
-    bits = int(np.asarray(v).reshape(1).view(f.uint_dtype)[0])
-    with np.errstate(invalid="ignore"):
-        return f"{float(v)!r} (0x{bits:0{2 * f.dtype.itemsize}x})"
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a NaN
+        return _fmt_elem(v, np.asarray(v).reshape(1).view(f.uint_dtype)[0], 2 * f.dtype.itemsize)

@@ -9,6 +9,7 @@ lays the work out is not the machine's: see :mod:`amla_sim.schedules`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
@@ -109,11 +110,17 @@ class Machine:
         blocks a product as :meth:`block_width` allows (the same bits, far fewer calls)."""
         b = np.asarray(b)
         rows = int(np.prod(np.broadcast_shapes(np.shape(a)[:-2], b.shape[:-2]), dtype=np.int64)) * np.shape(a)[-2]
+        return self.by_blocks(lambda cols: self.matmul(a, cols, dot_k=dot_k), b, rows=rows, block=block)
+
+    def by_blocks(self, product: Callable[[np.ndarray], np.ndarray], b: np.ndarray, *, rows: int,
+                  block: int) -> np.ndarray:
+        """``product(b)`` for a product whose columns are independent kernel blocks of b's last axis, made on as
+        many blocks at a time as :meth:`block_width` allows and joined along the last axis (a kernel's own chain
+        of products, such as Q_rope K_rope^T after Q_nope K_nope^T, goes in `product`)."""
         n, width = b.shape[-1], self.block_width(rows, block)
         if n <= width:
-            return self.matmul(a, b, dot_k=dot_k)
-        return np.concatenate([self.matmul(a, b[..., j:j + width], dot_k=dot_k) for j in range(0, n, width)],
-                              axis=-1)
+            return product(b)
+        return np.concatenate([product(b[..., j:j + width]) for j in range(0, n, width)], axis=-1)
 
     def exp(self, x: npt.ArrayLike) -> np.ndarray:
         return self.exponential.exp(self.f(x))

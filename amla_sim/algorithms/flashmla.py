@@ -155,9 +155,7 @@ def _blocks(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, blks: range, f
             return mc.matmul(Qm, kt)
         return mc.matmul(Qm[:, :256], kt[:256], mc.matmul(Qm[:, 256:], kt[256:]))  # warpgroup 1: tiles 4..8, 0..3
 
-    width = mc.block_width(Q.shape[0], BLOCK_SIZE_N)  # one block a product unless that changes no bit
-    S = product(KT) if KT.shape[1] <= width else np.concatenate(
-        [product(KT[:, j:j + width]) for j in range(0, KT.shape[1], width)], axis=1)
+    S = mc.by_blocks(product, KT, rows=Q.shape[0], block=BLOCK_SIZE_N)
     S = np.where(ok.reshape(1, -1), mc.f(S), u.c(_MAX_INIT)).astype(u.dt)  # (R, 64 n)
     return np.moveaxis(S.reshape(S.shape[0], -1, BLOCK_SIZE_N), 1, 0), Kb[..., :D_V]
 

@@ -148,12 +148,10 @@ def _stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: n
     acc = np.zeros((b, S, H, D_V), dt)
     Qn, Qr = mc.operand(Q[:, None, :, :D_V]), mc.operand(Q[:, None, :, D_V:])  # (b, 1, H, .)
     every = None
-    width = mc.block_width(b * H, block_n)  # more than a block where a key's scores do not depend on its block
-    if width > block_n:  # every key's scores, in few products
-        KT = np.swapaxes(K, -1, -2)[:, None]  # (b, 1, 576, L)
-        every = np.concatenate([mc.matmul(Qr, mc.operand(KT[..., D_V:, j:j + width]),
-                                          mc.matmul(Qn, mc.operand(KT[..., :D_V, j:j + width])))[:, 0]
-                                for j in range(0, KT.shape[-1], width)], axis=-1)  # (b, H, L)
+    if mc.block_width(b * H, block_n) > block_n:  # a key's scores do not depend on its block: every key's at once
+        every = mc.by_blocks(lambda kt: mc.matmul(Qr, mc.operand(kt[..., D_V:, :]),
+                                                  mc.matmul(Qn, mc.operand(kt[..., :D_V, :])))[:, 0],
+                             np.swapaxes(K, -1, -2)[:, None], rows=b * H, block=block_n)  # (b, H, L)
     bi, hi = np.arange(b)[:, None, None, None], np.arange(H)[None, None, :, None]
     for j in range(n_blocks):
         t = start[..., None] + j * block_n + np.arange(block_n)  # (b, S, n) token of every column
