@@ -8,9 +8,10 @@ One output element and one block of L products, with the incoming accumulator c:
     d     = round(S 2^(e_max - F))
 
 Every step is exact: a_k b_k has at most 22 significant bits, the scalings are powers of two, each truncated
-term is below 2^(F + 2) and S below 2^40. The terms go in FP32 with an int32 sum where that is provably exact
-(:func:`_block`), else in float64 and int64. A tile of columns of B stays in cache while every row of A meets
-it; the loops over the tile are plain array loops that LLVM turns into vector code. Zero products and
+term is below 2^(F + 2) and S below 2^40. The terms go in FP32 with an int32 sum where that is provably exact,
+else in float64 (see ``block`` in :func:`_make_chain`). A tile of columns of B stays in cache while every row of A
+meets it. L is a constant of the compiled code (one chain per L), so the loop over a block's products unrolls
+and the loops over a tile's columns are vector code, 32-bit and 64-bit lanes in separate loops. Zero products and
 a zero c count with the row's ``e_zero`` (never, for rows without one); an all-zero block gives +0, as the device
 does. A non-finite c goes through unchanged (the products are finite here), as in the reference.
 """
@@ -28,6 +29,7 @@ _ROW_CHUNKS = 4  # a product of one tile and no batch is cut into this many row 
 _NO_E_ZERO = -(1 << 20)  # e_zero of rows whose zeros never set e_max
 _ZERO_FLOOR = -4000  # e_max below this: every product and c are zero (zero operands carry -8000)
 _EXP_MASK = np.uint64(0x7FF0_0000_0000_0000)  # a float64's exponent field: all ones for Inf and NaN
+_u = np.uint64  # an unsigned index: no negative-index fix-up, so loads along a row stay vector loads
 
 
 @nb.njit(cache=True, nogil=True)
@@ -62,102 +64,10 @@ def _round_output(v: float, out_code: int) -> float:
 
 
 @nb.njit(cache=True, nogil=True)
-def _max_exponent(ek: np.int32, ebrow: np.ndarray, em: np.ndarray) -> None:
-    for j in range(em.size):
-        em[j] = max(em[j], ek + ebrow[j])
-
-
-@nb.njit(cache=True, nogil=True)
-def _zeros_set_e_zero(ek: np.int32, ebrow: np.ndarray, em: np.ndarray, e_zero: int) -> None:
-    for j in range(em.size):
-        if ek < _ZERO_FLOOR or ebrow[j] < _ZERO_FLOOR:
-            em[j] = max(em[j], np.int32(e_zero))
-
-
-@nb.njit(cache=True, nogil=True)
-def _add_terms(ak: np.float32, brow: np.ndarray, sc: np.ndarray, acc: np.ndarray) -> None:
-    """acc += trunc(ak b sc) in float64 and int64 (exact for every finite operand)."""
-    a64 = np.float64(ak)
-    for j in range(acc.size):
-        acc[j] += np.int64(a64 * np.float64(brow[j]) * sc[j])  # exact product and scaling; truncation
-
-
-@nb.njit(cache=True, nogil=True)
-def _add_terms32(ak: np.float32, brow: np.ndarray, sc: np.ndarray, acc: np.ndarray) -> None:
-    """acc += trunc(ak b sc) in float32 and int32: exact where :func:`_block` allows it (e_max in range)."""
-    for j in range(acc.size):
-        acc[j] += np.int32(ak * brow[j] * sc[j])
-
-
-@nb.njit(cache=True, nogil=True)
-def _block(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.ndarray, j0: int, kb: int, ke: int,
-           F: int, out_code: int, e_zero: int, narrow_sum: bool, cur: np.ndarray, em: np.ndarray,
-           acc: np.ndarray, acc32: np.ndarray, scb: np.ndarray, sc32b: np.ndarray, p2b: np.ndarray) -> None:
-    """One T-FDPA of L = ke - kb products for a tile of columns, with cur as c; cur takes d.
-
-    Plain loops that vectorise cover every finite block. Where only tiny products are seen, a zero product
-    (or c) sets e_max to the row's e_zero; where everything is zero, S = 0. The products go in FP32 and an int32
-    sum when every e_max of the tile is in [F - 124, 126] and the row's L 2^(F + 2) fits an int32: then a b is
-    an exact FP32 product, the scaling by 2^(F - e_max) is exact or leaves a term below 1 that truncates to 0
-    either way, and no sum overflows. Otherwise in float64 and int64. A block with a non-finite c goes to
-    :func:`_block_general`; a result outside FP32's normal range takes the general rounding."""
-    w = cur.size
-    cbits = cur.view(np.uint64)
-    odd = 0
-    for j in range(w):  # the exponent of c (-126 at least; a zero c takes e_zero)
-        ec = np.int32(((cbits[j] >> np.uint64(52)) & np.uint64(0x7FF)) - np.uint64(1023))
-        em[j] = max(ec, np.int32(-126)) if cur[j] != 0.0 else np.int32(e_zero)
-        odd |= (cbits[j] & _EXP_MASK) == _EXP_MASK
-    for k in range(kb, ke):
-        _max_exponent(earow[k], eb[k, j0 : j0 + w], em)
-    low = 0
-    for j in range(w):
-        low |= em[j] < e_zero
-    if low and e_zero != _NO_E_ZERO:  # only tiny products somewhere: a zero product sets e_max to e_zero
-        for k in range(kb, ke):
-            _zeros_set_e_zero(earow[k], eb[k, j0 : j0 + w], em, e_zero)
-    wide = 0
-    for j in range(w):
-        em[j] = 0 if em[j] < _ZERO_FLOOR else em[j]  # every product and c zero: S = 0 with any exponent
-        wide |= (em[j] < F - 124) | (em[j] > 126)
-        scb[j] = np.int64(1023 + F - em[j]) << 52  # 2^(F - e_max)
-        sc32b[j] = np.int32(127 + F - em[j]) << 23
-        p2b[j] = np.int64(1023 - F + em[j]) << 52  # 2^(e_max - F)
-    if odd:
-        _block_general(arow, earow, b, eb, j0, kb, ke, F, out_code, e_zero, cur)
-        return
-    sc, p2 = scb.view(np.float64), p2b.view(np.float64)
-    if narrow_sum and not wide:
-        acc32[:] = 0
-        sc32 = sc32b.view(np.float32)
-        for k in range(kb, ke):
-            _add_terms32(arow[k], b[k, j0 : j0 + w], sc32, acc32)
-        for j in range(w):
-            acc[j] = np.int64(cur[j] * sc[j]) + acc32[j]  # float -> int truncates toward zero
-    else:
-        for j in range(w):
-            acc[j] = np.int64(cur[j] * sc[j])
-        for k in range(kb, ke):
-            _add_terms(arow[k], b[k, j0 : j0 + w], sc, acc)
-    if out_code >= 2:
-        for j in range(w):
-            cur[j] = _round_output(acc[j] * p2[j], out_code)
-        return
-    mask = np.uint64(~((1 << (29 if out_code == 0 else 39)) - 1) & 0xFFFF_FFFF_FFFF_FFFF)
-    for j in range(w):  # toward zero: clear the low bits of the float64 significand
-        cur[j] = acc[j] * p2[j]
-        odd |= (abs(cur[j]) < 1.1754943508222875e-38) & (cur[j] != 0.0)
-        odd |= abs(cur[j]) >= 3.402823669209385e38
-        cbits[j] &= mask
-    if odd:  # outside FP32's normal range: the general rounding
-        for j in range(w):
-            cur[j] = _round_output(acc[j] * p2[j], out_code)
-
-
-@nb.njit(cache=True, nogil=True)
 def _block_general(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.ndarray, j0: int, kb: int,
                    ke: int, F: int, out_code: int, e_zero: int, cur: np.ndarray) -> None:
-    """:func:`_block`, element by element, for every case."""
+    """One T-FDPA of ke - kb products for a tile of columns, element by element, for every case: the blocks
+    the vector kernel does not take (a non-finite c, a last block shorter than L)."""
     for j in range(cur.size):
         c = cur[j]
         if not np.isfinite(c):
@@ -176,48 +86,137 @@ def _block_general(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.nd
         cur[j] = _round_output(math.ldexp(np.float64(s), em - F), out_code)
 
 
-@nb.njit(cache=True, parallel=True)
+def _make_chain(L: int):
+    """The chain for blocks of L products. L is a constant of the compiled code, so the loop over a block's
+    products unrolls and each loop over a tile's columns runs in vector registers: a column's e_max and sum
+    are built in registers and stored once a block (per product, the loads of b and its exponents only)."""
+
+    @nb.njit(cache=True, nogil=True)
+    def block(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.ndarray, j0: int, kb: int, F: int,
+              out_code: int, e_zero: int, narrow_sum: bool, cur: np.ndarray, em: np.ndarray, t32: np.ndarray, s: np.ndarray,
+              scb: np.ndarray, sc32b: np.ndarray, p2b: np.ndarray) -> None:
+        """One T-FDPA of L products for a tile of columns, with cur as c; cur takes d.
+
+        Where only tiny products are seen, a zero product (or c) sets e_max to the row's e_zero; where everything
+        is zero, S = 0. The products go in FP32 and an int32 sum when every e_max of the tile is in
+        [F - 124, 126] and L 2^(F + 2) fits an int32: then a b is an exact FP32 product, the scaling by
+        2^(F - e_max) is exact or leaves a term below 1 that truncates to 0 either way, and no sum overflows.
+        Otherwise in float64, truncated with ``trunc``: every term is an integer below 2^(F + 2), every partial
+        sum below 2^53, so exact. A non-finite c goes to :func:`_block_general`; a result outside FP32's normal
+        range takes the general rounding."""
+        w = cur.size
+        cbits = cur.view(np.uint64)
+        odd, low, wide = False, False, False
+        # 64-bit lanes and 32-bit lanes in separate loops: a loop is vectorised at the width of its widest type
+        for j in range(w):  # the exponent of c (-126 at least; a zero c takes e_zero)
+            odd |= (cbits[j] & _EXP_MASK) == _EXP_MASK
+            ec = np.int32((cbits[j] >> np.uint64(52) & np.uint64(0x7FF)) - np.uint64(1023))
+            em[j] = max(ec, np.int32(-126)) if cur[j] != 0.0 else np.int32(e_zero)
+        if odd:
+            _block_general(arow, earow, b, eb, j0, kb, kb + L, F, out_code, e_zero, cur)
+            return
+        for j in range(w):  # e_max (int32 throughout)
+            m = em[j]
+            for k in range(L):
+                m = max(m, np.int32(earow[_u(kb + k)] + eb[_u(kb + k), _u(j0 + j)]))
+            em[j] = m
+            low |= m < e_zero
+        if low and e_zero != _NO_E_ZERO:  # only tiny products somewhere: a zero product sets e_max to e_zero
+            for k in range(kb, kb + L):
+                for j in range(w):
+                    if earow[k] < _ZERO_FLOOR or eb[k, j0 + j] < _ZERO_FLOOR:
+                        em[j] = max(em[j], np.int32(e_zero))
+        for j in range(w):
+            e = em[j] if em[j] >= _ZERO_FLOOR else np.int32(0)  # every product and c zero: S = 0, any exponent
+            wide |= (e < F - 124) | (e > 126)
+            scb[j] = np.int64(1023 + F - e) << 52  # 2^(F - e_max)
+            sc32b[j] = np.int32(127 + F - e) << 23
+            p2b[j] = np.int64(1023 - F + e) << 52  # 2^(e_max - F)
+        sc, p2 = scb.view(np.float64), p2b.view(np.float64)
+        if narrow_sum and not wide:
+            sc32 = sc32b.view(np.float32)
+            for j in range(w):
+                f, t = sc32[j], np.int32(0)
+                for k in range(L):  # float -> int truncates toward zero
+                    t = np.int32(t + np.int32(arow[_u(kb + k)] * b[_u(kb + k), _u(j0 + j)] * f))
+                t32[j] = t
+            for j in range(w):
+                s[j] = np.float64(t32[j]) + np.trunc(cur[j] * sc[j])
+        else:
+            for j in range(w):
+                f, t = sc[j], 0.0 + np.trunc(cur[j] * sc[j])  # an integer sum: a zero S is +0
+                for k in range(L):
+                    t += np.trunc(np.float64(arow[_u(kb + k)]) * np.float64(b[_u(kb + k), _u(j0 + j)]) * f)
+                s[j] = t
+        if out_code < 2:  # toward zero: clear the low bits of the float64 significand
+            mask = np.uint64(~((1 << (29 if out_code == 0 else 39)) - 1) & 0xFFFF_FFFF_FFFF_FFFF)
+            for j in range(w):
+                d = s[j] * p2[j]
+                odd |= ((abs(d) < 1.1754943508222875e-38) & (d != 0.0)) | (abs(d) >= 3.402823669209385e38)
+                cur[j] = d
+                cbits[j] &= mask
+        if odd or out_code >= 2:  # the general rounding: outside FP32's normal range, or to nearest
+            for j in range(w):
+                cur[j] = _round_output(s[j] * p2[j], out_code)
+
+    @nb.njit(cache=True, parallel=True)
+    def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.ndarray, F: int,
+              out_code: int, e_zero: int, dot_k: int, fp32_add: bool) -> np.ndarray:
+        nb_, M, K = a.shape
+        N = b.shape[2]
+        out = np.empty((nb_, M, N))
+        tiles = (N + _TILE - 1) // _TILE
+        # few (batch, tile) tasks: cut the rows too, so that every core has work (rows are independent)
+        chunks = _ROW_CHUNKS if nb_ * tiles < _ROW_CHUNKS and M >= 2 * _ROW_CHUNKS else 1
+        rows = (M + chunks - 1) // chunks
+        step = dot_k if fp32_add else K
+        narrow_sum = L << (F + 2) <= 1 << 31  # |sum of L terms| < L 2^(F + 2) (significands below 2 each)
+        for t in nb.prange(nb_ * tiles * chunks):
+            bi, rest = t // (tiles * chunks), t % (tiles * chunks)
+            j0, i0 = (rest // chunks) * _TILE, (rest % chunks) * rows
+            w, h = min(_TILE, N - j0), min(rows, M - i0)
+            cur = np.empty((h, w))  # the tile's accumulators: every row of A meets the block's rows of B in turn
+            part = np.zeros((h, w)) if fp32_add else cur
+            for i in range(h):
+                for j in range(w):
+                    cur[i, j] = c[bi, i0 + i, j0 + j]
+            em, t32, s = np.empty(w, np.int32), np.empty(w, np.int32), np.empty(w)
+            scb, sc32b, p2b = np.empty(w, np.int64), np.empty(w, np.int32), np.empty(w, np.int64)
+            for k0 in range(0, K, step):
+                k1 = min(k0 + step, K)
+                if fp32_add:
+                    part[:] = 0.0
+                for kb in range(k0, k1, L):
+                    for i in range(h):
+                        if kb + L <= k1:
+                            block(a[bi, i0 + i], ea[bi, i0 + i], b[bi], eb[bi], j0, kb, F, out_code, e_zero,
+                                  narrow_sum, part[i], em, t32, s, scb, sc32b, p2b)
+                        else:  # a last block of fewer than L products
+                            _block_general(a[bi, i0 + i], ea[bi, i0 + i], b[bi], eb[bi], j0, kb, k1, F, out_code,
+                                           e_zero, part[i])
+                if fp32_add:
+                    for i in range(h):
+                        for j in range(w):
+                            cur[i, j] = np.float64(np.float32(cur[i, j] + part[i, j]))
+            for i in range(h):
+                for j in range(w):
+                    out[bi, i0 + i, j0 + j] = cur[i, j]
+        return out
+
+    return chain
+
+
+_CHAINS: dict[int, object] = {}
+
+
 def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.ndarray, L: int, F: int,
           out_code: int, e_zero: int, dot_k: int, fp32_add: bool) -> np.ndarray:
     """acc + a @ b as a chain of T-FDPA blocks: a (B, M, K), b (B, K, N) float32 (finite) with exponents ea, eb
     (int32, zeros -8000), c (B, M, N) float64. ``fp32_add``: each `dot_k` of K runs from a zero accumulator and is
     added to the FP32 accumulator (nearest even); else every block takes the previous block's result."""
-    nb_, M, K = a.shape
-    N = b.shape[2]
-    out = np.empty((nb_, M, N))
-    tiles = (N + _TILE - 1) // _TILE
-    # few (batch, tile) tasks: cut the rows too, so that every core has work (rows are independent)
-    chunks = _ROW_CHUNKS if nb_ * tiles < _ROW_CHUNKS and M >= 2 * _ROW_CHUNKS else 1
-    rows = (M + chunks - 1) // chunks
-    step = dot_k if fp32_add else K
-    narrow_sum = L << (F + 2) <= 1 << 31  # |sum of L terms| < L 2^(F + 2) (significands below 2 each)
-    for t in nb.prange(nb_ * tiles * chunks):
-        bi, rest = t // (tiles * chunks), t % (tiles * chunks)
-        j0, i0 = (rest // chunks) * _TILE, (rest % chunks) * rows
-        w, h = min(_TILE, N - j0), min(rows, M - i0)
-        cur = np.empty((h, w))  # the tile's accumulators: every row of A meets the block's rows of B in turn
-        part = np.zeros((h, w)) if fp32_add else cur
-        for i in range(h):
-            for j in range(w):
-                cur[i, j] = c[bi, i0 + i, j0 + j]
-        em, acc, acc32 = np.empty(w, np.int32), np.empty(w, np.int64), np.empty(w, np.int32)
-        scb, sc32b, p2b = np.empty(w, np.int64), np.empty(w, np.int32), np.empty(w, np.int64)
-        for k0 in range(0, K, step):
-            k1 = min(k0 + step, K)
-            if fp32_add:
-                part[:] = 0.0
-            for kb in range(k0, k1, L):
-                for i in range(h):
-                    _block(a[bi, i0 + i], ea[bi, i0 + i], b[bi], eb[bi], j0, kb, min(kb + L, k1), F, out_code,
-                           e_zero, narrow_sum, part[i], em, acc, acc32, scb, sc32b, p2b)
-            if fp32_add:
-                for i in range(h):
-                    for j in range(w):
-                        cur[i, j] = np.float64(np.float32(cur[i, j] + part[i, j]))
-        for i in range(h):
-            for j in range(w):
-                out[bi, i0 + i, j0 + j] = cur[i, j]
-    return out
+    if L not in _CHAINS:
+        _CHAINS[L] = _make_chain(L)
+    return _CHAINS[L](a, ea, b, eb, c, F, out_code, e_zero, dot_k, fp32_add)
 
 
 @nb.njit(cache=True, nogil=True)
