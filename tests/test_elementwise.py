@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from _oracles import to_fp32
 from amla_sim.arith import elementwise as ew
+from amla_sim.engine import numba_available, use_engine
 from amla_sim.formats import round_to
 from amla_sim.testing import assert_bitwise_equal, float_arrays, ulp_distance
 
@@ -44,15 +45,18 @@ def test_exp2_correctly_rounded_against_decimal(x):
     assert_bitwise_equal(ew.exp2(x), np.float32(want))
 
 
+@pytest.mark.parametrize("engine_name", ["numpy", pytest.param("numba", marks=pytest.mark.skipif(
+    not numba_available(), reason="numba is not installed (the [fast] extra)"))])
 @given(data=st.data())
-def test_fma_and_ieee_division_against_fractions(data):
+def test_fma_and_ieee_division_against_fractions(engine_name, data):
     a, b, c = (data.draw(float_arrays("fp32", (), min_value=-1e30, max_value=1e30)) for _ in range(3))
-    assert ew.fma(a, b, c) == np.float32(to_fp32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))))
+    with use_engine(engine_name):
+        assert ew.fma(a, b, c) == np.float32(to_fp32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))))
     if b != 0:
         assert ew.div(a, b) == np.float32(to_fp32(Fraction(float(a)) / Fraction(float(b))))
 
 
-def test_fma_round_to_odd_case():
+def test_fma_round_to_odd_case(engine):
     """(1 - 2^-24)(1 + 2^-23) + (2^-47 + 2^-60) = 1 + 2^-24 + 2^-60: a float64 sum would round onto the FP32
     midpoint 1 + 2^-24 and then to even (1.0); the exact FMA rounds up."""
     a, b, c = np.float32(1 - 2.0**-24), np.float32(1 + 2.0**-23), np.float32(2.0**-47 + 2.0**-60)
@@ -67,7 +71,7 @@ def test_triton_div_rn_is_ieee(cap):
     assert_bitwise_equal(ew.div(cap["div_a"], cap["div_b"]), cap["div_rn_y"])
 
 
-def test_triton_mul_add_is_fused(cap):
+def test_triton_mul_add_is_fused(cap, engine):
     assert_bitwise_equal(ew.fma(cap["div_a"], cap["div_b"], cap["fma_c"]), cap["mul_add_y"])
 
 
@@ -104,7 +108,7 @@ def test_rcp_is_bit_exact_on_every_fp32_in_1_2():
     assert_bitwise_equal(ew.rcp_approx(-x), -device)
 
 
-def test_exp2_is_bit_exact_on_every_fp32_in_1_2_and_in_minus_2_minus_1():
+def test_exp2_is_bit_exact_on_every_fp32_in_1_2_and_in_minus_2_minus_1(engine):
     """[1, 2) is the capture the core table was built from (a check of the table and its indexing); (-2, -1] was
     captured separately and exercises the complemented fraction of negative arguments."""
     for pattern, diff in ((0x3F800000, np.load(DATA / "triton_exp2_unit.npz")["ulp_diff"]),
@@ -121,7 +125,7 @@ def test_the_device_exp2_is_not_correctly_rounded():
     assert np.mean(diff[diff != 0] == 1) > 0.999  # the device errs upward on [1, 2)
 
 
-def test_exp2_and_exp_are_bit_exact_on_random_inputs(cap):
+def test_exp2_and_exp_are_bit_exact_on_random_inputs(cap, engine):
     assert_bitwise_equal(ew.exp2(cap["exp2_x"], mode="sm90"), cap["exp2_y"])
     assert_bitwise_equal(ew.exp(cap["exp_x"], mode="sm90"), cap["exp_y"])
     cr = ew.exp2(cap["exp2_x"])
@@ -130,7 +134,7 @@ def test_exp2_and_exp_are_bit_exact_on_random_inputs(cap):
 
 
 @pytest.mark.parametrize("op", ["exp2", "exp"])
-def test_exp2_and_exp_are_bit_exact_on_edge_inputs(op):
+def test_exp2_and_exp_are_bit_exact_on_edge_inputs(op, engine):
     """Zeros, subnormals, tiny normals (bits below 2^-23), integers, -150 / -126 / 128 neighbourhoods, inf, NaN."""
     z = np.load(DATA / "ex2_edges.npz")
     got = getattr(ew, op)(z["x"], mode="sm90")
@@ -140,7 +144,7 @@ def test_exp2_and_exp_are_bit_exact_on_edge_inputs(op):
         assert (got[tiny_negative] == 1).all() and tiny_negative.sum() > 100  # truncated to 0, not complemented
 
 
-def test_exp2_ftz(cap):
+def test_exp2_ftz(cap, engine):
     y = ew.exp2(np.float32([-130.0, -126.0, 1e-40, -1e-40]), mode="sm90")
     assert_bitwise_equal(y, np.float32([0.0, 2.0**-126, 1.0, 1.0]))
     x, dev = cap["exp2_x"], cap["exp2_y"]
@@ -148,7 +152,7 @@ def test_exp2_ftz(cap):
     assert (dev[tiny] == 0).all() and (ew.exp2(x[tiny], mode="sm90") == 0).all()
 
 
-def test_exp_reaches_subnormal_results_by_squaring_the_half(cap):
+def test_exp_reaches_subnormal_results_by_squaring_the_half(cap, engine):
     """tl.exp's subnormal results match fl32(EX2(x/2)^2); scaling EX2(x + 24) by 2^-24 instead misses some."""
     t = (cap["exp_x"] * ew.LOG2E_F32).astype(np.float32)
     deep = (t < -126) & (cap["exp_y"] > 0)

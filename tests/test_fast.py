@@ -15,6 +15,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from amla_sim import mma
+from amla_sim.arith import elementwise as ew
 from amla_sim.engine import ENGINES, get_engine, numba_available, set_engine, use_engine
 from amla_sim.formats import FORMATS
 from amla_sim.testing import assert_bitwise_equal
@@ -122,3 +123,57 @@ def test_a_bad_engine_variable_is_refused_when_used_not_at_import():
     assert r.returncode != 0 and "AMLA_SIM_ENGINE: expected one of" in r.stderr
     r = subprocess.run([sys.executable, "-c", "import amla_sim"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+# --- the compiled elementwise units (arith/_elementwise_numba.py) -------------------------------------------
+
+
+def _fp32_draws(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Any bit pattern (NaNs of every payload, infinities, subnormals) and ordinary values of every scale."""
+    bits = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    ordinary = (rng.standard_normal(n) * np.exp2(rng.integers(-40, 40, n))).astype(np.float32)
+    return np.where(rng.random(n) < 0.5, bits, ordinary)
+
+
+@pytest.mark.parametrize("shapes", [((4096,), (4096,), (4096,)), ((64, 64), (), (64, 1)), ((8, 1, 64), (1, 64, 1), (64, 64))])
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_fma_gives_the_reference_bits(shapes, seed):
+    rng = np.random.default_rng(seed)
+    a, b, c = (_fp32_draws(rng, int(np.prod(s))).reshape(s) for s in shapes)
+    finite = [np.where(np.isnan(x), np.float32(1.5), x) for x in (a, b, c)]  # the compiled path itself
+    for ops in ((a, b, c), finite):
+        with use_engine("numpy"):
+            want = ew.fma(*ops)
+        with use_engine("numba"):
+            got = ew.fma(*ops)
+        assert_bitwise_equal(got, want)
+
+
+def test_compiled_fma_leaves_nan_operands_to_the_reference():
+    """Two NaN operands: which payload survives depends on the order the CPU instruction gets them, which a
+    compiler may swap; the compiled kernel refuses such arrays and the NumPy path answers."""
+    from amla_sim.arith import _elementwise_numba as fast
+
+    a = np.uint32([0x7FC00001, 0x3F800000]).view(np.float32)
+    b = np.uint32([0x7FC00002, 0x3F800000]).view(np.float32)
+    c = np.float32([1.0, 2.0])
+    assert fast.fma(a, b, c) is None
+    assert fast.fma(c, c, c) is not None
+    with use_engine("numpy"):
+        want = ew.fma(a, b, c)
+    with use_engine("numba"):
+        assert_bitwise_equal(ew.fma(a, b, c), want)
+
+
+@pytest.mark.parametrize("ftz", [True, False])
+def test_compiled_ex2_gives_the_reference_bits(ftz):
+    """Every bit pattern at random, and every 256th FP32 across the unit's whole range [-260, 260] (both signs,
+    the flush and saturation edges, subnormal inputs and results)."""
+    rng = np.random.default_rng(7)
+    dense = np.arange(0, 0x43820000, 256, dtype=np.uint32).view(np.float32)  # 0 .. 260
+    x = np.concatenate([_fp32_draws(rng, 1 << 16), dense, -dense])
+    with use_engine("numpy"):
+        want = ew.ex2_approx(x, ftz=ftz)
+    with use_engine("numba"):
+        got = ew.ex2_approx(x, ftz=ftz)
+    assert_bitwise_equal(got, want)

@@ -125,6 +125,9 @@ def quantize_kv_cache(kv: npt.ArrayLike, layout: str = "v32", *, power_of_two: b
     return page.reshape(nb, P, 1, lay.bytes_per_token)
 
 
+_E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)  # every E4M3 code's value
+
+
 def _fields(cache: np.ndarray, lay: CacheLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(E4M3 bytes (n, d_nope), scales as FP32 (n, tiles), RoPE as FP32 (n, 64)) of every token of a cache."""
     nb, P = cache.shape[:2]
@@ -153,7 +156,7 @@ def dequantize_kv_cache(cache: npt.ArrayLike, layout: str | None = None, *, as_k
     if c.shape[-1] != lay.bytes_per_token:
         raise ValueError(f"kv_cache: layout {lay.name} has {lay.bytes_per_token} bytes a token, got {c.shape[-1]}")
     q8, s, rope = _fields(c, lay)
-    v = q8.view(ml_dtypes.float8_e4m3fn).astype(np.float32).reshape(len(q8), lay.num_tiles, lay.tile)
+    v = _E4M3[q8].reshape(len(q8), lay.num_tiles, lay.tile)  # a table of the 256 codes: ml_dtypes' own values
     if as_kernel:
         s16 = round_to(s, "bf16").astype(np.float32)
         nope = round_to(v * s16[..., None], "bf16")  # the exact product of two BF16 values, rounded once

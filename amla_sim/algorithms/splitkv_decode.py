@@ -151,32 +151,43 @@ def _stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: n
     if mc.block_width(b * H, block_n) > block_n:  # a key's scores do not depend on its block: every key's at once
         every = mc.by_blocks(lambda kt: mc.matmul(Qr, mc.operand(kt[..., D_V:, :]),
                                                   mc.matmul(Qn, mc.operand(kt[..., :D_V, :])))[:, 0],
-                             np.swapaxes(K, -1, -2)[:, None], rows=b * H, block=block_n)  # (b, H, L)
+                             np.ascontiguousarray(np.swapaxes(K, -1, -2))[:, None],  # K^T laid out once
+                             rows=b * H, block=block_n)  # (b, H, L)
     bi, hi = np.arange(b)[:, None, None, None], np.arange(H)[None, None, :, None]
+    Kg = K if every is None else K[..., :D_V]  # with every key's scores made, a block needs only its V
     for j in range(n_blocks):
         t = start[..., None] + j * block_n + np.arange(block_n)  # (b, S, n) token of every column
         valid = t < end[..., None]
         live = start + j * block_n < end  # (b, S): the split runs this block
-        Kb = np.where(valid[..., None], K[np.arange(b)[:, None, None], np.minimum(t, K.shape[1] - 1)], 0)
-        Kb = Kb.astype(K.dtype)  # keys past the split load as 0
+        everywhere = bool(valid.all())  # no split past its end, no masked key: the masks change nothing
+        Kb = Kg[np.arange(b)[:, None, None], np.minimum(t, K.shape[1] - 1)]
+        if not everywhere:
+            Kb = np.where(valid[..., None], Kb, 0).astype(K.dtype)  # keys past the split load as 0
         if every is not None:
             qk = every[bi, hi, np.minimum(t, K.shape[1] - 1)[:, :, None, :]]  # (b, S, H, n)
         else:
             KT = np.swapaxes(Kb, -1, -2)  # (b, S, 576, n)
             qk = mc.matmul(Qr, mc.operand(KT[..., D_V:, :]), mc.matmul(Qn, mc.operand(KT[..., :D_V, :])))
-        qk = np.where(valid[:, :, None, :], mc.f(qk) * sm, -np.inf).astype(dt)  # (b, S, H, n)
+        qk = mc.f(mc.f(qk) * sm)
+        if not everywhere:
+            qk = np.where(valid[:, :, None, :], qk, -np.inf).astype(dt)  # (b, S, H, n)
         m_new = np.maximum(m, mc.rowmax(qk))
         alpha = mc.exp(m - m_new)
         p = mc.exp(qk - m_new[..., None])
         keep = live[..., None]
-        # a split past its range computes nothing that is kept: its NaN rows (-inf - -inf) zeroed here, so that
-        # they do not send the whole product down the tensor-core model's path for non-finite operands
-        rows = keep[..., None]
-        acc_new = mc.matmul(mc.operand(mc.cast(np.where(rows, p, 0), "bf16")), mc.operand(Kb[..., :D_V]),
-                            np.where(rows, mc.f(acc * alpha[..., None]), 0))
-        l_new = mc.mul_add(l, alpha, mc.rowsum(p, layout=layout))
-        m, l = np.where(keep, m_new, m), np.where(keep, l_new, l)
-        acc = np.where(keep[..., None], acc_new, acc)
+        scaled = mc.f(acc * alpha[..., None])
+        if everywhere:
+            acc = mc.matmul(mc.operand(mc.cast(p, "bf16")), mc.operand(Kb[..., :D_V]), scaled)
+            m, l = m_new, mc.mul_add(l, alpha, mc.rowsum(p, layout=layout))
+        else:
+            # a split past its range computes nothing that is kept: its NaN rows (-inf - -inf) zeroed here, so
+            # that they do not send the whole product down the tensor-core model's path for non-finite operands
+            rows = keep[..., None]
+            acc_new = mc.matmul(mc.operand(mc.cast(np.where(rows, p, 0), "bf16")), mc.operand(Kb[..., :D_V]),
+                                np.where(rows, scaled, 0))
+            l_new = mc.mul_add(l, alpha, mc.rowsum(p, layout=layout))
+            m, l = np.where(keep, m_new, m), np.where(keep, l_new, l)
+            acc = np.where(keep[..., None], acc_new, acc)
         if trace is not None:
             for name, v in (("S", qk), ("m", m), ("P", p), ("l", l)):
                 trace.setdefault(name, []).append(v)

@@ -24,7 +24,7 @@ import numba as nb
 import numpy as np
 
 OUTPUT_CODES = {"fp32-rz": 0, "e8m13-rz": 1, "fp32-rne": 2, "fp16-rne": 3}
-_TILE = 512  # columns per task: the fastest of 64-1024 on benchmarks/bench_mma.py
+_TILE = 512  # columns per task at most: the fastest of 64-1024 on benchmarks/bench_mma.py
 _ROW_CHUNKS = 4  # a product of one tile and no batch is cut into this many row ranges (tasks for the threads)
 _NO_E_ZERO = -(1 << 20)  # e_zero of rows whose zeros never set e_max
 _ZERO_FLOOR = -4000  # e_max below this: every product and c are zero (zero operands carry -8000)
@@ -161,11 +161,12 @@ def _make_chain(L: int):
 
     @nb.njit(cache=True, parallel=True)
     def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.ndarray, F: int,
-              out_code: int, e_zero: int, dot_k: int, fp32_add: bool) -> np.ndarray:
+              out_code: int, e_zero: int, dot_k: int, fp32_add: bool, canon: bool, nan: float,
+              tile: int) -> np.ndarray:
         nb_, M, K = a.shape
         N = b.shape[2]
-        out = np.empty((nb_, M, N))
-        tiles = (N + _TILE - 1) // _TILE
+        out = np.empty((nb_, M, N), c.dtype)
+        tiles = (N + tile - 1) // tile
         # few (batch, tile) tasks: cut the rows too, so that every core has work (rows are independent)
         chunks = _ROW_CHUNKS if nb_ * tiles < _ROW_CHUNKS and M >= 2 * _ROW_CHUNKS else 1
         rows = (M + chunks - 1) // chunks
@@ -173,8 +174,8 @@ def _make_chain(L: int):
         narrow_sum = L << (F + 2) <= 1 << 31  # |sum of L terms| < L 2^(F + 2) (significands below 2 each)
         for t in nb.prange(nb_ * tiles * chunks):
             bi, rest = t // (tiles * chunks), t % (tiles * chunks)
-            j0, i0 = (rest // chunks) * _TILE, (rest % chunks) * rows
-            w, h = min(_TILE, N - j0), min(rows, M - i0)
+            j0, i0 = (rest // chunks) * tile, (rest % chunks) * rows
+            w, h = min(tile, N - j0), min(rows, M - i0)
             cur = np.empty((h, w))  # the tile's accumulators: every row of A meets the block's rows of B in turn
             part = np.zeros((h, w)) if fp32_add else cur
             for i in range(h):
@@ -200,7 +201,8 @@ def _make_chain(L: int):
                             cur[i, j] = np.float64(np.float32(cur[i, j] + part[i, j]))
             for i in range(h):
                 for j in range(w):
-                    out[bi, i0 + i, j0 + j] = cur[i, j]
+                    v = cur[i, j]
+                    out[bi, i0 + i, j0 + j] = nan if canon and v != v else v
         return out
 
     return chain
@@ -210,22 +212,46 @@ _CHAINS: dict[int, object] = {}
 
 
 def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.ndarray, L: int, F: int,
-          out_code: int, e_zero: int, dot_k: int, fp32_add: bool) -> np.ndarray:
+          out_code: int, e_zero: int, dot_k: int, fp32_add: bool, nan: np.floating | None = None) -> np.ndarray:
     """acc + a @ b as a chain of T-FDPA blocks: a (B, M, K), b (B, K, N) float32 (finite) with exponents ea, eb
-    (int32, zeros -8000), c (B, M, N) float64. ``fp32_add``: each `dot_k` of K runs from a zero accumulator and is
-    added to the FP32 accumulator (nearest even); else every block takes the previous block's result."""
+    (int32, zeros -8000), c (B, M, N) float32 or float64 (the result's type). ``fp32_add``: each `dot_k` of K runs
+    from a zero accumulator and is added to the FP32 accumulator (nearest even); else every block takes the
+    previous block's result. nan: the one NaN the unit writes (None: NaNs as computed)."""
     if L not in _CHAINS:
         _CHAINS[L] = _make_chain(L)
-    return _CHAINS[L](a, ea, b, eb, c, F, out_code, e_zero, dot_k, fp32_add)
+    canon = nan is not None
+    # a float32 NaN widened to float64 keeps its payload's high bits, so storing it back gives the same bits
+    return _CHAINS[L](a, ea, b, eb, c, F, out_code, e_zero, dot_k, fp32_add, canon,
+                      np.float64(nan) if canon else 0.0, _tile_width(b.shape[2], b.shape[0]))
+
+
+def _tile_width(N: int, batches: int) -> int:
+    """Columns per task: at most _TILE; where there are few tasks, as many tiles as make the tasks a multiple of
+    the threads (5 tiles on 2 threads keep one idle a fifth of the time)."""
+    threads = nb.get_num_threads()
+    tiles = -(-N // _TILE)
+    if batches * tiles < 4 * threads:
+        while batches * tiles % threads:
+            tiles += 1
+    width = -(-N // tiles)
+    return min(_TILE, -(-width // 16) * 16)  # whole vectors
 
 
 @nb.njit(cache=True, nogil=True)
-def exponents(x: np.ndarray, emin: int) -> np.ndarray:
-    """The operands' unnormalised exponents (int32): max(floor(log2|x|), emin), -8000 for zeros (x float32)."""
-    flat = x.reshape(-1)
-    bits = flat.view(np.uint32)
-    out = np.empty(flat.size, np.int32)
-    for n in range(flat.size):
-        e = np.int32((bits[n] >> np.uint32(23)) & np.uint32(0xFF)) - 127
-        out[n] = max(e, emin) if flat[n] != 0.0 else -8000
-    return out.reshape(x.shape)
+def _exponents(x: np.ndarray, emin: int, out: np.ndarray) -> bool:
+    """out = the unnormalised exponents of the flat float32 x; whether every element is finite."""
+    bits = x.view(np.uint32)
+    odd = False
+    for n in range(x.size):
+        field = np.int32((bits[n] >> np.uint32(23)) & np.uint32(0xFF))
+        odd |= field == 255
+        out[n] = max(field - np.int32(127), np.int32(emin)) if x[n] != 0.0 else np.int32(-8000)
+    return not odd
+
+
+def exponents(x: np.ndarray, emin: int) -> np.ndarray | None:
+    """The operands' unnormalised exponents (int32): max(floor(log2|x|), emin), -8000 for zeros (x float32,
+    contiguous); None where an element is Inf or NaN."""
+    out = np.empty(x.shape, np.int32)
+    return out if _exponents(x.reshape(-1), emin, out.reshape(-1)) else None
+

@@ -46,6 +46,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from ..engine import get_engine
 from ..formats import FP32_MIN_NORMAL, flush_subnormals, is_float_dtype
 
 __all__ = [
@@ -108,8 +109,15 @@ def _ex2_table() -> np.ndarray:
     return _table("ex2_sm90.npz") & _FRAC
 
 
-def _mufu_ex2(x: np.ndarray) -> np.ndarray:
-    """The MUFU.EX2 unit on FP32 x (see the module docstring); results below 2^-126 flushed to +0."""
+def _mufu_ex2(x: np.ndarray, *, ftz: bool = False) -> np.ndarray:
+    """The MUFU.EX2 unit on FP32 x (see the module docstring); results below 2^-126 flushed to +0. ftz: subnormal
+    inputs read as zero."""
+    if get_engine() == "numba":
+        from . import _elementwise_numba
+
+        return _elementwise_numba.mufu_ex2(x, _ex2_table(), ftz=ftz)
+    if ftz:
+        x = np.where(np.abs(x) < np.float32(2.0**-126), np.float32(0.0), x)
     with np.errstate(invalid="ignore"):  # |x| >= 256 saturates: the result is +inf or +0 either way
         fixed = np.trunc(np.minimum(np.abs(x), np.float32(255.99998)) * np.float32(2.0**23))  # exact, toward zero
     A = np.nan_to_num(fixed).astype(np.int32)
@@ -128,9 +136,10 @@ def ex2_approx(x: npt.ArrayLike, *, ftz: bool = False) -> np.ndarray:
     measured agreement: 100% of every capture)."""
     xf = as_f32(x)
     if ftz:
-        return _mufu_ex2(np.where(np.abs(xf) < np.float32(2.0**-126), np.float32(0.0), xf))
+        return _mufu_ex2(xf, ftz=True)
     small = xf < np.float32(-126.0)  # 2^x is subnormal or zero: square the unit's 2^(x / 2)
-    half = _mufu_ex2(np.where(small, xf * np.float32(0.5), xf))
+    with np.errstate(invalid="ignore"):  # a signalling NaN: NaN either way
+        half = _mufu_ex2(np.where(small, xf * np.float32(0.5), xf))
     with np.errstate(under="ignore", over="ignore"):
         return np.where(small, half * half, half).astype(np.float32)
 
@@ -202,7 +211,14 @@ def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike, *, ftz: bool = Fal
     """FP32 fused multiply-add ``a * b + c``, rounded once to nearest even (binary64 with round-to-odd).
 
     ftz: ``fma.rn.ftz.f32``: subnormal inputs and results flushed to a zero of the same sign."""
-    a64, b64, c64 = (as_f32(v, n).astype(np.float64) for v, n in ((a, "a"), (b, "b"), (c, "c")))
+    af, bf, cf = (as_f32(v, n) for v, n in ((a, "a"), (b, "b"), (c, "c")))
+    if not ftz and get_engine() == "numba":
+        from . import _elementwise_numba
+
+        out = _elementwise_numba.fma(af, bf, cf)  # None where an operand is NaN: the NumPy path below
+        if out is not None:
+            return out
+    a64, b64, c64 = (v.astype(np.float64) for v in (af, bf, cf))
     if ftz:
         a64, b64, c64 = (_flush(v) for v in (a64, b64, c64))
     with np.errstate(invalid="ignore", over="ignore"):

@@ -393,7 +393,11 @@ def matmul(
             if acc is not None:
                 out += np.asarray(acc, dtype=np.float32)
             return out.astype(out_dtype, copy=False)
-    c64 = np.zeros(out_shape) if acc is None else np.broadcast_to(np.asarray(acc), out_shape).astype(np.float64)
+
+    def accumulator(dtype: type) -> np.ndarray:  # C broadcast to the output, widened
+        if acc is None:
+            return np.zeros(out_shape, dtype)
+        return np.broadcast_to(np.asarray(acc), out_shape).astype(dtype, copy=False)  # no copy when it already is
 
     def operands(dtype: type) -> tuple[np.ndarray, np.ndarray]:  # a and b broadcast to the batch, widened
         with np.errstate(invalid="ignore"):
@@ -403,29 +407,36 @@ def matmul(
     if m.kind == "exact":
         if fmt.name == "fp64":
             raise ValueError("a: the exact model takes formats up to FP32 (their products are exact in float64)")
-        return _matmul_exact(*operands(np.float64), c64, fmt).astype(out_dtype)
+        return _matmul_exact(*operands(np.float64), accumulator(np.float64), fmt).astype(out_dtype)
     if m.kind == "fp32":
-        return _matmul_fp32(*operands(np.float64), c64).astype(out_dtype)
+        return _matmul_fp32(*operands(np.float64), accumulator(np.float64)).astype(out_dtype)
 
     name = "tf32" if fmt.name == "fp32" else fmt.name
     if name not in m.rows:
         raise ValueError(f"a: model {m.name!r} has no tensor-core path for {fmt.name} inputs ({sorted(m.rows)})")
     row = m.rows[name]
     out_dtype = ACCUMULATORS[row.output].dtype
+    if 0 in out_shape:  # nothing to compute: an empty result, as NumPy's matmul gives
+        return np.zeros(out_shape, out_dtype)
     a32, b32 = operands(np.float32)  # exact for every tensor-core input format
     if name == "tf32":  # the tensor core reads the 19 high bits of each FP32 operand
         a32, b32, fmt = tf32_operand(a32), tf32_operand(b32), FORMATS["tf32"]
-    if acc is not None and out_dtype != np.float32:  # an FP16 accumulator reads C as FP16
-        c64 = round_to(c64, out_dtype).astype(np.float64)
-    if 0 in out_shape:  # nothing to compute: an empty result, as NumPy's matmul gives
-        return np.zeros(out_shape, out_dtype)
-    if get_engine() == "numba" and np.isfinite(a32).all() and np.isfinite(b32).all():
-        out = _chain_numba(a32, b32, c64, fmt, row, dot_k or K).astype(out_dtype)
-    else:
-        a64, b64 = a32.astype(np.float64), b32.astype(np.float64)
-        out = _chain(a64, b64, c64, _exponents(a64, fmt), _exponents(b64, fmt), row, dot_k or K).astype(out_dtype)
-    if m.nan_bits is not None and out_dtype == np.float32:
-        out = np.where(np.isnan(out), np.uint32(m.nan_bits).view(np.float32), out)
+    nan = None if m.nan_bits is None or out_dtype != np.float32 else np.uint32(m.nan_bits).view(np.float32)
+    fast = get_engine() == "numba"
+    if out_dtype == np.float32:  # read as FP32 (widened for the NumPy path)
+        c = accumulator(np.float32 if fast else np.float64)
+    else:  # an FP16 accumulator reads C as FP16
+        c = accumulator(np.float64)
+        c = c if acc is None else round_to(c, out_dtype).astype(np.float64)
+    if fast:
+        out = _chain_numba(a32, b32, c, fmt, row, dot_k or K, nan)  # None: an operand is not finite
+        if out is not None:
+            return out.astype(out_dtype, copy=False)
+    a64, b64 = a32.astype(np.float64), b32.astype(np.float64)
+    out = _chain(a64, b64, c.astype(np.float64, copy=False), _exponents(a64, fmt), _exponents(b64, fmt), row,
+                 dot_k or K).astype(out_dtype)
+    if nan is not None:
+        out = np.where(np.isnan(out), nan, out)
     return out
 
 
@@ -480,20 +491,24 @@ def _chain(
 _CHUNK_ELEMENTS = 1 << 17
 
 
-def _chain_numba(a32: np.ndarray, b32: np.ndarray, c64: np.ndarray, fmt: Format, row: TFDPA,
-                 dot_k: int) -> np.ndarray:
-    """:func:`_chain` for finite operands (float32: exact for every input format), compiled (the ``numba``
-    engine); the same bits."""
+def _chain_numba(a32: np.ndarray, b32: np.ndarray, c: np.ndarray, fmt: Format, row: TFDPA, dot_k: int,
+                 nan: np.float32 | None) -> np.ndarray | None:
+    """:func:`_chain` compiled (the ``numba`` engine), the same bits: a32, b32 float32 (exact for every input
+    format), C float32 or float64, the result in C's type, every NaN written as `nan` (None: as computed). None
+    where an operand is not finite (the NumPy path takes those)."""
     from . import _mma_numba as nbk
 
     M, K = a32.shape[-2:]
     N = b32.shape[-1]
-    a3, b3, c3 = a32.reshape(-1, M, K), b32.reshape(-1, K, N), c64.reshape(-1, M, N)
+    a3, b3, c3 = a32.reshape(-1, M, K), b32.reshape(-1, K, N), c.reshape(-1, M, N)
     flip = N < M  # the kernel vectorises along N: C^T = B^T A^T, the same products in the same blocks
     if flip:
         a3, b3, c3 = np.swapaxes(b3, 1, 2), np.swapaxes(a3, 1, 2), np.swapaxes(c3, 1, 2)
     a3, b3, c3 = (np.ascontiguousarray(x) for x in (a3, b3, c3))
+    ea, eb = nbk.exponents(a3, fmt.emin), nbk.exponents(b3, fmt.emin)
+    if ea is None or eb is None:
+        return None
     e_zero = nbk._NO_E_ZERO if row.e_zero is None else row.e_zero
-    out = nbk.chain(a3, nbk.exponents(a3, fmt.emin), b3, nbk.exponents(b3, fmt.emin), c3, row.L, row.F,
-                    nbk.OUTPUT_CODES[row.output], e_zero, dot_k, row.chain == "fp32-add")
-    return (np.swapaxes(out, 1, 2) if flip else out).reshape(c64.shape)
+    out = nbk.chain(a3, ea, b3, eb, c3, row.L, row.F, nbk.OUTPUT_CODES[row.output], e_zero, dot_k,
+                    row.chain == "fp32-add", nan)
+    return (np.swapaxes(out, 1, 2) if flip else out).reshape(c.shape)
