@@ -148,16 +148,17 @@ def test_the_kernels_dequantizer_rounds_where_the_reference_does_not():
 
 
 def _lane_sums_adjacent(mc, P):  # as the dense decode: column pairs first
-    q = P.reshape(P.shape[0], 8, 4, 2)
+    q = P.reshape(*P.shape[:-1], 8, 4, 2)
     pair = mc.f(q[..., 0] + q[..., 1])
-    s = np.zeros((P.shape[0], 4), mc.dtype)
+    s = np.zeros((*P.shape[:-1], 4), mc.dtype)
     for g in range(8):
-        s = mc.f(s + pair[:, g])
+        s = mc.f(s + pair[..., g, :])
     return s
 
 
 def _lane_sums_numpy(mc, P):
-    return mc.f(P.reshape(P.shape[0], 8, 4, 2).transpose(0, 2, 1, 3).reshape(P.shape[0], 4, 16).sum(-1))
+    q = P.reshape(*P.shape[:-1], 8, 4, 2)
+    return mc.f(np.swapaxes(q, -3, -2).reshape(*P.shape[:-1], 4, 16).sum(-1))
 
 
 CHOICES = {  # name: (case of the seed-0 capture, or (capture, case), where it bites; module function replaced, or

@@ -147,7 +147,7 @@ def flashmla_sparse_fp8(
             K = np.where(ok[:, None], keys[np.where(ok, idx[i, j], 0)], 0).astype(keys.dtype)
             # the scores do not depend on the softmax state: every block's at once where that changes no bit
             S = mc.f(mc.matmul_blocks(mc.operand(Q[i, j]), mc.operand(np.ascontiguousarray(K.T)), block=BLOCK_SIZE_N))
-            res = [_split(mc, S, K, ok, lo, hi, c) for lo, hi in splits[i]]
+            res = _splits(mc, S, K, ok, splits[i], c)
             if len(res) == 1:
                 O, L, m = res[0]
                 r = mc.div(mc.f(1.0), L if sink is None else _with_sink(mc, L, m, sink))
@@ -190,28 +190,35 @@ def flashmla_sparse_fp8_decode(
                                machine=machine, trace=trace)
 
 
-def _split(mc: Machine, scores: np.ndarray, K: np.ndarray, ok: np.ndarray, lo: int, hi: int,
-           c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One split over blocks [lo, hi) of the slots' scores Q K^T (R, topk): (O, L, m) per row, O not yet divided
-    by L. V is K's first 512 columns (V3.2: the dequantized FP8 part; MODEL1: its 448 and the 64 BF16 RoPE
-    values)."""
+def _splits(mc: Machine, scores: np.ndarray, K: np.ndarray, ok: np.ndarray, ranges: list,
+            c: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Every split (blocks [lo, hi) of the slots' scores Q K^T (R, topk)) of a query: (O, L, m) per row and split,
+    O not yet divided by L. V is K's first 512 columns (V3.2: the dequantized FP8 part; MODEL1: its 448 and the 64
+    BF16 RoPE values). The splits run in lockstep, a block of each at a time (rows and splits are independent, so
+    each split's bits are those of running it alone); a split past its last block keeps its state."""
     dt = mc.dtype
-    R = scores.shape[0]
-    m = np.full(R, mc.f(_MAX_INIT), dt)
-    O = np.zeros((R, D_V), dt)
-    lanes = np.zeros((R, 4), dt)
-    for blk in range(lo, hi):
-        sl = slice(blk * BLOCK_SIZE_N, (blk + 1) * BLOCK_SIZE_N)
-        Kb = K[sl]
-        S = np.where(ok[sl][None, :], scores[:, sl], -np.inf).astype(dt)
-        m_new = np.maximum(m, mc.f(np.max(S, axis=1) * c))
+    R, n = scores.shape[0], len(ranges)
+    lo, hi = np.array([r[0] for r in ranges], np.int64), np.array([r[1] for r in ranges], np.int64)
+    m = np.full((n, R), mc.f(_MAX_INIT), dt)
+    O = np.zeros((n, R, D_V), dt)
+    lanes = np.zeros((n, R, 4), dt)
+    for t in range(int((hi - lo).max(initial=0))):
+        live = lo + t < hi  # (n,)
+        blk = np.maximum(np.minimum(lo + t, hi - 1), 0)  # a finished split repeats a block (its result unused)
+        cols = blk[:, None] * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)  # (n, 64)
+        S = np.where(ok[cols][:, None, :], np.moveaxis(scores[:, cols], 0, 1), -np.inf).astype(dt)  # (n, R, 64)
+        m_new = np.maximum(m, mc.f(np.max(S, axis=-1) * c))
         s = mc.exp2(mc.f(m - m_new))
-        O = mc.f(O * s[:, None])
-        P = mc.exp2(mc.mul_add(S, c, -m_new[:, None]))
-        O = mc.matmul(mc.operand(mc.cast(P, "bf16")), mc.operand(Kb[:, :D_V]), O)
-        lanes = mc.mul_add(lanes, s[:, None], _lane_sums(mc, P))
-        m = m_new
-    return O, _row_total(mc, lanes), m
+        P = mc.exp2(mc.mul_add(S, c, -m_new[..., None]))
+        O_new = mc.matmul(mc.operand(mc.cast(P, "bf16")), mc.operand(K[cols, :D_V]), mc.f(O * s[..., None]))
+        lanes_new = mc.mul_add(lanes, s[..., None], _lane_sums(mc, P))
+        if live.all():
+            O, lanes, m = O_new, lanes_new, m_new
+        else:
+            O = np.where(live[:, None, None], O_new, O)
+            lanes = np.where(live[:, None, None], lanes_new, lanes)
+            m = np.where(live[:, None], m_new, m)
+    return [(O[k], _row_total(mc, lanes[k]), m[k]) for k in range(n)]
 
 
 def _keys(cache: np.ndarray) -> np.ndarray:
@@ -245,12 +252,12 @@ def _combine_sink(mc: Machine, g: np.ndarray, sink: np.ndarray) -> np.ndarray:
 
 
 def _lane_sums(mc: Machine, P: np.ndarray) -> np.ndarray:
-    """(R, 64) -> (R, 4): lane t adds columns 2t, 2t + 1, 2t + 8, 2t + 9, ..., 2t + 57 in order, from 0."""
-    q = P.reshape(P.shape[0], 8, 4, 2)  # (row, group of 8 columns, lane, pair)
-    s = np.zeros((P.shape[0], 4), mc.dtype)
+    """(..., 64) -> (..., 4): lane t adds columns 2t, 2t + 1, 2t + 8, 2t + 9, ..., 2t + 57 in order, from 0."""
+    q = P.reshape(*P.shape[:-1], 8, 4, 2)  # (..., group of 8 columns, lane, pair)
+    s = np.zeros(P.shape[:-1] + (4,), mc.dtype)
     for g in range(8):
         for e in range(2):
-            s = mc.f(s + q[:, g, :, e])
+            s = mc.f(s + q[..., g, :, e])
     return s
 
 
