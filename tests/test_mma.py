@@ -14,6 +14,7 @@ from _oracles import t_fdpa as oracle_t_fdpa
 from _oracles import to_fp32
 from amla_sim import mma
 from amla_sim._seeds import derive_seed
+from amla_sim.engine import use_engine
 from amla_sim.captures import dot_operand, input_crc
 from amla_sim.arith import mma as mma_impl
 from amla_sim.formats import FORMATS, get_format, round_to
@@ -373,3 +374,20 @@ def test_differential_against_mmasim(qualifier, fmt):
                    torch.from_numpy(c)).numpy()
         got = mma.matmul(a, b, c, model="sm90-fp16" if fp16_out else "sm90")
         _check_nan_aside(got, want.view(np.uint16 if fp16_out else np.uint32), f"{qualifier} trial {trial}")
+
+
+@pytest.mark.parametrize("model", ["sm90", "sm80"])
+@pytest.mark.parametrize("n_batch", [3, 40])
+def test_a_batched_product_gives_each_batch_its_own_bits(model, n_batch):
+    """Many batches (a kernel's splits run in lockstep) are computed a group at a time on the NumPy engine (40 x 64
+    rows are too many for one working set): every batch has the bits of its product made alone."""
+    rng = np.random.default_rng(n_batch)
+    a = (rng.standard_normal((n_batch, 64, 64)) * 3).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((n_batch, 64, 200)).astype(ml_dtypes.bfloat16)
+    c = rng.standard_normal((n_batch, 64, 200)).astype(np.float32)
+    with use_engine("numpy"):
+        whole = mma.matmul(a, b, c, model=model)
+        alone = np.stack([mma.matmul(a[i], b[i], c[i], model=model) for i in range(n_batch)])
+    grouped = n_batch * 64 * mma_impl._MIN_COLUMNS > mma_impl._CHUNK_ELEMENTS // 2
+    assert grouped == (n_batch == 40)
+    assert_bitwise_equal(whole, alone)

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 

@@ -466,9 +466,18 @@ def _chain(
                              ebt[..., None, :, k0:k1])
         return acc
 
-    n_cols = b64.shape[-1]
-    # keep a block's working set in cache: (M, n) arrays for the BLAS path, (M, n, L) products otherwise
-    step = max(1, (_CHUNK_ELEMENTS // 2 if fast else _CHUNK_ELEMENTS // row.L) // max(1, a64.shape[-2]))
+    n_cols, M = b64.shape[-1], a64.shape[-2]
+    # keep a block's working set in cache: (rows, n) arrays for the BLAS path, (rows, n, L) products otherwise,
+    # rows counting every batch
+    budget = _CHUNK_ELEMENTS // 2 if fast else _CHUNK_ELEMENTS // row.L
+    batch = a64.shape[:-2]
+    n_batch = int(np.prod(batch, dtype=np.int64))
+    if n_batch > 1 and n_batch * M * min(n_cols, _MIN_COLUMNS) > budget:  # batches are independent: a few at a time
+        g = max(1, budget // (M * min(n_cols, _MIN_COLUMNS)))
+        flat = [x.reshape(n_batch, *x.shape[-2:]) for x in (a64, b64, c64, ea, eb)]
+        parts = [_chain(*(x[i:i + g] for x in flat), row, dot_k) for i in range(0, n_batch, g)]
+        return np.concatenate(parts).reshape(*batch, M, n_cols)
+    step = max(1, budget // max(1, n_batch * M))
     if n_cols > step:  # columns are independent: do them a slice at a time
         return np.concatenate(
             [
@@ -489,6 +498,7 @@ def _chain(
 
 
 _CHUNK_ELEMENTS = 1 << 17
+_MIN_COLUMNS = 64  # a slice of columns narrower than this does more bookkeeping than arithmetic
 
 
 def _chain_numba(a32: np.ndarray, b32: np.ndarray, c: np.ndarray, fmt: Format, row: TFDPA, dot_k: int,
