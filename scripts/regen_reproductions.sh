@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Re-run every committed reproduction (docs/reproductions/) with its recorded settings into OUT (default
-# /tmp/regen), then copy summary.json, table.md and table.png back. The draws depend only on the seed and the
-# table, so the means must come out identical to the committed ones: the script stops if one differs.
+# Re-run every committed reproduction (docs/reproductions/) with its recorded settings into OUT (default: a new
+# temporary folder), then copy summary.json, table.md and table.png back. The draws depend only on the seed and the
+# table, so the means must come out identical to the committed ones: the script stops if one differs. OUT must not
+# exist: a folder of earlier runs would resume, finish at once and check nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-/tmp/regen}
+OUT=${1:-$(mktemp -u /tmp/regen.XXXXXX)}
+if [ -e "$OUT" ]; then
+    echo "regen_reproductions: $OUT exists; give a new folder (runs there would resume, not recompute)" >&2
+    exit 2
+fi
+echo "regen_reproductions: runs in $OUT"
 run() {  # folder table samples context heads machine schedule
     amla-sim reproduce "$2" --samples "$3" --context "$4" --heads "$5" --machine "$6" --schedule "$7" \
         --jobs 2 --engine numba --quiet --out "$OUT/$1" > /dev/null

@@ -56,7 +56,8 @@ def _operand(rng: np.random.Generator, fmt: str, shape: tuple[int, ...], kind: s
 
 @pytest.mark.parametrize("model, fmt", ROWS)
 @given(seed=st.integers(0, 2**32 - 1), kind_a=st.sampled_from(KINDS), kind_b=st.sampled_from(KINDS),
-       m=st.sampled_from([1, 2, 5, 9, 17]), blocks=st.integers(1, 4), tail=st.integers(0, 7), n=st.sampled_from([1, 7, 40, 513]),
+       m=st.sampled_from([1, 2, 5, 9, 17]), blocks=st.integers(1, 4), tail=st.integers(0, 7),
+       n=st.sampled_from([1, 7, 40, 513]),
        batch=st.sampled_from([(), (2,)]), dot_k=st.sampled_from([None, 32, 64]), specials=st.booleans(),
        c_kind=st.sampled_from(["none", "zero", "bits", "normal"]), zero_row=st.booleans())
 # found by the ci profile (issue 23): tiny products that all truncate to 0 with a negative c below the grid; the
@@ -135,7 +136,10 @@ def _fp32_draws(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.where(rng.random(n) < 0.5, bits, ordinary)
 
 
-@pytest.mark.parametrize("shapes", [((4096,), (4096,), (4096,)), ((64, 64), (), (64, 1)), ((8, 1, 64), (1, 64, 1), (64, 64))])
+LAYOUTS = [((4096,), (4096,), (4096,)), ((64, 64), (), (64, 1)), ((8, 1, 64), (1, 64, 1), (64, 64))]  # a, b, c: broadcast
+
+
+@pytest.mark.parametrize("shapes", LAYOUTS)
 @pytest.mark.parametrize("seed", range(3))
 def test_compiled_fma_gives_the_reference_bits(shapes, seed):
     rng = np.random.default_rng(seed)

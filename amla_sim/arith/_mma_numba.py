@@ -93,8 +93,8 @@ def _make_chain(L: int):
 
     @nb.njit(cache=True, nogil=True)
     def block(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.ndarray, j0: int, kb: int, F: int,
-              out_code: int, e_zero: int, narrow_sum: bool, cur: np.ndarray, em: np.ndarray, t32: np.ndarray, s: np.ndarray,
-              scb: np.ndarray, sc32b: np.ndarray, p2b: np.ndarray) -> None:
+              out_code: int, e_zero: int, narrow_sum: bool, cur: np.ndarray, em: np.ndarray, t32: np.ndarray,
+              s: np.ndarray, scb: np.ndarray, sc32b: np.ndarray, p2b: np.ndarray) -> None:
         """One T-FDPA of L products for a tile of columns, with cur as c; cur takes d.
 
         Where only tiny products are seen, a zero product (or c) sets e_max to the row's e_zero; where everything
