@@ -175,17 +175,17 @@ def _stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: n
         alpha = mc.exp(m - m_new)
         p = mc.exp(qk - m_new[..., None])
         keep = live[..., None]
-        scaled = mc.f(acc * alpha[..., None])
-        if everywhere:
-            acc = mc.matmul(mc.operand(mc.cast(p, "bf16")), mc.operand(Kb[..., :D_V]), scaled)
-            m, l = m_new, mc.mul_add(l, alpha, mc.rowsum(p, layout=layout))
-        else:
+        p_kept, scaled = p, mc.f(acc * alpha[..., None])
+        if not everywhere:
             # a split past its range computes nothing that is kept: its NaN rows (-inf - -inf) zeroed here, so
             # that they do not send the whole product down the tensor-core model's path for non-finite operands
             rows = keep[..., None]
-            acc_new = mc.matmul(mc.operand(mc.cast(np.where(rows, p, 0), "bf16")), mc.operand(Kb[..., :D_V]),
-                                np.where(rows, scaled, 0))
-            l_new = mc.mul_add(l, alpha, mc.rowsum(p, layout=layout))
+            p_kept, scaled = np.where(rows, p, 0), np.where(rows, scaled, 0)
+        acc_new = mc.matmul(mc.operand(mc.cast(p_kept, "bf16")), mc.operand(Kb[..., :D_V]), scaled)
+        l_new = mc.mul_add(l, alpha, mc.rowsum(p, layout=layout))
+        if everywhere:
+            m, l, acc = m_new, l_new, acc_new
+        else:
             m, l = np.where(keep, m_new, m), np.where(keep, l_new, l)
             acc = np.where(keep[..., None], acc_new, acc)
         if trace is not None:
