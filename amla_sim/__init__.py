@@ -5,7 +5,8 @@ Layers (see README): ``formats`` and ``bits`` (number formats, rounding, bit vie
 algorithms. Importing ``amla_sim`` never needs torch.
 """
 
-from . import bits, formats, machines, mma
+from . import bits, formats, machines
+from .arith import mma
 from ._version import __version__
 from .bits import lemma_domain, mul_pow2_via_int_add
 from .comparison import ComparisonReport, StageComparison, compare

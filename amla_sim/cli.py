@@ -9,6 +9,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from . import __version__
 from ._validate import DataError, dumps_strict
 from .bits import as_int, lemma_domain, mul_pow2_via_int_add
 from .formats import get_format
+
+if TYPE_CHECKING:
+    from .crosscheck.report import ReplayReport
 
 
 def lemma_examples(fmt_name: str = "fp32") -> list[tuple[str, float, int]]:
@@ -164,83 +168,83 @@ def _limit(args: argparse.Namespace) -> int | None:
     return None if args.max_memory is None else int(args.max_memory * 2**30)
 
 
-def _cmd_thirdparty(args: argparse.Namespace) -> int:
-    from . import thirdparty
+def _capture_deployed(args: argparse.Namespace) -> ReplayReport:
+    """Run a deployed kernel's case table on this GPU (or fail saying why not), then replay the capture."""
+    from .crosscheck import replay
+    from .crosscheck.deployed import KERNELS, capture
+    from .gpu import GPUUnavailable, gpu_status
 
-    if args.replay:
-        report = thirdparty.replay(args.replay, kernel=args.kernel)
-    else:
-        from .gpu import GPUUnavailable, gpu_status
+    why = gpu_status()
+    if why is not None:
+        raise GPUUnavailable(f"crosscheck --kernel {args.kernel} needs a GPU ({why}); replay a capture with "
+                             "--replay FILE (tests/data/sglang_decode.npz is one)")
+    import tempfile
 
-        why = gpu_status()
-        if why is not None:
-            raise GPUUnavailable(f"crosscheck --kernel {args.kernel} needs a GPU ({why}); replay a capture with "
-                                 "--replay FILE (tests/data/sglang_decode.npz is one)")
-        import tempfile
+    spec = KERNELS[args.kernel]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.save or os.path.join(tmp, "capture.npz")
+        capture(args.kernel, path, source=getattr(args, _dest(spec.source_flag)), seed=args.seed)
+        return replay(path, kernel=args.kernel)
 
-        with tempfile.TemporaryDirectory() as tmp:
-            path = args.save or os.path.join(tmp, "capture.npz")
-            source = {"sglang-triton": args.sglang_file, "flashmla": args.flashmla_dir,
-                      "flashmla-etap": args.etap_dir, "flashmla-sparse-fp8": args.sparse_dir}[args.kernel]
-            thirdparty.capture(args.kernel, path, source=source, seed=args.seed)
-            report = thirdparty.replay(path, kernel=args.kernel)
-    print(thirdparty.to_json(report, indent=2) if args.json else thirdparty.format_report(report))
-    return 0
+
+def _capture_own(args: argparse.Namespace) -> ReplayReport:
+    """This project's kernel on the GPU (or torch's ops against ieee32), stage by stage."""
+    from .crosscheck.own import compare_stages, replay_own, run_stages, save_capture
+    from .crosscheck.report import ReplayReport
+    from .experiments.inputs import make_inputs
+
+    try:
+        b, sq, G, L = (int(v) for v in args.shape.split(","))
+    except ValueError:
+        raise ValueError(f"shape: expected b,sq,G,L such as 1,1,128,1024, got {args.shape!r}") from None
+    if args.backend == "torch":
+        from .gpu.torch_machine import torch_machine
+
+        mc = torch_machine(args.device)
+        q, kv = make_inputs(args.dist, batch=b, sq=sq, heads=G, context=L, seed=args.seed)
+        device = f"torch on {args.device}"
+        report = compare_stages(args.algorithm, run_stages(args.algorithm, q, kv, machine=mc),
+                                run_stages(args.algorithm, q, kv, machine="ieee32"), device=device,
+                                exp_mode="torch", machine="ieee32")
+        return ReplayReport(kernel="amla-sim", version=args.algorithm, device=device, cases=[report],
+                            title=f"{args.algorithm} on {device} (exp mode torch) against ieee32:")
+    from .gpu import GPUUnavailable, gpu_status
+
+    why = gpu_status()
+    if why is not None:
+        raise GPUUnavailable(f"crosscheck needs a GPU ({why}); replay a saved capture with --replay FILE")
+    from .crosscheck.own import device_run
+
+    q, kv = make_inputs(args.dist, batch=b, sq=sq, heads=G, context=L, seed=args.seed)
+    div = "ieee" if args.exp == "poly" else "hw"
+    import tempfile
+
+    import torch
+
+    dev = device_run(args.algorithm, q, kv, exp_mode=args.exp, div_mode=div, debug=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.save or os.path.join(tmp, "capture.npz")
+        save_capture(path, algorithm=args.algorithm, q=q, kv=kv, scale=None, exp_mode=args.exp,
+                     div_mode=div, device_name=torch.cuda.get_device_name(), device=dev)
+        return replay_own(path)
 
 
 def _cmd_crosscheck(args: argparse.Namespace) -> int:
-    from .crosscheck import format_report, replay, save_capture
-
-    if args.kernel != "amla-sim":
-        return _cmd_thirdparty(args)
     if args.replay:
-        report = replay(args.replay)
-    elif args.backend == "torch":
-        from .crosscheck import compare, run_stages
-        from .experiments.inputs import make_inputs
-        from .gpu.torch_machine import torch_machine
+        from .crosscheck import replay
 
-        try:
-            b, sq, G, L = (int(v) for v in args.shape.split(","))
-        except ValueError:
-            raise ValueError(f"shape: expected b,sq,G,L such as 1,1,128,1024, got {args.shape!r}") from None
-        mc = torch_machine(args.device)
-        q, kv = make_inputs(args.dist, batch=b, sq=sq, heads=G, context=L, seed=args.seed)
-        report = compare(args.algorithm, run_stages(args.algorithm, q, kv, machine=mc),
-                         run_stages(args.algorithm, q, kv, machine="ieee32"), device=f"torch on {args.device}",
-                         exp_mode="torch", machine="ieee32")
+        report = replay(args.replay, kernel=args.kernel)
+    elif (args.kernel or "amla-sim") == "amla-sim":
+        report = _capture_own(args)
     else:
-        from .experiments.inputs import make_inputs
-        from .gpu import GPUUnavailable, gpu_status
-
-        why = gpu_status()
-        if why is not None:
-            raise GPUUnavailable(f"crosscheck needs a GPU ({why}); replay a saved capture with --replay FILE")
-        from .crosscheck import device_run
-
-        try:
-            b, sq, G, L = (int(v) for v in args.shape.split(","))
-        except ValueError:
-            raise ValueError(f"shape: expected b,sq,G,L such as 1,1,128,1024, got {args.shape!r}") from None
-        q, kv = make_inputs(args.dist, batch=b, sq=sq, heads=G, context=L, seed=args.seed)
-        div = "ieee" if args.exp == "poly" else "hw"
-        import tempfile
-
-        import torch
-
-        dev = device_run(args.algorithm, q, kv, exp_mode=args.exp, div_mode=div, debug=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = args.save or os.path.join(tmp, "capture.npz")
-            save_capture(path, algorithm=args.algorithm, q=q, kv=kv, scale=None, exp_mode=args.exp,
-                         div_mode=div, device_name=torch.cuda.get_device_name(), device=dev)
-            report = replay(path)
-    print(report.to_json(indent=2) if args.json else format_report(report))
+        report = _capture_deployed(args)
+    print(report.to_json(indent=2) if args.json else report.format())
     return 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .comparison import compare
-    from .crosscheck import read_capture
+    from .crosscheck.files import read_capture
 
     sides = []
     for path in (args.device, args.simulated):
@@ -501,20 +505,20 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_run)
 
 
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
 def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("crosscheck", help="Triton kernel against the simulator, stage by stage (or replay a capture)")
-    p.add_argument("--kernel", default="amla-sim", choices=["amla-sim", "sglang-triton", "flashmla", "flashmla-etap",
-                                                          "flashmla-sparse-fp8"],
-                   help="amla-sim: this project's Triton kernels; sglang-triton: SGLang's MLA decode (sglang 0.5.23); "
-                        "flashmla: FlashMLA's sm90 dense decode (commit 9241ae3); flashmla-etap: the ETAP paper's "
-                        "kernel (pengcuo/FlashMLA-ETAP 39e6160), BF16 and FP16; flashmla-sparse-fp8: FlashMLA's sm90 "
-                        "sparse FP8 decode (9241ae3), DeepSeek V3.2's and MODEL1's caches")
-    p.add_argument("--sglang-file", help="--kernel sglang-triton: the kernel file of the sglang wheel "
-                                         "(default: the installed sglang package)")
-    p.add_argument("--flashmla-dir", help="--kernel flashmla: the folder with build_flashmla.py (builds the kernel)")
-    p.add_argument("--etap-dir", help="--kernel flashmla-etap: the folder with build_etap.py (builds the kernel)")
-    p.add_argument("--sparse-dir", help="--kernel flashmla-sparse-fp8: the folder with build_sparse_fp8.py (and "
-                                        "../flashmla beside it)")
+    from .crosscheck.deployed import KERNELS
+
+    p = sub.add_parser("crosscheck", help="a kernel against the simulator, stage by stage (or replay a capture)")
+    p.add_argument("--kernel", choices=["amla-sim", *KERNELS],
+                   help="amla-sim (the default): this project's Triton kernels; "
+                        + "; ".join(f"{k.name}: {k.summary}" for k in KERNELS.values())
+                        + ". With --replay: the kernel the capture must hold (default: whichever it holds)")
+    for k in KERNELS.values():
+        p.add_argument(k.source_flag, dest=_dest(k.source_flag), help=f"--kernel {k.name}: {k.source_help}")
     p.add_argument("--algorithm", default="amla", choices=["base", "amla", "snapmla", "etap"])
     p.add_argument("--backend", default="triton", choices=["triton", "torch"],
                    help="triton: the kernels against sm90-triton; torch: the algorithm as torch ops against ieee32")

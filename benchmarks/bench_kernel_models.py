@@ -24,7 +24,7 @@ import numpy as np
 
 from _timing import median_time  # benchmarks/, the script's own folder
 from amla_sim.algorithms import amla, base, flashmla, flashmla_etap, flashmla_sparse_fp8, splitkv_decode
-from amla_sim.algorithms.flashmla_cache import pages, quantize_kv_cache
+from amla_sim.algorithms.deployed.flashmla.fp8_cache import pages, quantize_kv_cache
 from amla_sim.engine import ENGINES, numba_available, use_engine
 from amla_sim.experiments.inputs import make_inputs
 

@@ -169,11 +169,11 @@ of FP32 FMAs, IEEE division) the `sm90-triton-exact` machine predicts every bit 
 hardware mode (`tl.exp` = `ex2.approx`, `/` = `div.full`, both on the MUFU unit) the `sm90-triton` machine
 does too, with bit-exact models of those units. The captures are in `tests/data`; no GPU is needed here."""),
         ("code", """from pathlib import Path
-from amla_sim.crosscheck import format_report, replay
+from amla_sim.crosscheck import replay
 
 data = Path("..") / "tests" / "data" if Path("..", "tests").exists() else Path("tests") / "data"
 for name in ("base_poly", "amla_poly", "amla_hw"):
-    print(format_report(replay(data / f"crosscheck_{name}.npz")))
+    print(replay(data / f"crosscheck_{name}.npz").format())
     print()"""),
         ("md", """## Per stage, how far from the device
 
@@ -183,7 +183,7 @@ MUFU units' bit-exact models."""),
         ("code", """import matplotlib.pyplot as plt
 import numpy as np
 from amla_sim import compare
-from amla_sim.crosscheck import load_capture, run_stages
+from amla_sim.crosscheck.own import load_capture, run_stages
 from amla_sim.machines import get_machine
 from amla_sim.units import DivUnit, ExpUnit
 

@@ -7,18 +7,18 @@ lg2:      MUFU.LG2 on every FP32 significand in [1, 2) (delta-coded), and tl.log
           random and edge inputs over every binade; the PTX that tl.log and tl.log2 lower to.
 nan:      tl.dot (bf16; M = 16 takes mma.sync, M = 64 wgmma) with NaN and Inf operands: the NaN bits written.
 sglang:   SGLang's Triton MLA decode (the grouped stage 1 + stage 2 path, run from FILE, the kernel module of the
-          sglang 0.5.23 wheel: amla_sim.gpu.thirdparty) over amla_sim.thirdparty.SGLANG_CASES: stage 1's partial
-          outputs and LSEs and the output (amla_sim.thirdparty.capture).
+          sglang 0.5.23 wheel: amla_sim.gpu.adapters.sglang) over amla_sim.sglang_cases.SGLANG_CASES: stage 1's partial
+          outputs and LSEs and the output (amla_sim.crosscheck.deployed.capture).
 flashmla: FlashMLA's sm90 dense decode, built by DIR/build_flashmla.py; out, lse and the split schedule.
-etap:     FlashMLA-ETAP (the ETAP paper's kernel), built by DIR/build_etap.py, over amla_sim.thirdparty.ETAP_CASES
+etap:     FlashMLA-ETAP (the ETAP paper's kernel), built by DIR/build_etap.py, over amla_sim.flashmla_cases.ETAP_CASES
           (seeds + N): out, lse, the tile-scheduler metadata and split counts (etap.npz, or etap_seedN.npz).
 sparse:   FlashMLA's sm90 sparse FP8 decode, built by DIR/build_sparse_fp8.py (DIR/../flashmla beside it), over
-          amla_sim.thirdparty.SPARSE_FP8_CASES (seeds + N), run three times (runs_identical: whether the three
+          amla_sim.flashmla_cases.SPARSE_FP8_CASES (seeds + N), run three times (runs_identical: whether the three
           agree): sparse_fp8.npz (or sparse_fp8_seedN.npz); and FlashMLA's own cache quantizer (tests/quant.py)
-          on the GPU over amla_sim.thirdparty.QUANT_CASES: flashmla_fp8_quant.npz.
+          on the GPU over amla_sim.flashmla_cases.QUANT_CASES: flashmla_fp8_quant.npz.
 ptx.txt:  the PTX of every Triton kernel compiled in the run (how tl.log, tl.exp and the FMAs lower).
 
-Every case records its inputs' CRC (amla_sim.captures.input_crc), so the replay proves it rebuilt them.
+Every case records its inputs' CRC (amla_sim.crosscheck.files.input_crc), so the replay proves it rebuilt them.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-from amla_sim import thirdparty
+from amla_sim.algorithms.deployed.flashmla import FLASHMLA_COMMIT
+from amla_sim.crosscheck import flashmla as flashmla_cases
+from amla_sim.crosscheck import sglang as sglang_cases
+from amla_sim.crosscheck.deployed import capture
 
 # --- lg2 --------------------------------------------------------------------------------------------------
 
@@ -142,29 +145,29 @@ def nan_step(out: Path) -> None:
 
 
 def sglang_step(out: Path, path: str) -> None:
-    thirdparty.capture("sglang-triton", out / "sglang.npz", source=path)
-    print("sglang:", len(thirdparty.SGLANG_CASES), "cases")
+    capture("sglang-triton", out / "sglang.npz", source=path)
+    print("sglang:", len(sglang_cases.SGLANG_CASES), "cases")
 
 
 def flashmla_step(out: Path, folder: str) -> None:
-    thirdparty.capture("flashmla", out / "flashmla.npz", source=folder)
-    print("flashmla:", len(thirdparty.FLASHMLA_CASES), "cases")
+    capture("flashmla", out / "flashmla.npz", source=folder)
+    print("flashmla:", len(flashmla_cases.FLASHMLA_CASES), "cases")
 
 
 def etap_step(out: Path, folder: str, seed: int) -> None:
     name = "etap.npz" if seed == 0 else f"etap_seed{seed}.npz"
-    thirdparty.capture("flashmla-etap", out / name, source=folder, seed=seed)
-    print("etap:", len(thirdparty.ETAP_CASES), "cases ->", name)
+    capture("flashmla-etap", out / name, source=folder, seed=seed)
+    print("etap:", len(flashmla_cases.ETAP_CASES), "cases ->", name)
 
 
 def sparse_step(out: Path, folder: str, seed: int) -> None:
     from amla_sim._files import atomic_savez
-    from amla_sim.gpu import thirdparty as adapters
+    from amla_sim.gpu.adapters import flashmla as adapters
 
     name = "sparse_fp8.npz" if seed == 0 else f"sparse_fp8_seed{seed}.npz"
     runs = [out / name] + [out / f"rerun{k}_{name}" for k in (1, 2)]
     for path in runs:
-        thirdparty.capture("flashmla-sparse-fp8", path, source=folder, seed=seed)
+        capture("flashmla-sparse-fp8", path, source=folder, seed=seed)
     with np.load(runs[0]) as z:
         first = {k: z[k] for k in z.files if k != "meta"}
     same = dict.fromkeys(first, True)
@@ -173,16 +176,16 @@ def sparse_step(out: Path, folder: str, seed: int) -> None:
             for k in first:
                 same[k] = same[k] and np.array_equal(first[k], other[k])
         path.unlink()
-    print("sparse:", len(thirdparty.SPARSE_FP8_CASES), "cases ->", name, "runs_identical:",
+    print("sparse:", len(flashmla_cases.SPARSE_FP8_CASES), "cases ->", name, "runs_identical:",
           {k: v for k, v in same.items() if not v} or "all")
     if seed == 0:
         arrays, recipes = {}, []
-        for i, (layout, n, dist, case_seed, edges) in enumerate(thirdparty.QUANT_CASES):
+        for i, (layout, n, dist, case_seed, edges) in enumerate(flashmla_cases.QUANT_CASES):
             case = {"layout": layout, "pages": n, "dist": dist, "seed": case_seed, "edges": edges}
-            arrays[f"q{i}"] = adapters.flashmla_quantize(folder, thirdparty.quant_inputs(case), layout)
+            arrays[f"q{i}"] = adapters.flashmla_quantize(folder, flashmla_cases.quant_inputs(case), layout)
             recipes.append(case)
         atomic_savez(out / "flashmla_fp8_quant.npz", meta=np.array(json.dumps({
-            "flashmla_commit": thirdparty.FLASHMLA_COMMIT, "device": torch.cuda.get_device_name(),
+            "flashmla_commit": FLASHMLA_COMMIT, "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "cases": recipes})), **arrays)
 
 

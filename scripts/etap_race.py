@@ -6,7 +6,7 @@ The kernel's ``store`` writes the accumulator to shared memory (``sOaccumTranspo
 other threads' entries back to transpose them, with no barrier between the write and the read
 (``flash_fwd_mla_kernel.h``, ``store``: ``cute::copy(...)`` then the ``sOaccum(j, i) = sOaccumTranspose(i, j)``
 loop). A thread that reads before the owner wrote takes whatever the shared memory held: the previous tile's
-output, or keys. This script runs every case of ``amla_sim.thirdparty.ETAP_CASES`` (seeds + each of --seeds)
+output, or keys. This script runs every case of ``amla_sim.crosscheck.flashmla.ETAP_CASES`` (seeds + each of --seeds)
 `repeats` times and keeps, per case, the distinct outputs and LSEs and how many runs gave each
 (``s{seed}_c{case}_out{j}``, ``..._out_count``). A second race: the consumer warpgroup stores P^T to shared memory
 with generic stores and only *arrives* at the named barrier before its own wgmma (and the producer's) reads it,
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from amla_sim import thirdparty
+from amla_sim.crosscheck.flashmla import ETAP_CASES
 from amla_sim.experiments.inputs import make_inputs
 
 _WRITE = "    cute::copy(smem_tiled_copy_Oaccum, taccOrOaccum, taccOsOaccum);\n"
@@ -70,14 +70,14 @@ def patched_build(folder: str, patch: str):
 
 def case_inputs(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return [make_inputs(dist, batch=b, heads=H, sq=sq, context=max(seqlens), seed=case_seed + seed, fmt=fmt)
-            for b, sq, H, seqlens, fmt, dist, case_seed, _ in thirdparty.ETAP_CASES]
+            for b, sq, H, seqlens, fmt, dist, case_seed, _ in ETAP_CASES]
 
 
 def run_cases(mod, inputs: list[tuple[np.ndarray, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    from amla_sim.gpu import thirdparty as adapters
+    from amla_sim.gpu.adapters import flashmla as adapters
 
     outs = []
-    for (q, kv), (_, sq, _, seqlens, fmt, _, _, scale) in zip(inputs, thirdparty.ETAP_CASES):
+    for (q, kv), (_, sq, _, seqlens, fmt, _, _, scale) in zip(inputs, ETAP_CASES):
         outs.append(adapters.run_etap(mod, q.view(np.uint16), kv.view(np.uint16), list(seqlens),
                                       576**-0.5 if scale is None else scale, sq > 1, fmt))
     return outs
@@ -127,7 +127,7 @@ def main() -> None:
     seeds = [int(s) for s in a.seeds.split(",")]
     import torch
 
-    from amla_sim.gpu import thirdparty as adapters
+    from amla_sim.gpu.adapters import flashmla as adapters
 
     mod = patched_build(a.etap, a.patch) if a.patch else adapters.load_etap(a.etap)
     arrays, summary = {}, []

@@ -90,7 +90,7 @@ def main() -> None:
     import torch
 
     from amla_sim.experiments.inputs import make_inputs
-    from amla_sim.gpu import thirdparty as adapters
+    from amla_sim.gpu.adapters import flashmla as adapters
     from etap_race import patched_build
 
     mod = adapters.load_etap(a.etap) if a.build == "original" else patched_build(a.etap, a.build)

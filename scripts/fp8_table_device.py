@@ -15,10 +15,10 @@ import numpy as np
 from amla_sim import compare
 from amla_sim._seeds import derive_seed
 from amla_sim.algorithms import flashmla_sparse_fp8_decode, golden
-from amla_sim.algorithms.flashmla_cache import pages, quantize_kv_cache
+from amla_sim.algorithms.deployed.flashmla.fp8_cache import pages, quantize_kv_cache
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.experiments.tables import TABLES
-from amla_sim.gpu import thirdparty as adapters
+from amla_sim.gpu.adapters import flashmla as adapters
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from amla_sim import compare
-from amla_sim.crosscheck import format_report, replay, save_capture, save_inputs, simulate
+from amla_sim.crosscheck import replay
+from amla_sim.crosscheck.own import save_capture, save_inputs, simulate_stages
 from amla_sim.experiments.inputs import make_inputs
 
 ALGOS = ("base", "amla", "snapmla", "etap")
@@ -34,7 +35,7 @@ def device_name() -> str:
 
 
 def step_debug(out: str) -> None:
-    from amla_sim.crosscheck import device_run
+    from amla_sim.crosscheck.own import device_run
 
     q, kv = make_inputs("normal:1", batch=1, heads=32, sq=2, context=300, seed=11)
     save_inputs(os.path.join(out, "crosscheck_inputs.npz"), q, kv)  # one draw, shared by every capture
@@ -44,7 +45,7 @@ def step_debug(out: str) -> None:
             path = os.path.join(out, f"crosscheck_{algo}_{mode}.npz")
             save_capture(path, algorithm=algo, q=q, kv=kv, scale=None, exp_mode=mode, div_mode=div,
                          device_name=device_name(), device=dev, inputs="crosscheck_inputs.npz")
-            print(format_report(replay(path)), flush=True)
+            print(replay(path).format(), flush=True)
 
 
 FIDELITY_CASES = [(sq, L) for sq in (1, 2) for L in (1024, 2048, 4096, 8192)] + [(1, 3000)]
@@ -55,11 +56,11 @@ CI_CASES = ("base/poly/sq1/L1024", "amla/poly/sq1/L1024", "amla/hw/sq1/L1024", "
 def _simulate_out(args: tuple) -> np.ndarray:
     algo, mode, sq, L, seed = args
     q, kv = make_inputs("normal:1", heads=128, sq=sq, context=L, seed=seed)
-    return simulate(algo, q, kv, scale=None, exp_mode=mode)["out"]
+    return simulate_stages(algo, q, kv, scale=None, exp_mode=mode)["out"]
 
 
 def step_fidelity(out: str, jobs: int) -> None:
-    from amla_sim.crosscheck import device_run
+    from amla_sim.crosscheck.own import device_run
 
     cases = [(algo, mode, sq, L, 1000 + i) for algo in ALGOS for mode in MODES for i, (sq, L) in
              enumerate(FIDELITY_CASES)]
@@ -93,7 +94,7 @@ def write_ci_subset(full: str, dst: str) -> None:
 def step_accuracy(out: str) -> None:
     from amla_sim.algorithms import golden
     from amla_sim.testing import flashmla_check
-    from amla_sim.crosscheck import device_run
+    from amla_sim.crosscheck.own import device_run
 
     rows = []
     for sq in (1, 2):
@@ -116,7 +117,7 @@ def step_accuracy(out: str) -> None:
 def step_snapmla_accuracy(out: str) -> None:
     """The port's reference test: randn * 0.1 inputs against FP32 attention of the unquantized inputs."""
     from amla_sim.algorithms import golden
-    from amla_sim.crosscheck import device_run
+    from amla_sim.crosscheck.own import device_run
     from amla_sim.testing import snapmla_check
 
     rows = []

@@ -13,10 +13,10 @@ LAYERS = {  # module prefix -> layer (the longest matching prefix decides)
     "amla_sim._version": 0, "amla_sim._validate": 0, "amla_sim._files": 0, "amla_sim.engine": 0,
     "amla_sim.resources": 0, "amla_sim.plots": 0, "amla_sim._blas_clock": 0, "amla_sim._seeds": 0,
     "amla_sim.formats": 1, "amla_sim.bits": 1, "amla_sim._formats_numba": 1, "amla_sim.testing": 1, "amla_sim.experiments.metrics": 1,
-    "amla_sim.arith": 2, "amla_sim.mma": 2,
+    "amla_sim.arith": 2,
     "amla_sim.units": 3, "amla_sim.machines": 3, "amla_sim.schedules": 3, "amla_sim.gpu": 3,
     "amla_sim.algorithms": 4, "amla_sim.experiments.inputs": 4, "amla_sim.experiments.sampling": 4,
-    "amla_sim.crosscheck": 5, "amla_sim.thirdparty": 5, "amla_sim.captures": 5, "amla_sim.comparison": 5,
+    "amla_sim.crosscheck": 5, "amla_sim.comparison": 5,
     "amla_sim.plugins": 5,
     "amla_sim.experiments": 6, "amla_sim.pipeline": 6, "amla_sim.roofline": 6,
     "amla_sim.cli": 7, "amla_sim": 7,
@@ -98,7 +98,7 @@ def machine_reads(source: str) -> list[str]:
             and node.value.id in ("mc", "machine", "m")]
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "algorithms").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PACKAGE / "algorithms").rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_algorithm_asks_which_machine_it_runs_on(path):
     """Algorithms call the machine's operations, never read its identity or its unit choices: a what-if machine
     with one unit swapped must run every algorithm unchanged."""
@@ -108,3 +108,65 @@ def test_no_algorithm_asks_which_machine_it_runs_on(path):
 @pytest.mark.parametrize("line", ["if mc.golden: pass", "x = mc.exponential.mode", "y = machine.matrix"])
 def test_the_machine_rule_catches_a_read(line):
     assert machine_reads(line) and not machine_reads('raise ValueError(f"{mc.name}")')
+
+
+def public_definitions(path: Path) -> set[str]:
+    """The public names a module defines itself (its ``__all__`` where it has one; re-exports do not count)."""
+    tree = ast.parse(path.read_text())
+    own, listed = set(), None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            if "__all__" in names:
+                listed = set(ast.literal_eval(node.value))
+            own |= names - {"__all__"}
+    public = {n for n in own if not n.startswith("_")}
+    return public if listed is None else public & listed
+
+
+def test_no_public_name_is_defined_twice():
+    """One name for one thing: two public modules never define the same public name (private modules, such as the
+    compiled twins of the NumPy units, may)."""
+    homes: dict[str, list[str]] = {}
+    for path in FILES:
+        if any(p.startswith("_") and p != "__init__.py" for p in path.relative_to(PACKAGE).parts):
+            continue
+        for name in public_definitions(path):
+            homes.setdefault(name, []).append(module_name(path))
+    twice = {n: m for n, m in homes.items() if len(m) > 1}
+    assert not twice, twice
+
+
+def test_the_name_rule_catches_a_second_definition(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('__all__ = ["replay"]\nfrom x import y\n\ndef replay():\n    pass\n\ndef helper():\n    pass\n')
+    assert public_definitions(path) == {"replay"}
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(source: str) -> list[str]:
+    """Functions longer than MAX_FUNCTION_LINES whose docstring does not say why (a paragraph that begins
+    "Long:")."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES and "Long:" not in (ast.get_docstring(node) or ""):
+                found.append(f"{node.name} ({lines} lines)")
+    return found
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_function_is_long_without_a_reason(path):
+    assert not long_functions(path.read_text())
+
+
+def test_the_length_rule_catches_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def f():\n{body}\n") == [f"f ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert not long_functions(f'def f():\n    """Long: one table."""\n{body}\n')

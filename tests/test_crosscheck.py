@@ -8,7 +8,8 @@ import pytest
 
 from amla_sim import compare
 from amla_sim.cli import main
-from amla_sim.crosscheck import CaptureError, load_capture, replay, save_capture, save_inputs, simulate
+from amla_sim.crosscheck import CaptureError, replay
+from amla_sim.crosscheck.own import load_capture, save_capture, save_inputs, simulate_stages
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.gpu import GPUUnavailable, gpu_status, require_gpu
 
@@ -20,8 +21,10 @@ DATA = Path(__file__).parent / "data"
 def test_every_stage_bit_identical(algorithm, mode, engine):
     """poly: the kernels' software exp; hw: their tl.exp / tl.exp2 (MUFU.EX2) and '/' (div.full, MUFU.RCP)
     against the simulator's bit-exact models of those units. Nothing differs, stage by stage."""
-    report = replay(DATA / f"crosscheck_{algorithm}_{mode}.npz")
-    assert report.first_difference is None and report.bit_exact
+    replayed = replay(DATA / f"crosscheck_{algorithm}_{mode}.npz")
+    assert replayed.kernel == "amla-sim" and replayed.version == algorithm and len(replayed.cases) == 1
+    report = replayed.cases[0]
+    assert report.first_difference is None and report.bit_exact and replayed.bit_exact
     assert all(s.bit_exact == 1.0 for s in report.stages)
     names = {s.name for s in report.stages}
     assert {"S", "m", "P", "O", "out"} <= names and (algorithm != "amla" or {"n", "N"} <= names)
@@ -48,14 +51,16 @@ def test_fidelity_replay_g128(fidelity, key, engine):
     z, rows = fidelity
     r = rows[key]
     q, kv = make_inputs("normal:1", heads=128, sq=r["sq"], context=r["context"], seed=r["seed"])
-    sim = simulate(r["algorithm"], q, kv, scale=None, exp_mode=r["exp_mode"])["out"]
+    sim = simulate_stages(r["algorithm"], q, kv, scale=None, exp_mode=r["exp_mode"])["out"]
     frac = compare(z[key].reshape(sim.shape), sim)["out"].bit_exact
     assert frac == r["output_bit_exact"] == 1.0  # the simulator is deterministic: the device run's number
 
 
 def test_cli_replay_json(capsys):
     assert main(["crosscheck", "--replay", str(DATA / "crosscheck_amla_poly.npz"), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["kernel"] == "amla-sim" and replayed["bit_exact"] is True and len(replayed["cases"]) == 1
+    report = replayed["cases"][0]
     assert report["algorithm"] == "amla" and report["bit_exact"] is True and report["first_difference"] is None
     assert [s["name"] for s in report["stages"]] == ["S", "m", "P", "l", "n", "N", "O", "out"]
     assert all(s["bit_exact"] == 1.0 and s["max_ulp"] == 0 and s["nan_mismatch"] == 0 for s in report["stages"])
@@ -111,9 +116,9 @@ def test_missing_gpu_is_a_clear_message(capsys):
 @pytest.mark.parametrize("mode, div", [("poly", "ieee"), ("hw", "hw")])
 @pytest.mark.parametrize("algorithm", ["base", "amla", "snapmla", "etap"])
 def test_kernel_matches_simulator_on_this_gpu(algorithm, mode, div):  # pragma: no cover - GPU only
-    from amla_sim.crosscheck import device_run
+    from amla_sim.crosscheck.own import device_run
 
     q, kv = make_inputs("normal:1", heads=64, sq=1, context=500, seed=9)
     dev = device_run(algorithm, q, kv, exp_mode=mode, div_mode=div)["out"]
-    sim = simulate(algorithm, q, kv, scale=None, exp_mode=mode)["out"]
+    sim = simulate_stages(algorithm, q, kv, scale=None, exp_mode=mode)["out"]
     np.testing.assert_array_equal(dev.view(np.uint16), sim.view(np.uint16))

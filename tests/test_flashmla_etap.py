@@ -12,15 +12,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from amla_sim import thirdparty
 from amla_sim.algorithms import flashmla_etap, golden
-from amla_sim.algorithms.flashmla_etap import etap_num_sm_parts, etap_schedule
+from amla_sim.algorithms.deployed.flashmla.scheduler import etap_num_sm_parts, etap_schedule
+from amla_sim.crosscheck import replay
+from amla_sim.crosscheck.flashmla import ETAP_CASES
+from amla_sim.crosscheck.kernel import case_inputs
 from amla_sim.engine import numba_available, use_engine
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.machines import get_machine
 from amla_sim.units import DivUnit, ExpUnit, FMAUnit, LogUnit
 
-etap_module = importlib.import_module("amla_sim.algorithms.flashmla_etap")  # the module, not the function
+etap_module = importlib.import_module("amla_sim.algorithms.deployed.flashmla.etap")  # the module, not the function
 DATA = "tests/data/"
 CAPTURES = ["flashmla_etap_decode.npz", "flashmla_etap_h100_fresh.npz", "flashmla_etap_h200_fresh.npz"]
 
@@ -32,10 +34,10 @@ def _meta(name):
 
 @pytest.mark.parametrize("capture", CAPTURES)
 def test_flashmla_etap_bit_exact(capture, engine):
-    report = thirdparty.replay(DATA + capture)
-    assert report["kernel"] == "flashmla-etap" and report["version"] == "39e6160" and len(report["cases"]) == 8
-    for row in report["cases"]:
-        assert row.first_difference is None, thirdparty.format_report(report)
+    report = replay(DATA + capture)
+    assert report.kernel == "flashmla-etap" and report.version == "39e6160" and len(report.cases) == 8
+    for row in report.cases:
+        assert row.first_difference is None, report.format()
 
 
 def test_the_captures_cover_the_issue():
@@ -96,7 +98,7 @@ def test_where_the_races_land(case, seed):
     other result it gave differs only in query rows 8..15 of an m-block (the second n8 half of the transposed
     tiles: the stores each thread makes last)."""
     meta, arrays = _races()
-    b, sq, H, seqlens, fmt, dist, case_seed, scale = thirdparty.ETAP_CASES[case]
+    b, sq, H, seqlens, fmt, dist, case_seed, scale = ETAP_CASES[case]
     q, kv = make_inputs(dist, batch=b, heads=H, sq=sq, context=max(seqlens), seed=case_seed + seed, fmt=fmt)
     with use_engine("numba" if numba_available() else "numpy"):
         res = flashmla_etap(q, kv, seqlens=np.array(seqlens), scale=scale, causal=sq > 1)
@@ -161,7 +163,7 @@ def test_each_etap_choice_matters(change, monkeypatch):
         monkeypatch.setattr(etap_module, *swap)
     meta, arrays = _meta(CAPTURES[0])
     c = meta["cases"][case]
-    q, kv = thirdparty._case_inputs(c)
+    q, kv = case_inputs(c)
     res = flashmla_etap(q, kv, seqlens=np.array(c["seqlens"]), scale=c["scale"], causal=c["causal"],
                         machine=get_machine("sm90-cuda", **units))
     same = np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]), np.mean(res.lse.view(np.uint32) ==

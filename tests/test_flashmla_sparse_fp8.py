@@ -10,23 +10,24 @@ import math
 import numpy as np
 import pytest
 
-from amla_sim import thirdparty
 from amla_sim.algorithms import golden
-from amla_sim.algorithms.flashmla_cache import (
+from amla_sim.algorithms.deployed.flashmla.fp8_cache import (
     LAYOUTS,
     dequantize_kv_cache,
     layout_of,
     pages,
     quantize_kv_cache,
 )
-from amla_sim.algorithms.flashmla_sparse_fp8 import flashmla_sparse_fp8, sparse_schedule
-from amla_sim.crosscheck import CaptureError, read_capture
+from amla_sim.algorithms.deployed.flashmla.sparse_fp8 import flashmla_sparse_fp8, sparse_schedule
+from amla_sim.crosscheck import CaptureError, replay
+from amla_sim.crosscheck.files import read_capture
+from amla_sim.crosscheck.flashmla import quant_inputs, sparse_inputs
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.formats import round_to
 from amla_sim.machines import get_machine
 from amla_sim.units import DivUnit, ExpUnit, FMAUnit, LogUnit
 
-sparse_module = importlib.import_module("amla_sim.algorithms.flashmla_sparse_fp8")  # the module, not the function
+sparse_module = importlib.import_module("amla_sim.algorithms.deployed.flashmla.sparse_fp8")  # the module, not the function
 DATA = "tests/data/"
 CAPTURES = ["flashmla_sparse_fp8_decode.npz", "flashmla_sparse_fp8_h100_fresh.npz",
             "flashmla_sparse_fp8_h200_fresh.npz"]
@@ -38,10 +39,10 @@ def _load(name):
 
 @pytest.mark.parametrize("capture", CAPTURES)
 def test_flashmla_sparse_fp8_bit_exact(capture, engine):
-    report = thirdparty.replay(DATA + capture)
-    assert report["kernel"] == "flashmla-sparse-fp8" and report["version"] == "9241ae3" and len(report["cases"]) == 8
-    for row in report["cases"]:
-        assert row.first_difference is None, thirdparty.format_report(report)
+    report = replay(DATA + capture)
+    assert report.kernel == "flashmla-sparse-fp8" and report.version == "9241ae3" and len(report.cases) == 8
+    for row in report.cases:
+        assert row.first_difference is None, report.format()
 
 
 def test_the_captures_cover_the_issue():
@@ -59,7 +60,7 @@ def test_the_captures_cover_the_issue():
             seen["seed"].add(c["seed"] // 1000)
             lengths.update(c["topk_length"] or [])
             split_counts.update(np.diff(arrays[f"c{i}_num_splits"]).tolist())
-            empty_shares.append(float(np.mean(thirdparty.sparse_inputs(c)["indices"] == -1)))
+            empty_shares.append(float(np.mean(sparse_inputs(c)["indices"] == -1)))
     assert seen["heads"] == {64, 128} and seen["sq"] == {1, 2} and {128, 2048} <= seen["topk"]
     assert seen["layout"] == {"v32", "model1"} and seen["sink"] == {None, "normal", "edge"}
     assert seen["power_of_two"] == {True, False} and 0 in lengths and len(seen["dist"]) >= 4
@@ -93,7 +94,7 @@ def test_the_quantizer_is_flashmlas_byte_for_byte():
     assert {c["layout"] for c in meta["cases"]} == {"v32", "model1"} and any(c["edges"] for c in meta["cases"])
     for i, c in enumerate(meta["cases"]):
         theirs = arrays[f"q{i}"]
-        ours = quantize_kv_cache(thirdparty.quant_inputs(c), c["layout"])
+        ours = quantize_kv_cache(quant_inputs(c), c["layout"])
         assert theirs.shape == ours.shape == (2, 64, 1, LAYOUTS[c["layout"]].bytes_per_token)
         live = np.ones(theirs.shape, bool)
         if c["layout"] == "model1":  # 64 tokens of 576 bytes, then 64 groups of 7 scales and a pad byte
@@ -190,7 +191,7 @@ def test_each_sparse_fp8_choice_matters(change, monkeypatch):
     capture, case = case if isinstance(case, tuple) else (0, case)
     meta, arrays = _load(CAPTURES[capture])
     c = meta["cases"][case]
-    res = flashmla_sparse_fp8(**thirdparty.sparse_inputs(c), scale=c["scale"], num_sms=c["num_sms"],
+    res = flashmla_sparse_fp8(**sparse_inputs(c), scale=c["scale"], num_sms=c["num_sms"],
                               machine=get_machine("sm90-cuda", **units))
     same = (np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]),
             np.mean(res.lse.view(np.uint32) == arrays[f"c{case}_lse"]))
@@ -218,7 +219,7 @@ def test_flashmla_sparse_fp8_is_attention_over_the_named_keys(machine, layout):
     c = {"batch": 2, "sq": 2, "heads": 64, "layout": layout, "seqlens": [500, 90], "topk": 192,
          "topk_length": [150, 192] if layout == "model1" else None, "invalid": 0.2, "sink": "normal",
          "dist": "normal:1", "seed": 4, "scale": None, "power_of_two": True}
-    inputs = thirdparty.sparse_inputs(c)
+    inputs = sparse_inputs(c)
     res = flashmla_sparse_fp8(**inputs, machine=machine, num_sms=4, trace=True)
     keys = dequantize_kv_cache(inputs["kv_cache"])
     assert res.out.shape == (2, 2, 64, 512) and res.lse.shape == (2, 64, 2)
@@ -239,7 +240,7 @@ def test_a_query_with_no_keys():
     """topk_length 0 (and every slot empty): zero output and an LSE of +inf, in one split and in several."""
     c = {"batch": 2, "sq": 1, "heads": 64, "layout": "model1", "seqlens": [300, 300], "topk": 128,
          "topk_length": [0, 128], "invalid": 0.0, "sink": None, "dist": "normal:1", "seed": 6, "scale": None}
-    inputs = thirdparty.sparse_inputs(c)
+    inputs = sparse_inputs(c)
     inputs["indices"][1] = -1
     for sms in (1, 132):
         res = flashmla_sparse_fp8(**inputs, num_sms=sms)
@@ -296,7 +297,7 @@ def test_the_fp8_table_runs_through_reproduce(tmp_path):
 
 
 def _ok_inputs():
-    return thirdparty.sparse_inputs({"batch": 1, "sq": 1, "heads": 64, "layout": "v32", "seqlens": [100],
+    return sparse_inputs({"batch": 1, "sq": 1, "heads": 64, "layout": "v32", "seqlens": [100],
                                      "topk": 64, "invalid": 0.0, "dist": "normal:1", "seed": 1})
 
 
@@ -327,7 +328,7 @@ def test_bad_input_names_the_argument(change, match):
 def test_model1_topk_length_above_topk():
     c = {"batch": 1, "sq": 1, "heads": 64, "layout": "model1", "seqlens": [100], "topk": 64, "invalid": 0.0,
          "dist": "normal:1", "seed": 1}
-    args = thirdparty.sparse_inputs(c)
+    args = sparse_inputs(c)
     args["topk_length"] = np.array([65], np.int32)
     with pytest.raises(ValueError, match="topk_length: expected 1 ints in 0..64"):
         flashmla_sparse_fp8(**args)
@@ -352,7 +353,7 @@ def test_a_capture_that_does_not_match_its_recipe_is_refused(change, match, tmp_
     path = tmp_path / "bad.npz"
     np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
     with pytest.raises(CaptureError, match=match):
-        thirdparty.replay(path, cases=[1])
+        replay(path, cases=[1])
 
 
 @pytest.mark.parametrize("call, match", [

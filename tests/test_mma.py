@@ -15,7 +15,8 @@ from _oracles import to_fp32
 from amla_sim import mma
 from amla_sim._seeds import derive_seed
 from amla_sim.engine import use_engine
-from amla_sim.captures import dot_operand, input_crc
+from amla_sim.crosscheck.files import input_crc
+from amla_sim.crosscheck.tensor_cores import dot_operand
 from amla_sim.arith import mma as mma_impl
 from amla_sim.formats import FORMATS, get_format, round_to
 from amla_sim.testing import assert_bitwise_equal, float_arrays

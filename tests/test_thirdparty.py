@@ -9,10 +9,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from amla_sim import mma, thirdparty
+from amla_sim import mma
 from amla_sim.algorithms import flashmla, golden
-from amla_sim.algorithms.splitkv_decode import split_ranges, splitkv_decode
+from amla_sim.algorithms.deployed.sglang.decode import split_ranges, splitkv_decode
 from amla_sim.arith.logarithm import lg2_approx, log
+from amla_sim.crosscheck import CaptureError, replay
+from amla_sim.crosscheck.sglang import SGLANG_CASES
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.machines import get_machine
 from amla_sim.units import DivUnit, ExpUnit, FMAUnit, LogUnit
@@ -76,12 +78,12 @@ def test_h100_wrote_the_same_bytes_as_the_h200():
     assert checked > 40
 
 
-@pytest.mark.parametrize("case", range(len(thirdparty.SGLANG_CASES)))
+@pytest.mark.parametrize("case", range(len(SGLANG_CASES)))
 def test_sglang_decode_bit_exact(case, engine):
-    report = thirdparty.replay(DATA + "sglang_decode.npz", cases=[case])
-    row = report["cases"][0]
-    assert report["version"] == "0.5.23"
-    assert row.first_difference is None, thirdparty.format_report(report)
+    report = replay(DATA + "sglang_decode.npz", cases=[case])
+    row = report.cases[0]
+    assert report.version == "0.5.23"
+    assert row.first_difference is None, report.format()
     assert [s.name for s in row.stages][-2:] == ["lse", "out"]
 
 
@@ -148,10 +150,10 @@ def test_bad_shapes(q_shape, kv_shape, name):
 
 @pytest.mark.parametrize("capture", ["flashmla_decode.npz", "flashmla_decode_h100_fresh.npz"])
 def test_flashmla_decode_bit_exact(capture, engine):
-    report = thirdparty.replay(DATA + capture)
-    assert report["version"] == "9241ae3" and len(report["cases"]) == 6
-    for row in report["cases"]:
-        assert row.first_difference is None, thirdparty.format_report(report)
+    report = replay(DATA + capture)
+    assert report.version == "9241ae3" and len(report.cases) == 6
+    for row in report.cases:
+        assert row.first_difference is None, report.format()
 
 
 @pytest.mark.parametrize("change", ["no-fma", "ieee-exp2", "ieee-log2", "ieee-div"])
@@ -207,7 +209,7 @@ def test_cli_replays_sglang(capsys, tmp_path):
         np.savez(tmp_path / "one.npz", meta=np.array(json.dumps(meta)), c0_o=z["c6_o"], c0_lse=z["c6_lse"])
     assert main(["crosscheck", "--kernel", "sglang-triton", "--replay", str(tmp_path / "one.npz"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["cases"][0]["first_difference"] is None and report["cases"][0]["stages"][-1]["bit_exact"] == 1
+    assert report.cases[0]["first_difference"] is None and report.cases[0]["stages"][-1]["bit_exact"] == 1
     with pytest.raises(SystemExit) as e:
         main(["crosscheck", "--kernel", "flashmla", "--replay", str(tmp_path / "one.npz")])
     assert e.value.code == 2 and "--kernel" in capsys.readouterr().err
@@ -215,7 +217,7 @@ def test_cli_replays_sglang(capsys, tmp_path):
 
 @pytest.mark.parametrize("case", range(6))
 def test_flashmla_scheduler_cuts_where_the_kernel_does(case):
-    from amla_sim.algorithms.flashmla_sched import decoding_schedule, num_sm_parts, request_splits
+    from amla_sim.algorithms.deployed.flashmla.scheduler import decoding_schedule, num_sm_parts, request_splits
 
     with np.load(DATA + "flashmla_decode.npz") as z:
         c = json.loads(str(z["meta"]))["cases"][case]
@@ -272,5 +274,5 @@ def test_thirdparty_replay_refuses_a_zip_bomb(tmp_path):
     path = tmp_path / "bomb.npz"
     np.savez_compressed(path, meta=np.array('{"kernel": "flashmla", "cases": []}'),
                         c0_out=np.zeros((600, 1024, 1024), np.uint16))  # 1.2 GB of zeros, ~1 MB on disk
-    with pytest.raises(thirdparty.CaptureError, match="MiB"):
-        thirdparty.replay(path)
+    with pytest.raises(CaptureError, match="MiB"):
+        replay(path)

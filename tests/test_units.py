@@ -8,7 +8,7 @@ import pytest
 from amla_sim.algorithms import ALGORITHMS, amla, base, etap
 from amla_sim.arith import elementwise as ew
 from amla_sim.arith import mma
-from amla_sim.crosscheck import load_capture
+from amla_sim.crosscheck.own import load_capture
 from amla_sim.experiments.grid import Grid, sample_errors
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.machines import get_machine

@@ -1,4 +1,6 @@
-"""The attention algorithms of the seeds, each written once against a machine.
+"""The attention algorithms, each written once against a machine: the papers' (golden, naive, Base, AMLA, seesaw,
+ETAP, SnapMLA) in this package, the kernels people deploy in :mod:`.deployed` (one package per upstream project),
+their entry points re-exported here.
 
 Every algorithm takes ``q: (b, s_q, G, d_k)`` and ``kv: (b, S, d_k)`` (V = the first d_v columns of kv) and
 returns an :class:`AttentionResult`. :func:`make_problem` (the checked inputs on a machine and schedule, with its
@@ -11,15 +13,15 @@ from ._common import (DEEPSEEK_V3_SCALE, DEFAULT_SCALE, AttentionResult, Problem
 from .amla import amla
 from .base import base
 from .etap import etap
-from .flashmla import flashmla, flashmla_decode
-from .flashmla_cache import dequantize_kv_cache, quantize_kv_cache
-from .flashmla_etap import flashmla_etap, flashmla_etap_decode
-from .flashmla_sparse_fp8 import flashmla_sparse_fp8, flashmla_sparse_fp8_decode
+from .deployed.flashmla.dense import flashmla, flashmla_decode
+from .deployed.flashmla.etap import flashmla_etap, flashmla_etap_decode
+from .deployed.flashmla.fp8_cache import dequantize_kv_cache, quantize_kv_cache
+from .deployed.flashmla.sparse_fp8 import flashmla_sparse_fp8, flashmla_sparse_fp8_decode
+from .deployed.sglang.decode import splitkv_decode
 from .golden import golden
 from .naive import naive
 from .seesaw import seesaw
 from .snapmla import snapmla
-from .splitkv_decode import splitkv_decode
 
 #: The built-in algorithms by name, as ``run``, ``sweep`` and ``reproduce`` name them (plugins: :mod:`amla_sim.plugins`).
 ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla,

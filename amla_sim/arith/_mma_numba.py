@@ -9,7 +9,7 @@ One output element and one block of L products, with the incoming accumulator c:
 
 Every step is exact: a_k b_k has at most 22 significant bits, the scalings are powers of two, each truncated
 term is below 2^(F + 2) and S below 2^40. The terms go in FP32 with an int32 sum where that is provably exact,
-else in float64 (see ``block`` in :func:`_make_chain`). A tile of columns of B stays in cache while every row of A
+else in float64 (see ``block`` in :func:`_make_block`). A tile of columns of B stays in cache while every row of A
 meets it. L is a constant of the compiled code (one chain per L), so the loop over a block's products unrolls
 and the loops over a tile's columns are vector code, 32-bit and 64-bit lanes in separate loops. Zero products and
 a zero c count with the row's ``e_zero`` (never, for rows without one); an all-zero block gives +0, as the device
@@ -86,10 +86,11 @@ def _block_general(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.nd
         cur[j] = _round_output(math.ldexp(np.float64(s), em - F), out_code)
 
 
-def _make_chain(L: int):
-    """The chain for blocks of L products. L is a constant of the compiled code, so the loop over a block's
-    products unrolls and each loop over a tile's columns runs in vector registers: a column's e_max and sum
-    are built in registers and stored once a block (per product, the loads of b and its exponents only)."""
+def _make_block(L: int):
+    """The T-FDPA of one block of L products for a tile of columns. L is a constant of the compiled code, so the
+    loop over a block's products unrolls and each loop over a tile's columns runs in vector registers: a
+    column's e_max and sum are built in registers and stored once a block (per product, the loads of b and its
+    exponents only)."""
 
     @nb.njit(cache=True, nogil=True)
     def block(arow: np.ndarray, earow: np.ndarray, b: np.ndarray, eb: np.ndarray, j0: int, kb: int, F: int,
@@ -158,6 +159,14 @@ def _make_chain(L: int):
         if odd or out_code >= 2:  # the general rounding: outside FP32's normal range, or to nearest
             for j in range(w):
                 cur[j] = _round_output(s[j] * p2[j], out_code)
+
+    return block
+
+
+def _make_chain(L: int):
+    """The chain for blocks of L products (:func:`_make_block`): tasks of (batch, tile of columns, rows) over the
+    threads, each tile's accumulators kept while every row of A meets the block's rows of B in turn."""
+    block = _make_block(L)
 
     @nb.njit(cache=True, parallel=True)
     def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.ndarray, F: int,

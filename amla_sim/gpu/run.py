@@ -71,7 +71,7 @@ def run_kernel(
 
     exp_mode: ``hw`` (tl.exp) or ``poly`` (the exact software exp); div_mode: ``hw`` ('/') or ``ieee``.
     quantized: for snapmla, the FP8 cache and query and their scales (the cache write is not a kernel):
-    ``amla_sim.crosscheck.device_run`` makes them with the simulator's quantizer.
+    ``amla_sim.crosscheck.own.device_run`` makes them with the simulator's quantizer.
     Returns ``out`` (b, s_q, G, 512) BF16 and, with `debug`, the per-block stages S, P, m, l, n, N, O with a
     leading block axis: arrays of shape (n_blocks, b, R, ...).
     """
@@ -91,7 +91,7 @@ def run_kernel(
     if algorithm == "snapmla":
         if quantized is None:
             raise ValueError("quantized: the snapmla kernel takes the quantized cache and query "
-                             "(amla_sim.crosscheck.device_run makes them)")
+                             "(amla_sim.crosscheck.own.device_run makes them)")
         return _run_snapmla(q, quantized, exp_mode=exp_mode, div_mode=div_mode, debug=debug, device=device)
     R, DV = s_q * G, D_V
     nblk = -(-S // BLOCK_N)

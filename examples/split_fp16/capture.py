@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from amla_sim.captures import input_crc
+from amla_sim.crosscheck.files import input_crc
 from amla_sim.experiments.inputs import make_inputs
 from kernel import split_fp16_decode
 

@@ -7,8 +7,7 @@ import ml_dtypes
 import numpy as np
 
 from amla_sim import ComparisonReport, compare
-from amla_sim.captures import input_crc
-from amla_sim.crosscheck import read_capture
+from amla_sim.crosscheck.files import input_crc, read_capture
 from amla_sim.experiments.inputs import make_inputs
 from split_fp16 import split_fp16
 

@@ -4,9 +4,9 @@ it predicts the kernel's output and LSE bit for bit.
 
 Each query (request i, position j) attends to the ``topk`` cache tokens its indices name (-1: none; with
 ``topk_length``, MODEL1 only, the slots from ``topk_length[i]`` on are none too). Rows are the query's heads, 64
-to a CTA, every row independent. The scheduler (:mod:`.flashmla_sched`, each request ``topk_length`` or ``topk``
+to a CTA, every row independent. The scheduler (:mod:`.scheduler`, each request ``topk_length`` or ``topk``
 tokens long, 0 counted as 1) cuts a request's blocks of 64 slots into splits. A split walks its blocks in order;
-per block (keys dequantized as :mod:`.flashmla_cache` says, empty slots zero):
+per block (keys dequantized as :mod:`.fp8_cache` says, empty slots zero):
 
 - ``S = Q K^T`` on the tensor cores, k in order; empty slots -inf;
 - ``m' = max(m, fl(rowmax(S) c))`` with ``c = fl(fl(scale) fl(log2 e))``, m from -1e30; ``s = exp2(m - m')``;
@@ -17,7 +17,7 @@ per block (keys dequantized as :mod:`.flashmla_cache` says, empty slots zero):
 At the end ``L = (l0 + l1) + (l2 + l3)``. A request in one split writes ``bf16(O fl(1 / (L + exp2(sink - m))))``
 (``sink = fl(attn_sink log2 e)``, -inf without; ``1 / x`` is MUFU.RCP) and LSE ``fma(log2 L, ln 2, fl(m ln 2))``
 (+inf where L = 0), the sink left out. Otherwise each split writes ``fl(O rcp(L))`` and ``log2 L + m`` (-inf
-where L = 0), and the combine kernel merges them as for the dense decode (:func:`.flashmla.combine_sum`), the
+where L = 0), and the combine kernel merges them as for the dense decode (:func:`.combine.combine_sum`), the
 sink entering after the LSE is written: ``g += log2(1 + exp2(fma(attn_sink, log2 e, -g)))``. exp2 and log2 are
 ``ex2.approx.ftz`` and ``lg2.approx.ftz`` (``--use_fast_math``).
 """
@@ -30,15 +30,15 @@ from collections import Counter
 import numpy as np
 import numpy.typing as npt
 
-from .._validate import check_int, quiet_fp
-from ..machines import Machine, get_machine
-from ..schedules import Schedule
-from ._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout, check_scale
-from .flashmla import FLASHMLA_COMMIT, combine_sum
-from .flashmla_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
-from .flashmla_sched import BLOCK_SIZE_N, SchedPart, decoding_schedule, num_sm_parts, request_splits
+from ...._validate import check_int, quiet_fp
+from ....machines import Machine, get_machine
+from ....schedules import Schedule
+from ..._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout, check_scale
+from .combine import combine_sum
+from .fp8_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
+from .scheduler import BLOCK_SIZE_N, SchedPart, decoding_schedule, num_sm_parts, request_splits
 
-__all__ = ["flashmla_sparse_fp8", "flashmla_sparse_fp8_decode", "FLASHMLA_COMMIT", "sparse_schedule"]
+__all__ = ["flashmla_sparse_fp8", "flashmla_sparse_fp8_decode", "sparse_schedule"]
 
 _MAX_INIT = -1e30  # the running max before the first block
 _LOG2E = math.log2(math.e)  # LOG_2_E and CUDART_L2E_F: fl32(log2 e) on FP32 machines, exact on golden
@@ -119,7 +119,7 @@ def flashmla_sparse_fp8(
     """FlashMLA's sparse FP8 decode on `machine` (see the module docstring).
 
     q: (b, s_q, 64 or 128, 576 or 512) BF16; kv_cache: uint8 pages (num_blocks, page, 1, 656 or 584), the V3.2
-    or MODEL1 layout (:func:`.flashmla_cache.quantize_kv_cache`; q's head dim must match); indices: (b, s_q,
+    or MODEL1 layout (:func:`.fp8_cache.quantize_kv_cache`; q's head dim must match); indices: (b, s_q,
     topk) ints, ``block * page + offset`` or -1, topk a multiple of 64; topk_length: (b,) ints (MODEL1 only);
     attn_sink: (h_q,) float32; scale: the softmax scale (default d_qk^-0.5, as FlashMLA's interface).
     Returns ``.out`` (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q), natural log, the sink left out, as the

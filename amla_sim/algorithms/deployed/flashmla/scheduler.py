@@ -1,5 +1,10 @@
-"""FlashMLA's split-KV scheduler (``get_decoding_sched_meta``, commit 9241ae3), on the host: how each request's KV
-blocks of 64 tokens are cut into splits over the SMs, so that a simulation cuts at the same tokens.
+"""FlashMLA's split-KV scheduler, both generations, on the host: how each request's KV blocks of 64 tokens are
+cut into splits over the SMs, so that a simulation cuts at the same tokens.
+
+Upstream: deepseek-ai/FlashMLA 9241ae3 ``csrc/smxx/decode/get_decoding_sched_meta/`` (the dense and sparse
+decodes: :func:`decoding_schedule`); pengcuo/FlashMLA-ETAP 39e6160 ``csrc/flash_fwd_mla_metadata.cu``, the older
+``get_mla_metadata`` that FlashMLA's forks keep (:func:`etap_schedule`): the same payload walk, its ends written in
+tokens.
 
 ``num_sm_parts = max(num_sms / h_k / cdiv(s_q h_q / h_k, 64), 1)`` parts share the total work, each request
 costing its blocks plus a fixed overhead of 5; part i takes ``cdiv(total, num_sm_parts) + 5`` units, whole
@@ -14,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SchedPart", "decoding_schedule", "num_sm_parts", "request_splits"]
+__all__ = ["SchedPart", "decoding_schedule", "num_sm_parts", "request_splits", "etap_num_sm_parts", "etap_schedule",
+           "metadata_splits"]
 
 BLOCK_SIZE_N = 64
 FIXED_OVERHEAD_BLOCKS = 5
@@ -95,3 +101,42 @@ def request_splits(seqlens: npt.ArrayLike, parts: int) -> list[list[tuple[int, i
             if hi > lo:
                 splits[r].append((lo * BLOCK_SIZE_N, min(hi * BLOCK_SIZE_N, lens[r])))
     return splits
+
+
+# --- the older generation: get_mla_metadata (FlashMLA before get_decoding_sched_meta; FlashMLA-ETAP 39e6160,
+#     csrc/flash_fwd_mla_metadata.cu), a part's ends in tokens ---------------------------------------------------
+
+
+def etap_num_sm_parts(*, s_q: int, heads_q: int, num_sms: int = 132) -> int:
+    """``get_mla_metadata``'s part count: num_sms / h_k / cdiv(s_q h_q / h_k, 64), h_k = 1 (the kernel's m-block
+    is 16 rows, but the metadata divides by 64)."""
+    return num_sms // -(-(s_q * heads_q) // 64)
+
+
+def etap_schedule(seqlens: npt.ArrayLike, parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tile-scheduler metadata as ``get_mla_metadata_kernel`` writes it: (parts, 5) int32, per part
+    ``[begin_idx, begin_seqlen, end_idx, end_seqlen, begin_n_split_idx]`` (the kernel's rows have 8 ints, the
+    last 3 never written), and the cumulative split counts (b + 1 int32). The payload walk is FlashMLA's
+    (:func:`decoding_schedule`); this commit writes its ends in tokens, and the seqlen itself where
+    a part ends with a request."""
+    lens = [int(v) for v in np.asarray(seqlens).ravel()]
+    sched, num_splits = decoding_schedule(lens, parts)
+    b = len(lens)
+    meta = np.zeros((parts, 5), np.int32)
+    for i, p in enumerate(sched):
+        begin_tokens = 0 if p.begin_req >= b else p.begin_block * BLOCK_SIZE_N
+        end_tokens = min(p.end_block * BLOCK_SIZE_N, lens[p.end_req])
+        meta[i] = (p.begin_req, begin_tokens, p.end_req, end_tokens, p.begin_split)
+    return meta, num_splits
+
+
+def metadata_splits(meta: np.ndarray, lens: list[int]) -> list[list[tuple[int, int]]]:
+    """Per request, its splits as block ranges [n_block_min, n_block_max), read from the metadata as the kernel
+    reads it, in split order."""
+    out: list[list[tuple[int, int]]] = [[] for _ in lens]
+    for begin_idx, begin_seqlen, end_idx, end_seqlen, *_ in meta.tolist():
+        for r in range(begin_idx, min(end_idx, len(lens) - 1) + 1):
+            lo = begin_seqlen // BLOCK_SIZE_N if r == begin_idx else 0
+            hi = -(-end_seqlen // BLOCK_SIZE_N) if r == end_idx else -(-lens[r] // BLOCK_SIZE_N)
+            out[r].append((lo, hi))
+    return out

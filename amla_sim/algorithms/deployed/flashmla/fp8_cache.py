@@ -25,8 +25,8 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from .._validate import check_int, quiet_fp
-from ..formats import FORMATS, is_float_dtype, round_to
+from ...._validate import check_int, quiet_fp
+from ....formats import FORMATS, is_float_dtype, round_to
 
 __all__ = ["CacheLayout", "LAYOUTS", "layout_of", "quantize_kv_cache", "dequantize_kv_cache", "pages"]
 

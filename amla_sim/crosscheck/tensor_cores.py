@@ -1,19 +1,17 @@
-"""Deterministic inputs for device captures, shared by the capture script (on a GPU) and the replay tests (CPU).
+"""The inputs of the tensor-core captures (``acc += tl.dot(a, b)`` on an H100/H200), rebuilt from their seed.
 
-A capture file stores device outputs and a CRC of the inputs; the inputs themselves are regenerated here from
-their seed (NumPy's PCG64 and :func:`amla_sim.formats.round_to` are deterministic on every platform), which keeps
-the committed files small. :func:`input_crc` lets a test prove it rebuilt the very inputs the device saw.
+A capture stores the device's outputs and the inputs' CRC (:func:`.files.input_crc`); the inputs are regenerated
+here (NumPy's PCG64 and :func:`amla_sim.formats.round_to` are deterministic on every platform), which keeps the
+committed files small.
 """
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 
-from .formats import get_format, round_to
+from ..formats import get_format, round_to
 
-__all__ = ["DOT_DISTRIBUTIONS", "dot_operand", "input_crc"]
+__all__ = ["DOT_DISTRIBUTIONS", "dot_operand"]
 
 #: The input distributions of the tensor-core captures.
 DOT_DISTRIBUTIONS = ("normal", "wide", "special")
@@ -42,11 +40,3 @@ def dot_operand(fmt: str, dist: str, shape: tuple[int, int], seed: int) -> np.nd
     elif dist != "normal":
         raise ValueError(f"dist: expected one of {DOT_DISTRIBUTIONS}, got {dist!r}")
     return round_to(x, f, overflow="satfinite")
-
-
-def input_crc(*arrays: np.ndarray) -> int:
-    """CRC-32 of the arrays' bytes, in order."""
-    crc = 0
-    for a in arrays:
-        crc = zlib.crc32(np.ascontiguousarray(a).tobytes(), crc)
-    return crc

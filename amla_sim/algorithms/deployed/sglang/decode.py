@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from .._validate import check_int, quiet_fp
-from ..machines import Machine, get_machine
-from ._common import D_V, check_kernel_inputs, check_scale
+from ...._validate import check_int, quiet_fp
+from ....machines import Machine, get_machine
+from ..._common import D_V, check_kernel_inputs, check_scale
 
 __all__ = ["splitkv_decode", "SplitKVResult", "split_ranges"]
 

@@ -2,7 +2,7 @@
 written against a machine. On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit.
 
 Rows are the (query position, head) pairs of a request, 64 to an m-block; every row is independent. The scheduler
-(:mod:`.flashmla_sched`) cuts each request's 64-token blocks into splits. A split runs its blocks in pairs, the
+(:mod:`.scheduler`) cuts each request's 64-token blocks into splits. A split runs its blocks in pairs, the
 seesaw of two warpgroups sharing one running max ``m`` (log2 units, from -1e30):
 
 - warpgroup 0 takes block 0: ``S0 = Q K0^T`` on the tensor cores, k in order 0..575; masked keys get -1e33;
@@ -27,22 +27,19 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
-from .._validate import check_int, quiet_fp
-from ..arith.reductions import _xor_tree
-from ..machines import Machine, get_machine
-from ..schedules import Schedule
-from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
-from .flashmla_sched import BLOCK_SIZE_N, num_sm_parts, request_splits
+from ...._validate import check_int, quiet_fp
+from ....machines import Machine, get_machine
+from ....schedules import Schedule
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
+from .combine import combine_sum
+from .scheduler import BLOCK_SIZE_N, num_sm_parts, request_splits
 
-__all__ = ["flashmla", "flashmla_decode", "FLASHMLA_COMMIT"]
+__all__ = ["flashmla", "flashmla_decode"]
 
-#: The FlashMLA commit whose kernels the models follow.
-FLASHMLA_COMMIT = "9241ae3"
 _MAX_INIT_SM = -1e30  # the running max before the first block
 _MAX_INIT = -1e33  # a masked score
 
@@ -201,25 +198,6 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
     L = mc.f(lanes(l0) + lanes(l1))
     L = np.where((L == 0) | np.isnan(L), u.c(1.0), L).astype(dt)
     return mc.div(np.concatenate([OL, OR], axis=1), L[:, None]), L, m
-
-
-def combine_sum(mc: Machine, lse_s: np.ndarray, max_splits: int,
-                exp: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The combine kernel's first warp (this FlashMLA commit's and FlashMLA-ETAP's): the splits' LSEs (R, n) padded
-    with -inf to `max_splits`, their max M (0 where all are -inf), and ``sum exp(lse_s - M)`` as 32 lanes sum it,
-    lane j over splits j, j + 32, ... in order from 0, then an xor butterfly over the lanes."""
-    R, n = lse_s.shape
-    pad = np.full((R, max_splits), -np.inf, mc.dtype)
-    pad[:, :n] = lse_s
-    M = np.max(pad, axis=1)
-    M = np.where(np.isneginf(M), mc.f(0.0), M).astype(mc.dtype)
-    lanes = []
-    for lane in range(32):
-        acc = np.zeros(R, mc.dtype)
-        for k in range(lane, max_splits, 32):
-            acc = mc.f(acc + exp(mc.f(pad[:, k] - M)))
-        lanes.append(acc)
-    return M, _xor_tree(lanes)
 
 
 def _combine(u: _Units, res: list, max_splits: int) -> tuple[np.ndarray, np.ndarray]:

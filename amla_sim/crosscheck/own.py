@@ -1,30 +1,33 @@
-"""Simulator against device, stage by stage: which bits agree, and which model is responsible for the others.
+"""This project's Triton kernels (:mod:`amla_sim.gpu.kernels`) against the simulator, stage by stage: which bits
+agree, and which model is responsible for the others.
 
-A capture (``.npz``) holds the inputs, the kernel's settings and the device's per-block stages; replaying it needs
-no GPU. The simulator runs the same algorithm on the ``sm90-triton-exact`` machine (kernel exp mode ``poly``, IEEE
+A capture (``.npz``, :mod:`.files`) holds the inputs (or names a shared inputs file), the kernel's settings and the
+device's per-block stages; replaying it needs no GPU. The simulator runs the same algorithm on the ``sm90-triton-exact`` machine (kernel exp mode ``poly``, IEEE
 division) or ``sm90-triton`` (hardware ex2.approx and div.full, from measured MUFU tables), both modelled bit for
 bit, with its trace on, and each stage is compared bit for bit.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import zipfile
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
-from ._files import atomic_savez
-from ._validate import DataError, quiet_fp
-from .algorithms import ALGORITHMS
-from .algorithms._common import D_V
-from .comparison import ComparisonReport
-from .comparison import compare as compare_stages
-from .machines import Machine
-from .resources import check_fits, run_bytes
-from .schedules import Schedule
+from .._files import atomic_savez
+from .._validate import quiet_fp
+from ..algorithms import ALGORITHMS
+from ..algorithms._common import D_V
+from ..comparison import ComparisonReport, compare
+from ..machines import Machine
+from ..resources import check_fits, run_bytes
+from ..schedules import Schedule
+from .files import CaptureError, inputs_digest, read_capture
+from .report import ReplayReport
+
+__all__ = ["STAGES", "RESPONSIBLE", "MACHINE_FOR_MODE", "device_run", "simulate_stages", "run_stages", "compare_stages",
+           "save_capture", "save_inputs", "load_capture", "replay_own"]
 
 STAGES = {
     "base": ("S", "m", "P", "l", "O", "out"),
@@ -49,17 +52,17 @@ KERNEL_SCHEDULE = "amla-sim-gpu"  # how amla_sim.gpu's kernels lay the blocks ou
 def device_run(algorithm: str, q: np.ndarray, kv: np.ndarray, **kwargs) -> dict[str, np.ndarray]:
     """:func:`amla_sim.gpu.run.run_kernel`, with SnapMLA's cache and query quantized here, by the simulator's
     quantizer, as the kernel expects them."""
-    from .gpu.run import BLOCK_N, run_kernel
+    from ..gpu.run import BLOCK_N, run_kernel
 
     quantized = None
     if algorithm == "snapmla":
-        from .algorithms.snapmla import kernel_inputs
+        from ..algorithms.snapmla import kernel_inputs
 
         quantized = kernel_inputs(q, kv, scale=kwargs.get("scale"), block=BLOCK_N)
     return run_kernel(algorithm, q, kv, quantized=quantized, **kwargs)
 
 
-def simulate(algorithm: str, q: np.ndarray, kv: np.ndarray, *, scale: float | None, exp_mode: str) -> dict:
+def simulate_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, scale: float | None, exp_mode: str) -> dict:
     """The simulator's stages, stacked per block like the kernel's debug output: (n_blocks, b, R, ...)."""
     if algorithm not in STAGES:
         raise ValueError(f"algorithm: the cross-check covers {sorted(STAGES)}, got {algorithm!r}")
@@ -81,11 +84,11 @@ def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine: str | 
     return stages
 
 
-def compare(algorithm: str, device_stages: dict, sim: dict, **meta) -> ComparisonReport:
+def compare_stages(algorithm: str, device_stages: dict, sim: dict, **meta) -> ComparisonReport:
     """:func:`amla_sim.compare` over the stages of `algorithm` that both sides hold, each explained by the model
     it depends on (``RESPONSIBLE``)."""
     names = [n for n in STAGES[algorithm] if n in device_stages and n in sim]
-    return compare_stages(device_stages, sim, stages=names, explanations=RESPONSIBLE,
+    return compare(device_stages, sim, stages=names, explanations=RESPONSIBLE,
                           meta={"algorithm": algorithm, **meta})
 
 
@@ -112,55 +115,6 @@ def save_capture(path: str | Path, *, algorithm: str, q: np.ndarray, kv: np.ndar
 def save_inputs(path: str | Path, q: np.ndarray, kv: np.ndarray) -> None:
     """The q and kv that several captures share (raw BF16 bits)."""
     atomic_savez(path, q=q.view(np.uint16), kv=kv.view(np.uint16), meta=np.array(json.dumps({"kind": "inputs"})))
-
-
-def inputs_digest(q_bits: np.ndarray, kv_bits: np.ndarray) -> str:
-    """SHA-256 of the inputs' shapes and bits: what a capture that shares its inputs records of them."""
-    h = hashlib.sha256(json.dumps([list(q_bits.shape), list(kv_bits.shape)]).encode())
-    h.update(np.ascontiguousarray(q_bits).tobytes())
-    h.update(np.ascontiguousarray(kv_bits).tobytes())
-    return h.hexdigest()
-
-
-class CaptureError(DataError):
-    """A capture file that is missing, unreadable or not what the capture format says."""
-
-
-MAX_CAPTURE_BYTES = 1 << 30  # uncompressed arrays of one capture; the committed ones hold under 10 MB
-
-
-def read_capture(path: str | Path, *, what: str = "replay",
-                 need_meta: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
-    """(meta, arrays) of any capture file, checked before anything is decompressed: a readable .npz without
-    pickles, at most MAX_CAPTURE_BYTES of arrays, and a 'meta' that is a JSON object (``{}`` where there is none
-    and `need_meta` is false: any file of named arrays). what: the command named in errors."""
-    path = Path(path)
-    if not path.is_file():
-        raise CaptureError(f"{what}: {path} is not a file")
-    try:
-        with zipfile.ZipFile(path) as zf:
-            size = sum(i.file_size for i in zf.infolist())
-    except (zipfile.BadZipFile, OSError) as e:
-        raise CaptureError(f"{what}: {path} is not a capture (.npz): {e}") from None
-    if size > MAX_CAPTURE_BYTES:
-        raise CaptureError(f"{what}: {path} holds {size / 2**20:.0f} MiB of arrays, more than a capture may "
-                           f"({MAX_CAPTURE_BYTES >> 20} MiB)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise CaptureError(f"{what}: {path} is not a readable capture: {e}") from None
-    if "meta" not in arrays:
-        if not need_meta:
-            return {}, arrays
-        raise CaptureError(f"{what}: {path} has no 'meta' array")
-    try:
-        meta = json.loads(str(arrays.pop("meta")))
-    except json.JSONDecodeError:
-        meta = None
-    if not isinstance(meta, dict):
-        raise CaptureError(f"{what}: {path}: 'meta' is not a JSON object")
-    return meta, arrays
 
 
 def _shared_inputs(path: Path, ref: object) -> dict[str, np.ndarray]:
@@ -227,17 +181,13 @@ def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
     return meta, q.view(ml_dtypes.bfloat16), kv.view(ml_dtypes.bfloat16), device
 
 
-def replay(path: str | Path) -> ComparisonReport:
-    """Redo the comparison of a saved capture on the CPU."""
+def replay_own(path: str | Path) -> ReplayReport:
+    """Redo the comparison of a saved capture of this project's kernels on the CPU."""
     meta, q, kv, device = load_capture(path)
     device["out"] = device["out"].view(ml_dtypes.bfloat16)
-    sim = simulate(meta["algorithm"], q, kv, scale=meta["scale"], exp_mode=meta["exp_mode"])
-    return compare(meta["algorithm"], device, sim, device=str(meta.get("device", "unknown")),
-                   exp_mode=meta["exp_mode"], machine=MACHINE_FOR_MODE[meta["exp_mode"]], shape=list(q.shape),
-                   context=int(kv.shape[1]))
-
-
-def format_report(report: ComparisonReport) -> str:
-    m = report.meta
-    return (f"{m.get('algorithm')} on {m.get('device', 'device')} (exp mode {m.get('exp_mode')}) against "
-            f"{m.get('machine', 'the simulator')}:\n{report.format()}")
+    sim = simulate_stages(meta["algorithm"], q, kv, scale=meta["scale"], exp_mode=meta["exp_mode"])
+    name, where, machine = str(meta.get("device", "unknown")), meta["exp_mode"], MACHINE_FOR_MODE[meta["exp_mode"]]
+    report = compare_stages(meta["algorithm"], device, sim, device=name, exp_mode=where, machine=machine,
+                            shape=list(q.shape), context=int(kv.shape[1]))
+    return ReplayReport(kernel="amla-sim", version=meta["algorithm"], device=name, cases=[report],
+                        title=f"{meta['algorithm']} on {name} (exp mode {where}) against {machine}:")

@@ -33,14 +33,14 @@ from collections import Counter
 import numpy as np
 import numpy.typing as npt
 
-from .._validate import check_int, quiet_fp
-from ..arith.reductions import _xor_tree
-from ..formats import get_format
-from ..machines import Machine, get_machine
-from ..schedules import Schedule
-from ._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
-from .flashmla import combine_sum
-from .flashmla_sched import BLOCK_SIZE_N, decoding_schedule
+from ...._validate import check_int, quiet_fp
+from ....arith.reductions import _xor_tree
+from ....formats import get_format
+from ....machines import Machine, get_machine
+from ....schedules import Schedule
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
+from .combine import combine_sum
+from .scheduler import BLOCK_SIZE_N, etap_num_sm_parts, etap_schedule, metadata_splits
 
 __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
 
@@ -48,41 +48,6 @@ __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_s
 ETAP_COMMIT = "39e6160"
 WARPS, GROUPS = 4, 8  # the S^T warpgroup: 4 warps of 8 lane groups, each holding keys 16 w + g and 16 w + g + 8
 MAX_SPLITS = (32, 64, 96, 128, 160)  # the combine kernel's instantiations (MLA_NUM_SPLITS_SWITCH)
-
-
-def etap_num_sm_parts(*, s_q: int, heads_q: int, num_sms: int = 132) -> int:
-    """``get_mla_metadata``'s part count: num_sms / h_k / cdiv(s_q h_q / h_k, 64), h_k = 1 (the kernel's m-block
-    is 16 rows, but the metadata divides by 64)."""
-    return num_sms // -(-(s_q * heads_q) // 64)
-
-
-def etap_schedule(seqlens: npt.ArrayLike, parts: int) -> tuple[np.ndarray, np.ndarray]:
-    """The tile-scheduler metadata as ``get_mla_metadata_kernel`` writes it: (parts, 5) int32, per part
-    ``[begin_idx, begin_seqlen, end_idx, end_seqlen, begin_n_split_idx]`` (the kernel's rows have 8 ints, the
-    last 3 never written), and the cumulative split counts (b + 1 int32). The payload walk is FlashMLA's
-    (:func:`.flashmla_sched.decoding_schedule`); this commit writes its ends in tokens, and the seqlen itself where
-    a part ends with a request."""
-    lens = [int(v) for v in np.asarray(seqlens).ravel()]
-    sched, num_splits = decoding_schedule(lens, parts)
-    b = len(lens)
-    meta = np.zeros((parts, 5), np.int32)
-    for i, p in enumerate(sched):
-        begin_tokens = 0 if p.begin_req >= b else p.begin_block * BLOCK_SIZE_N
-        end_tokens = min(p.end_block * BLOCK_SIZE_N, lens[p.end_req])
-        meta[i] = (p.begin_req, begin_tokens, p.end_req, end_tokens, p.begin_split)
-    return meta, num_splits
-
-
-def _request_splits(meta: np.ndarray, lens: list[int]) -> list[list[tuple[int, int]]]:
-    """Per request, its splits as block ranges [n_block_min, n_block_max), read from the metadata as the kernel
-    reads it, in split order."""
-    out: list[list[tuple[int, int]]] = [[] for _ in lens]
-    for begin_idx, begin_seqlen, end_idx, end_seqlen, *_ in meta.tolist():
-        for r in range(begin_idx, min(end_idx, len(lens) - 1) + 1):
-            lo = begin_seqlen // BLOCK_SIZE_N if r == begin_idx else 0
-            hi = -(-end_seqlen // BLOCK_SIZE_N) if r == end_idx else -(-lens[r] // BLOCK_SIZE_N)
-            out[r].append((lo, hi))
-    return out
 
 
 class _Units:
@@ -146,7 +111,7 @@ def flashmla_etap(
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.zeros((b, s_q * H), mc.dtype)
     tr: dict[str, list] = {}
-    for i, blocks in enumerate(_request_splits(meta, [int(n) for n in lens])):
+    for i, blocks in enumerate(metadata_splits(meta, [int(n) for n in lens])):
         rows = Q[i].reshape(s_q * H, D_K)
         one = len(blocks) == 1
         res = [_split(u, rows, K[i], int(lens[i]), lo, hi, c, sm, shift, one) for lo, hi in blocks]

@@ -1,0 +1,279 @@
+"""deepseek-ai/FlashMLA's decodes and FlashMLA-ETAP: their case tables, replayed by :func:`.deployed.replay_deployed`.
+
+A case records ``out`` (b, s_q, H, 512) BF16 (ETAP: or FP16) bits, ``lse`` (b, H, s_q) FP32 bits, and the kernel's
+own split schedule (``sched``, ``num_splits``), which the models' schedulers are tested against. The sparse FP8
+decode's inputs (cache, indices, topk_length, sink) are drawn from the recipe's seed (:func:`sparse_inputs`);
+FlashMLA's cache quantizer has cases of its own (:data:`QUANT_CASES`, :func:`quant_inputs`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .._validate import check_int
+from ..algorithms.deployed.flashmla import FLASHMLA_COMMIT
+from ..algorithms.deployed.flashmla.dense import flashmla
+from ..algorithms.deployed.flashmla.etap import ETAP_COMMIT, flashmla_etap
+from ..algorithms.deployed.flashmla.fp8_cache import layout_of, pages, quantize_kv_cache
+from ..algorithms.deployed.flashmla.sparse_fp8 import flashmla_sparse_fp8, sparse_schedule
+from ..experiments.inputs import make_inputs
+from ..formats import round_to
+from .files import CaptureError, input_crc
+from .kernel import DeployedKernel, Stage, case_inputs, stage
+
+__all__ = ["FLASHMLA_CASES", "ETAP_CASES", "SPARSE_FP8_CASES", "QUANT_CASES", "FLASHMLA", "FLASHMLA_ETAP",
+           "FLASHMLA_SPARSE_FP8", "sparse_inputs", "quant_inputs"]
+
+#: (batch, s_q, heads, seqlens, dist, seed): what scripts/capture_thirdparty.py ran
+FLASHMLA_CASES = [
+    (1, 1, 128, (4096,), "flashmla", 11),
+    (1, 1, 128, (4096,), "normal:1", 12),
+    (1, 2, 128, (1000,), "flashmla", 13),
+    (2, 1, 64, (64, 3001), "flashmla", 14),
+    (3, 2, 128, (8192, 77, 5000), "normal:1", 15),
+    (4, 1, 128, (513, 2048, 4097, 129), "flashmla", 16),
+]
+#: (batch, s_q, heads, seqlens, format, dist, seed, scale): what scripts/capture_thirdparty.py ran; s_q = 2 is causal
+ETAP_CASES = [
+    (1, 1, 16, (4096,), "fp16", "normal:1", 21, None),
+    (1, 1, 128, (2048,), "bf16", "flashmla", 22, None),
+    (2, 2, 64, (1, 1000), "bf16", "flashmla", 23, 0.1352),
+    (4, 1, 32, (63, 64, 65, 3001), "fp16", "normal:1", 24, None),
+    (2, 2, 16, (16500, 129), "fp16", "flashmla", 25, None),
+    (16, 1, 16, (512, 1, 2048, 777, 64, 1500, 65, 3000, 100, 2500, 63, 1024, 4096, 300, 129, 2000), "fp16",
+     "normal:1", 26, None),
+    (3, 1, 64, (3000, 77, 2049), "bf16", "normal:1", 27, 0.1352),
+    (8, 2, 32, (1, 63, 64, 65, 700, 2500, 4097, 129), "bf16", "flashmla", 28, None),
+]
+ETAP_PAGE_SIZE = 64  # the kernel's only page size (kBlockN)
+#: FlashMLA's sparse FP8 decode: (batch, s_q, heads, layout, seqlens (tokens each request's cache holds), topk,
+#: topk_length, share of empty (-1) slots, attention sink, dist, seed, scale, power-of-two scales, num_sms); slots
+#: past a request's tokens are empty; a sink "normal" is N(6, 4) per head, "edge" that with heads 0-2 at -inf, +inf,
+#: 0; num_sms (None: the GPU's) sets the split schedule the kernel is handed (fewer SMs: requests in one split)
+SPARSE_FP8_CASES = [
+    (1, 1, 128, "v32", (4096,), 2048, None, 0.0, None, "flashmla", 31, None, True, None),
+    (1, 1, 64, "v32", (1000,), 512, None, 0.1, "normal", "normal:1", 32, None, True, 1),
+    (2, 2, 128, "v32", (300, 5000), 384, None, 0.0, None, "normal:1", 33, 0.1352, True, None),
+    (3, 1, 64, "v32", (100, 2000, 64), 128, None, 0.0, "edge", "rope-outliers", 34, None, False, 2),
+    (2, 1, 128, "model1", (4096, 700), 1024, (1024, 300), 0.0, None, "flashmla", 35, None, True, None),
+    (4, 2, 64, "model1", (64, 1500, 3000, 200), 256, (0, 256, 100, 65), 0.05, "normal", "normal:1", 36, None, True,
+     None),
+    (1, 2, 128, "model1", (2048,), 2048, None, 0.3, "edge", "normal:4", 37, None, True, None),
+    (2, 1, 128, "v32", (3000, 3000), 128, None, 0.5, "normal", "normal:1", 38, 0.1352, False, 16),
+]
+SPARSE_PAGE_SIZE = 64
+# FlashMLA's cache quantizer: (layout, pages of 64 tokens, dist, seed, edge rows written over the first tokens)
+QUANT_CASES = [
+    ("v32", 2, "normal:1", 41, True),
+    ("v32", 2, "rope-outliers", 42, False),
+    ("v32", 2, "normal:3000", 43, True),
+    ("model1", 2, "normal:1", 44, True),
+    ("model1", 2, "flashmla", 45, False),
+    ("model1", 2, "uniform:1e-3", 46, True),
+]
+
+
+def sparse_inputs(case: dict) -> dict[str, np.ndarray | None]:
+    """A sparse FP8 case's inputs from its recipe: q (b, s_q, h, d) BF16, the packed cache (pages of 64 tokens,
+    request i owning the pages from i * ceil(S_max / 64)), indices (b, s_q, topk), topk_length, attn_sink."""
+    lay = layout_of(case["layout"], "layout")
+    b, sq, H, topk = case["batch"], case.get("sq", 1), case["heads"], case["topk"]
+    q, kv = make_inputs(case["dist"], batch=b, heads=H, sq=sq, context=max(case["seqlens"]), d_k=lay.d,
+                        d_v=lay.d_nope, seed=case["seed"])
+    kpages, base = pages(kv, SPARSE_PAGE_SIZE)
+    cache = quantize_kv_cache(kpages, lay.name, power_of_two=case.get("power_of_two", True))
+    rng = np.random.default_rng([case["seed"], 7])
+    idx = np.full((b, sq, topk), -1, np.int32)
+    for i, n in enumerate(case["seqlens"]):
+        for j in range(sq):
+            k = min(topk, n)
+            idx[i, j, :k] = base[i] + rng.choice(n, k, replace=False)
+            idx[i, j, rng.random(topk) < case.get("invalid", 0.0)] = -1
+    tl_ = None if case.get("topk_length") is None else np.array(case["topk_length"], np.int32)
+    sink = None
+    if case.get("sink") is not None:
+        sink = rng.normal(6.0, 2.0, H).astype(np.float32)
+        if case["sink"] == "edge":
+            sink[:3] = [-np.inf, np.inf, 0.0]
+    got = {"q": q, "kv_cache": cache, "indices": idx, "topk_length": tl_, "attn_sink": sink}
+    if "input_crc" in case and _sparse_crc(got) != case["input_crc"]:
+        raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
+    return got
+
+
+def quant_inputs(case: dict) -> np.ndarray:
+    """A quantizer case's BF16 pages (pages, 64, 1, d); with `edges`, the first tokens hold a zero token, tiny,
+    subnormal, huge and exactly-448 * 2^k amaxes, and a tile of equal values."""
+    lay = layout_of(case["layout"], "layout")
+    _, kv = make_inputs(case["dist"], batch=1, heads=1, context=case["pages"] * SPARSE_PAGE_SIZE, d_k=lay.d,
+                        d_v=lay.d_nope, seed=case["seed"])
+    x = kv[0].astype(np.float32)
+    if case.get("edges"):
+        x[0] = 0.0
+        x[1, :lay.tile] *= np.float32(1e-30)
+        x[2, :lay.tile] = np.float32(2.0**-133) * np.sign(x[2, :lay.tile])  # BF16 subnormals
+        x[3, lay.tile:2 * lay.tile] = np.float32(3e38)
+        x[4, :lay.tile] = np.float32(448.0)
+        x[5, :] = np.float32(1.75 * 2.0**-20) * np.sign(x[5])
+        x[6, :lay.tile] = np.float32(-0.3)
+    return round_to(x, "bf16").astype(np.float32).reshape(case["pages"], SPARSE_PAGE_SIZE, 1, lay.d)
+
+
+def _sparse_crc(inputs: dict) -> int:
+    return input_crc(*(a for a in inputs.values() if a is not None))
+
+
+def _check_etap_recipe(case: dict) -> None:
+    """What the FlashMLA-ETAP model covers: BF16 or FP16, pages of 64 tokens, one KV head of 576."""
+    if case["format"] not in ("bf16", "fp16"):
+        raise ValueError(f"format: the kernel takes bf16 or fp16 (q and kv alike), got {case['format']!r}")
+    if case.get("page_size", ETAP_PAGE_SIZE) != ETAP_PAGE_SIZE:
+        raise ValueError(f"page_size: the kernel takes pages of {ETAP_PAGE_SIZE} tokens, got {case['page_size']!r}")
+    if case.get("head_dim", 576) != 576 or case.get("heads_k", 1) != 1:
+        raise ValueError(f"head_dim: the model covers one KV head of 576 (V its first 512), got "
+                         f"{case.get('heads_k', 1)} of {case.get('head_dim', 576)}")
+    if not isinstance(case["causal"], bool):
+        raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
+
+
+def _check_sparse_recipe(case: dict) -> None:
+    """What the sparse FP8 model covers, as the kernel's own checks say (a recipe outside them is refused)."""
+    lay = layout_of(case["layout"], "layout")
+    topk = check_int(case["topk"], "topk", lo=64)
+    if topk % 64 or case["heads"] not in (64, 128):
+        raise ValueError(f"topk, heads: the kernel takes topk a multiple of 64 and 64 or 128 heads, got "
+                         f"{topk} and {case['heads']}")
+    if case.get("topk_length") is not None:
+        if lay.name != "model1":
+            raise ValueError("topk_length: only MODEL1 caches take one")
+        if len(case["topk_length"]) != case["batch"]:
+            raise ValueError(f"topk_length: {len(case['topk_length'])} lengths for batch {case['batch']}")
+        for n in case["topk_length"]:
+            check_int(n, "topk_length", lo=0, hi=topk)
+    if case.get("power_of_two", True) not in (True, False) or (lay.scale_type != "fp32" and not case["power_of_two"]):
+        raise ValueError(f"power_of_two: true or false (false for V3.2's FP32 scales only), got "
+                         f"{case['power_of_two']!r} for {lay.name}")
+    if not 0 <= float(case.get("invalid", 0.0)) <= 1:
+        raise ValueError(f"invalid: a share of empty slots in [0, 1], got {case['invalid']!r}")
+    if case.get("sink") not in (None, "normal", "edge"):
+        raise ValueError(f"sink: expected null, 'normal' or 'edge', got {case['sink']!r}")
+    check_int(case.get("num_sms", 132), "num_sms", lo=1)
+    if case.get("page_size", SPARSE_PAGE_SIZE) != SPARSE_PAGE_SIZE:
+        raise ValueError(f"page_size: recipes use pages of {SPARSE_PAGE_SIZE} tokens, got {case['page_size']!r}")
+
+
+def _device_arrays(got: dict) -> dict[str, np.ndarray]:
+    return {k: got[k] for k in ("out", "lse", "sched", "num_splits")}
+
+
+class _Dense(DeployedKernel):
+    def recipes(self, seed: int) -> list[dict]:
+        return [{"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "dist": dist, "seed": s + seed,
+                 "scale": None} for b, sq, H, lens, dist, s in FLASHMLA_CASES]
+
+    def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+        q, kv = case_inputs(case)
+        res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"))
+        return [stage("lse", arrays[f"c{i}_lse"], res.lse, np.float32),
+                stage("out", arrays[f"c{i}_out"], res.out, ml_dtypes.bfloat16)]
+
+    def load(self, source: str | None) -> Any:
+        from ..gpu.adapters.flashmla import load_flashmla
+
+        return load_flashmla(source)
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        from ..gpu.adapters.flashmla import run_flashmla
+
+        q, kv = case_inputs(recipe)
+        got = run_flashmla(kernel, q.view(np.uint16), kv.view(np.uint16), recipe["seqlens"], 576**-0.5)
+        return _device_arrays(got), {**recipe, "input_crc": input_crc(q, kv)}
+
+
+class _Etap(DeployedKernel):
+    def recipes(self, seed: int) -> list[dict]:
+        return [{"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "format": fmt, "dist": dist,
+                 "seed": s + seed, "scale": scale, "causal": sq > 1, "page_size": ETAP_PAGE_SIZE}
+                for b, sq, H, lens, fmt, dist, s, scale in ETAP_CASES]
+
+    def check(self, case: dict) -> None:
+        _check_etap_recipe(case)
+
+    def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+        q, kv = case_inputs(case)
+        res = flashmla_etap(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"), causal=case["causal"])
+        fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16
+        return [stage("lse", arrays[f"c{i}_lse"], res.lse, np.float32),
+                stage("out", arrays[f"c{i}_out"], res.out, fmt)]
+
+    def load(self, source: str | None) -> Any:
+        from ..gpu.adapters.flashmla import load_etap
+
+        return load_etap(source)
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        from ..gpu.adapters.flashmla import run_etap
+
+        q, kv = case_inputs(recipe)
+        scale = 576**-0.5 if recipe["scale"] is None else recipe["scale"]
+        got = run_etap(kernel, q.view(np.uint16), kv.view(np.uint16), recipe["seqlens"], scale, recipe["causal"],
+                       recipe["format"])
+        return _device_arrays(got), {**recipe, "input_crc": input_crc(q, kv)}
+
+
+class _SparseFP8(DeployedKernel):
+    def recipes(self, seed: int) -> list[dict]:
+        return [{"batch": b, "sq": sq, "heads": H, "layout": layout, "seqlens": list(lens), "topk": topk,
+                 "topk_length": None if tlen is None else list(tlen), "invalid": invalid, "sink": sink,
+                 "dist": dist, "seed": s + seed, "scale": scale, "power_of_two": pow2, "page_size": SPARSE_PAGE_SIZE,
+                 "num_sms": sms, "schedule": "given" if sms else "kernel"}
+                for b, sq, H, layout, lens, topk, tlen, invalid, sink, dist, s, scale, pow2, sms in SPARSE_FP8_CASES]
+
+    def check(self, case: dict) -> None:
+        _check_sparse_recipe(case)
+
+    def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+        res = flashmla_sparse_fp8(**sparse_inputs(case), scale=case.get("scale"), num_sms=case.get("num_sms", 132))
+        return [stage("lse", arrays[f"c{i}_lse"], res.lse, np.float32),
+                stage("out", arrays[f"c{i}_out"], res.out, ml_dtypes.bfloat16)]
+
+    def load(self, source: str | None) -> Any:
+        from ..gpu.adapters.flashmla import load_sparse_fp8
+
+        return load_sparse_fp8(source)
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        from ..gpu.adapters.flashmla import run_sparse_fp8
+
+        inputs = sparse_inputs(recipe)
+        b, sq, H, sms, tlen = recipe["batch"], recipe["sq"], recipe["heads"], recipe["num_sms"], recipe["topk_length"]
+        given = None
+        if sms is not None:  # FlashMLA's schedule for fewer SMs
+            parts, cum = sparse_schedule(list(tlen or [recipe["topk"]] * b), s_q=sq, heads=H, num_sms=sms)
+            given = (np.array([p.as_ints()[:7] for p in parts], np.int32), cum)
+        scale = layout_of(recipe["layout"]).d ** -0.5 if recipe["scale"] is None else recipe["scale"]
+        got = run_sparse_fp8(kernel, **inputs, scale=scale, schedule=given)
+        return _device_arrays(got), {**recipe, "num_sms": got["num_sms"] if sms is None else sms,
+                                     "input_crc": _sparse_crc(inputs)}
+
+
+_BUILT = "the folder holding {} (builds the kernel)"
+
+#: FlashMLA's sm90 dense decode as the cross-check drives it.
+FLASHMLA = _Dense(
+    name="flashmla", summary=f"FlashMLA's sm90 dense decode (commit {FLASHMLA_COMMIT})", version_key="flashmla_commit",
+    version=FLASHMLA_COMMIT, source_flag="--flashmla-dir", source_help=_BUILT.format("build_flashmla.py"))
+#: FlashMLA-ETAP, the ETAP paper's kernel, as the cross-check drives it.
+FLASHMLA_ETAP = _Etap(
+    name="flashmla-etap", summary=f"the ETAP paper's kernel (pengcuo/FlashMLA-ETAP {ETAP_COMMIT}), BF16 and FP16",
+    version_key="etap_commit", version=ETAP_COMMIT, source_flag="--etap-dir",
+    source_help=_BUILT.format("build_etap.py"))
+#: FlashMLA's sm90 sparse FP8 decode as the cross-check drives it.
+FLASHMLA_SPARSE_FP8 = _SparseFP8(
+    name="flashmla-sparse-fp8",
+    summary=f"FlashMLA's sm90 sparse FP8 decode ({FLASHMLA_COMMIT}), DeepSeek V3.2's and MODEL1's caches",
+    version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--sparse-dir",
+    source_help=_BUILT.format("build_sparse_fp8.py") + " (and ../flashmla beside it)")

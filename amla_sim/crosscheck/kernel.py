@@ -1,0 +1,120 @@
+"""What the capture and replay of one deployed kernel need, as a class each kernel's case table fills in.
+
+A capture of a deployed kernel holds, per case ``i``, the device's arrays ``c{i}_{name}`` (raw bits) and the case's
+recipe in ``meta["cases"]``: shapes, seqlens, the distribution and seed that
+:func:`amla_sim.experiments.inputs.make_inputs` rebuilds the inputs from, and the inputs' CRC to prove it did.
+:class:`DeployedKernel` says, for one kernel, what its recipes hold, which arrays a case has, how the simulator
+makes the same stages, and how the kernel is run on a GPU; :mod:`.deployed` drives every kernel through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._validate import check_int
+from ..algorithms._common import D_V, check_scale
+from ..experiments.inputs import make_inputs
+from ..resources import check_fits, run_bytes
+from .files import CaptureError, input_crc
+
+__all__ = ["DeployedKernel", "Stage", "stage", "case_inputs", "check_recipe"]
+
+#: A stage as :func:`amla_sim.compare` takes it: its name, the device's array and the simulator's, in one format.
+Stage = tuple[str, np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class DeployedKernel:
+    """One deployed kernel: its name (``crosscheck --kernel``), the upstream version its model follows, where the
+    capture's meta records it, and the command-line option that says where the kernel's build or file is.
+
+    A kernel's case table module subclasses this and fills in the methods below."""
+
+    name: str
+    summary: str  # the kernel, its upstream repository and version, as --help says it
+    version_key: str  # the meta key of the version
+    version: str
+    source_flag: str  # e.g. "--flashmla-dir"
+    source_help: str
+    launch: dict[str, Any] = field(default_factory=dict)  # settings every capture of it records
+    needs_source: bool = True  # False: the kernel can be found without its option (an installed package)
+
+    def recipes(self, seed: int) -> list[dict]:
+        """The recipes of the case table, every case's seed shifted by `seed` (no CRC yet)."""
+        raise NotImplementedError
+
+    def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
+        """A case's arrays: name -> (shape, dtype, required)."""
+        b, sq, H = case["batch"], case.get("sq", 1), case["heads"]
+        return {"out": ((b, sq, H, D_V), np.uint16, True), "lse": ((b, H, sq), np.uint32, True)}
+
+    def check(self, case: dict) -> None:
+        """What the model covers, beyond :func:`check_recipe` (ValueError or TypeError naming the field)."""
+
+    def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+        """The simulator on case `i`, beside the device's arrays: the stages in pipeline order."""
+        raise NotImplementedError
+
+    def label(self, case: dict) -> str:
+        """What a report line says of a case beyond its shapes (a format, a layout, splits)."""
+        fmt = case.get("format") or case.get("layout")
+        return f" {fmt}" if fmt else ""
+
+    def load(self, source: str | None) -> Any:
+        """The kernel on this machine's GPU, from `source` (its build folder or file)."""
+        raise NotImplementedError
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        """Case `i` on the GPU: its arrays, and the recipe as the capture records it (with the inputs' CRC)."""
+        raise NotImplementedError
+
+
+def stage(name: str, device: np.ndarray, sim: np.ndarray, fmt: type) -> Stage:
+    """A stage of format `fmt` from the device's raw bits and the simulator's array of that width."""
+    return name, device.view(fmt), sim.view(fmt)
+
+
+def case_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
+    """q (b, s_q, H, 576) and kv (b, S_max, 576) from a recipe, checked against its CRC."""
+    q, kv = make_inputs(case["dist"], batch=case["batch"], heads=case["heads"], sq=case.get("sq", 1),
+                        context=max(case["seqlens"]), seed=case["seed"], fmt=case.get("format", "bf16"))
+    if "input_crc" in case and input_crc(q, kv) != case["input_crc"]:
+        raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
+    return q, kv
+
+
+def check_recipe(spec: DeployedKernel, where: str, i: int, case: object, arrays: dict) -> None:
+    """A case's recipe and arrays against the format (before any work): its sizes, and its memory."""
+    where = f"{where}: case {i}"
+    if not isinstance(case, dict):
+        raise CaptureError(f"{where} is not a JSON object")
+    try:
+        b, H = check_int(case["batch"], "batch", lo=1), check_int(case["heads"], "heads", lo=1)
+        sq = check_int(case.get("sq", 1), "sq", lo=1)
+        check_int(case["seed"], "seed", lo=0)
+        seqlens = [check_int(n, "seqlens", lo=1) for n in case["seqlens"]]
+        if len(seqlens) != b:
+            raise ValueError(f"seqlens: {len(seqlens)} lengths for batch {b}")
+        if case.get("scale") is not None:
+            check_scale(case["scale"])
+        if not isinstance(case["dist"], str):
+            raise TypeError(f"dist: expected a string, got {case['dist']!r}")
+        spec.check(case)
+        shapes = spec.outputs(case)
+    except KeyError as e:
+        raise CaptureError(f"{where} has no {e.args[0]!r}") from None
+    except (ValueError, TypeError) as e:
+        raise CaptureError(f"{where}: {e}") from None
+    for name, (shape, dtype, required) in shapes.items():
+        arr = arrays.get(f"c{i}_{name}")
+        if arr is None:
+            if not required:
+                continue
+            raise CaptureError(f"{where} has no c{i}_{name} array")
+        if arr.shape != shape or arr.dtype != dtype:
+            raise CaptureError(f"{where}: c{i}_{name} should be {np.dtype(dtype)} {shape}, got {arr.dtype} {arr.shape}")
+    check_fits(run_bytes(batch=b, sq=sq, heads=H, context=max(seqlens), mufu_tables=True), what=where,
+               lower="the capture's sizes")
