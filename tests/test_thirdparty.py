@@ -209,7 +209,7 @@ def test_cli_replays_sglang(capsys, tmp_path):
         np.savez(tmp_path / "one.npz", meta=np.array(json.dumps(meta)), c0_o=z["c6_o"], c0_lse=z["c6_lse"])
     assert main(["crosscheck", "--kernel", "sglang-triton", "--replay", str(tmp_path / "one.npz"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report.cases[0]["first_difference"] is None and report.cases[0]["stages"][-1]["bit_exact"] == 1
+    assert report["cases"][0]["first_difference"] is None and report["cases"][0]["stages"][-1]["bit_exact"] == 1
     with pytest.raises(SystemExit) as e:
         main(["crosscheck", "--kernel", "flashmla", "--replay", str(tmp_path / "one.npz")])
     assert e.value.code == 2 and "--kernel" in capsys.readouterr().err

@@ -2,8 +2,9 @@
 kernel's case table on a GPU and writes a capture; :func:`replay_deployed` simulates every case on the CPU and
 compares bit for bit.
 
-A kernel comes in as a :class:`.kernel.DeployedKernel` made by its family's case table module (:mod:`.flashmla`,
-:mod:`.sglang`) and one entry in :data:`KERNELS`; nothing here knows one kernel from another.
+A kernel comes in as a :class:`.kernel.DeployedKernel` made by its family's case table module
+(:mod:`~amla_sim.crosscheck.flashmla`, :mod:`~amla_sim.crosscheck.sglang`) and one entry in :data:`KERNELS`;
+nothing here knows one kernel from another.
 """
 
 from __future__ import annotations

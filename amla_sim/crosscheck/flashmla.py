@@ -260,7 +260,7 @@ class _SparseFP8(DeployedKernel):
                                      "input_crc": _sparse_crc(inputs)}
 
 
-_BUILT = "the folder holding {} (builds the kernel)"
+_BUILT = "the folder holding {} (which builds the kernel)"
 
 #: FlashMLA's sm90 dense decode as the cross-check drives it.
 FLASHMLA = _Dense(
@@ -276,4 +276,4 @@ FLASHMLA_SPARSE_FP8 = _SparseFP8(
     name="flashmla-sparse-fp8",
     summary=f"FlashMLA's sm90 sparse FP8 decode ({FLASHMLA_COMMIT}), DeepSeek V3.2's and MODEL1's caches",
     version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--sparse-dir",
-    source_help=_BUILT.format("build_sparse_fp8.py") + " (and ../flashmla beside it)")
+    source_help=_BUILT.format("build_sparse_fp8.py, with ../flashmla beside it,"))

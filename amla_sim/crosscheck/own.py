@@ -2,9 +2,10 @@
 agree, and which model is responsible for the others.
 
 A capture (``.npz``, :mod:`.files`) holds the inputs (or names a shared inputs file), the kernel's settings and the
-device's per-block stages; replaying it needs no GPU. The simulator runs the same algorithm on the ``sm90-triton-exact`` machine (kernel exp mode ``poly``, IEEE
-division) or ``sm90-triton`` (hardware ex2.approx and div.full, from measured MUFU tables), both modelled bit for
-bit, with its trace on, and each stage is compared bit for bit.
+device's per-block stages; replaying it needs no GPU. The simulator runs the same algorithm on the
+``sm90-triton-exact`` machine (kernel exp mode ``poly``, IEEE division) or ``sm90-triton`` (hardware ex2.approx
+and div.full, from measured MUFU tables), both modelled bit for bit, with its trace on, and each stage is
+compared bit for bit.
 """
 
 from __future__ import annotations

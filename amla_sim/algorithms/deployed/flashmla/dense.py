@@ -1,5 +1,8 @@
-"""FlashMLA's sm90 dense decode (commit 9241ae3: ``splitkv_mla.cuh``, ``combine.cu``, ``get_decoding_sched_meta``),
-written against a machine. On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit.
+"""FlashMLA's sm90 dense decode, written against a machine.
+
+Upstream: deepseek-ai/FlashMLA 9241ae3, ``csrc/sm90/decode/dense/splitkv_mla.cuh``, ``csrc/smxx/decode/combine/
+combine.cu``, ``csrc/smxx/decode/get_decoding_sched_meta/``.
+On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit.
 
 Rows are the (query position, head) pairs of a request, 64 to an m-block; every row is independent. The scheduler
 (:mod:`.scheduler`) cuts each request's 64-token blocks into splits. A split runs its blocks in pairs, the

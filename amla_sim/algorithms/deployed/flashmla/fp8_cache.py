@@ -1,5 +1,8 @@
-"""FlashMLA's FP8 KV-cache layouts (commit 9241ae3): the quantizer that writes them and the dequantizer the sparse
-decode kernel runs.
+"""FlashMLA's FP8 KV-cache layouts: the quantizer that writes them and the dequantizer the sparse decode kernel
+runs.
+
+Upstream: deepseek-ai/FlashMLA 9241ae3, ``tests/quant.py`` (the quantizer), ``csrc/sm90/decode/sparse_fp8/
+components/dequant.h`` (the dequantizer).
 
 Two layouts, a page of ``P`` tokens each, one KV head:
 

@@ -1,6 +1,8 @@
-"""FlashMLA's sm90 sparse FP8 decode (commit 9241ae3: ``sparse_fp8/splitkv_mla.cuh``, ``combine.cu``,
-``get_decoding_sched_meta``), the MLA decode DeepSeek V3.2 ships, written against a machine. On ``sm90-cuda``
-it predicts the kernel's output and LSE bit for bit.
+"""FlashMLA's sm90 sparse FP8 decode, the MLA decode DeepSeek V3.2 ships, written against a machine.
+
+Upstream: deepseek-ai/FlashMLA 9241ae3, ``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh``, ``csrc/smxx/decode/
+combine/combine.cu``, ``csrc/smxx/decode/get_decoding_sched_meta/``.
+On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit.
 
 Each query (request i, position j) attends to the ``topk`` cache tokens its indices name (-1: none; with
 ``topk_length``, MODEL1 only, the slots from ``topk_length[i]`` on are none too). Rows are the query's heads, 64

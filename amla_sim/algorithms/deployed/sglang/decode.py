@@ -1,5 +1,7 @@
 """SGLang's Triton MLA decode (``decode_attention_fwd``, the grouped stage 1 + stage 2 path DeepSeek models take),
-written against a machine. Validated against sglang 0.5.23 (``sglang/kernels/ops/attention/decode_attention.py``).
+written against a machine.
+
+Upstream: sgl-project/sglang 0.5.23 (the wheel), ``sglang/kernels/ops/attention/decode_attention.py``.
 
 Stage 1, one program per (request, head tile of BLOCK_H, KV split): the request's L tokens are cut into splits of
 ``cdiv(cdiv(L, num_kv_splits), MIN_BLOCK_KV) * MIN_BLOCK_KV`` tokens; a split walks its tokens in blocks of
