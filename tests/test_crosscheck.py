@@ -122,3 +122,31 @@ def test_kernel_matches_simulator_on_this_gpu(algorithm, mode, div):  # pragma: 
     dev = device_run(algorithm, q, kv, exp_mode=mode, div_mode=div)["out"]
     sim = simulate_stages(algorithm, q, kv, scale=None, exp_mode=mode)["out"]
     np.testing.assert_array_equal(dev.view(np.uint16), sim.view(np.uint16))
+
+
+def test_replay_checks_the_kernel_and_cases_before_any_work():
+    """One replay for every capture: a kernel or case the capture does not hold is refused, naming the argument."""
+    own = DATA / "crosscheck_base_poly.npz"
+    with pytest.raises(ValueError, match="--kernel: the capture holds amla-sim, not flashmla"):
+        replay(own, kernel="flashmla")
+    with pytest.raises(ValueError, match="cases"):
+        replay(own, cases=[1])
+    with pytest.raises(ValueError, match="--kernel: the capture holds sglang-triton, not flashmla-etap"):
+        replay(DATA / "sglang_decode.npz", kernel="flashmla-etap")
+
+
+def test_a_report_of_no_case_is_not_bit_exact():
+    from amla_sim.crosscheck import ReplayReport
+
+    assert not ReplayReport(kernel="k", version=None, device=None, cases=[], title="t").bit_exact
+
+
+@pytest.mark.parametrize("kernel, words", [("flashmla", "source: flashmla"), ("flashmla-etap", "--etap-dir"),
+                                           ("flashmla-sparse-fp8", "--sparse-dir"), ("tri-dao", "kernel: expected")])
+def test_capture_names_what_is_missing(kernel, words, tmp_path):
+    """Before torch or a GPU is needed: an unknown kernel, or a kernel whose build folder is not named."""
+    from amla_sim.crosscheck.deployed import capture
+
+    with pytest.raises(ValueError, match=words):
+        capture(kernel, tmp_path / "c.npz")
+    assert not (tmp_path / "c.npz").exists()

@@ -40,5 +40,5 @@ def replay(path: str | Path, *, kernel: str | None = None, cases: list[int] | No
     if found == OWN:
         if cases not in (None, [0]):
             raise ValueError(f"cases: a capture of this project's kernels has one case, not {cases}")
-        return replay_own(path)
+        return replay_own(path, read=(meta, arrays))
     return replay_deployed(path, meta, arrays, cases=cases)

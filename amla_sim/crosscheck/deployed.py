@@ -75,11 +75,11 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: i
     seed: added to every case's seed, for inputs no committed capture used."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {tuple(KERNELS)}, got {kernel!r}")
-    import torch
-
     spec = KERNELS[kernel]
     if source is None and spec.needs_source:
         raise ValueError(f"source: {spec.name} is run from {spec.source_help}; name it ({spec.source_flag})")
+    import torch
+
     built = spec.load(source)
     arrays, recipes = {}, []
     for i, recipe in enumerate(spec.recipes(seed)):

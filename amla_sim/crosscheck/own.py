@@ -132,13 +132,14 @@ def _shared_inputs(path: Path, ref: object) -> dict[str, np.ndarray]:
     return {"q": q, "kv": kv}
 
 
-def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
+def load_capture(path: str | Path, *, read: tuple[dict, dict[str, np.ndarray]] | None = None
+                 ) -> tuple[dict, np.ndarray, np.ndarray, dict]:
     """(meta, q, kv, device stages) of a capture, every array checked against the format before any work:
     q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), in the capture or in the inputs file it names,
     device_out (b, s_q, G, d_v) BF16 bits, each stage (n_blocks, b, s_q G, ...) FP32 (N: int32), the arrays at
     most MAX_CAPTURE_BYTES uncompressed."""
     path = Path(path)
-    meta, arrays = read_capture(path)
+    meta, arrays = read_capture(path) if read is None else read
     if "q" not in arrays and "kv" not in arrays and "inputs" in meta:
         arrays.update(_shared_inputs(path, meta["inputs"]))
     for key in ("q", "kv", "device_out"):
@@ -182,9 +183,10 @@ def load_capture(path: str | Path) -> tuple[dict, np.ndarray, np.ndarray, dict]:
     return meta, q.view(ml_dtypes.bfloat16), kv.view(ml_dtypes.bfloat16), device
 
 
-def replay_own(path: str | Path) -> ReplayReport:
-    """Redo the comparison of a saved capture of this project's kernels on the CPU."""
-    meta, q, kv, device = load_capture(path)
+def replay_own(path: str | Path, *, read: tuple[dict, dict[str, np.ndarray]] | None = None) -> ReplayReport:
+    """Redo the comparison of a saved capture of this project's kernels on the CPU (`read`: the capture's meta
+    and arrays, where the caller has read them already)."""
+    meta, q, kv, device = load_capture(path, read=read)
     device["out"] = device["out"].view(ml_dtypes.bfloat16)
     sim = simulate_stages(meta["algorithm"], q, kv, scale=meta["scale"], exp_mode=meta["exp_mode"])
     name, where, machine = str(meta.get("device", "unknown")), meta["exp_mode"], MACHINE_FOR_MODE[meta["exp_mode"]]
