@@ -19,6 +19,7 @@ from .bits import as_int, lemma_domain, mul_pow2_via_int_add
 from .formats import get_format
 
 if TYPE_CHECKING:
+    from .comparison import ComparisonReport
     from .crosscheck.report import ReplayReport
 
 
@@ -124,11 +125,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.no_cleanup:
         options["cleanup"] = False
     options.update(spec_options)
+    ref = golden(q, kv, scale=args.scale)  # (the algorithm gets read-only views: it cannot change these)
     t0 = time.perf_counter()
-    res = call_algorithm(name, get_algorithm(name), q, kv, machine=mc, schedule=args.schedule, scale=args.scale,
-                         block=args.block, **options)
+    res = call_algorithm(name, get_algorithm(name), q, kv,
+                         **{"machine": mc, "schedule": args.schedule, "scale": args.scale, "block": args.block,
+                            **options})  # a spec's own schedule wins over --schedule, as in sweep
     seconds = time.perf_counter() - t0
-    ref = golden(q, kv, scale=args.scale)
     report = {
         "algorithm": args.algorithm,
         "machine": mc.name,
@@ -239,7 +241,7 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
     else:
         report = _capture_deployed(args)
     print(report.to_json(indent=2) if args.json else report.format())
-    return 0
+    return exit_code(report)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -252,18 +254,27 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         # np.save writes ml_dtypes' types as raw void words: read them as the bits they are
         sides.append({k: (a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "V" else a) for k, a in arrays.items()})
     formats = dict(args.format or ())
-    names = list(args.stages) if args.stages else None
-    if formats and names is None:
-        names = [k for k in sides[0] if k in sides[1]]
-    stages = None if names is None else {n: formats.pop(n, None) for n in names}
-    if formats:
-        raise ValueError(f"--format: {sorted(formats)} not among the stages compared ({names})")
-    report = compare(*sides, stages=stages, meta={"device": args.device, "simulated": args.simulated})
+    if len(formats) != len(args.format or ()):
+        raise ValueError("--format: a stage is given more than one format")
+    try:
+        report = compare(*sides, stages=list(args.stages) if args.stages else None, formats=formats,
+                         meta={"device": args.device, "simulated": args.simulated})
+    except (ValueError, TypeError) as e:  # name the flag the user wrote
+        raise type(e)(str(e).replace("stages:", "--stages:", 1).replace("formats:", "--format:", 1)) from None
     if args.json:
         print(report.to_json(indent=2))
     else:
         print(f"{args.device} against {args.simulated}:\n{report}")
-    return 0 if report.bit_exact else 3
+    return exit_code(report)
+
+
+def exit_code(report: ComparisonReport | ReplayReport) -> int:
+    """What a comparing command exits with: 0 bit-identical, 3 bits differ, 4 nothing differs but a stage or case
+    was not compared (held by one side only, or empty)."""
+    if report.bit_exact:
+        return 0
+    cases = getattr(report, "cases", [report])
+    return 3 if any(r.first_difference is not None for r in cases) else 4
 
 
 def _stage_format(text: str) -> tuple[str, str]:
@@ -349,13 +360,16 @@ def _check_output_file(path: str, flag: str) -> None:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from .experiments.sweep import markdown, run_table
+    from .experiments.sweep import check_table, markdown, run_table
     from .experiments.tables import TABLES
 
     names = sorted(TABLES) if args.table == "all" else [t.strip() for t in args.table.split(",")]
     bad = [n for n in names if n not in TABLES]
     if bad:  # every name checked before any work
         raise ValueError(f"table: expected names from {sorted(TABLES)} or 'all', got {bad[0]!r}")
+    for name in dict.fromkeys(names):  # and every table's settings
+        check_table(name, context=args.context, heads=args.heads, machine=args.machine, schedule=args.schedule,
+                    algorithms=args.algorithms or ())
     for name in dict.fromkeys(names):
         res = run_table(name, out_dir=args.out, samples=args.samples, context=args.context, heads=args.heads,
                         machine=args.machine, schedule=args.schedule, seed=args.seed, jobs=args.jobs,
@@ -512,7 +526,10 @@ def _dest(flag: str) -> str:
 def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
     from .crosscheck.deployed import KERNELS
 
-    p = sub.add_parser("crosscheck", help="a kernel against the simulator, stage by stage (or replay a capture)")
+    p = sub.add_parser("crosscheck", help="a kernel against the simulator, stage by stage (or replay a capture)",
+                       description="Run a kernel on this GPU and compare it with the simulator stage by stage, or "
+                                   "replay a capture on the CPU. Exit status: 0 every stage of every case "
+                                   "bit-identical, 3 bits differ, 4 a stage not compared, 1 or 2 an error.")
     p.add_argument("--kernel", choices=["amla-sim", *KERNELS],
                    help="amla-sim (the default): this project's Triton kernels; "
                         + "; ".join(f"{k.name}: {k.summary}" for k in KERNELS.values())
@@ -536,12 +553,14 @@ def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="two .npz files of named stages, bit for bit (exit 3 when they differ)",
                        description="Compare the arrays of two .npz files stage by stage: bit-exact fraction, max and "
-                                   "median ULP, histogram, NaN and Inf agreement, the first stage that differs. "
-                                   "Exit status: 0 bit-identical, 3 different, 1 or 2 an error.")
+                                   "median ULP, histogram, NaN and Inf agreement, the first stage that differs, the "
+                                   "stages not compared. Exit status: 0 every stage compared and bit-identical, 3 "
+                                   "bits differ, 4 a stage held by one file only (or empty), 1 or 2 an error.")
     p.add_argument("device", help="the device's stages (.npz of named arrays: floats, or raw bits with --format)")
     p.add_argument("simulated", help="the simulator's stages (.npz)")
     p.add_argument("--stages", type=_csv(str), help="the stages to compare, in pipeline order (default: the names "
-                                                    "both files hold, in the first file's order)")
+                                                    "both files hold, in the first file's order; a name only one "
+                                                    "file holds is reported as not compared, exit 4)")
     p.add_argument("--format", action="append", type=_stage_format, metavar="STAGE=FORMAT",
                    help="read a stage held as raw bits in this format (bf16, fp16, e4m3, e5m2, fp32, fp64); "
                         "repeatable")
@@ -634,10 +653,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amla-sim`` console script.
 
-    Exit codes: 0 success; 2 a usage error (bad arguments, a request that will not fit); 1 a failure (a damaged
-    or locked results folder, an unreadable file, no GPU, out of memory); 3 ``compare``: the files differ;
-    130 interrupted. Never a traceback for
-    any of these.
+    Exit codes: 0 success (``compare`` and ``crosscheck``: every stage compared and bit-identical); 2 a usage
+    error (bad arguments, a request that will not fit); 1 a failure (a damaged or locked results folder, an
+    unreadable file, a broken plugin's run, no GPU, out of memory); 3 ``compare`` and ``crosscheck``: bits differ;
+    4 ``compare`` and ``crosscheck``: no compared bit differs but a stage was not compared; 130 interrupted.
+    Never a traceback for any of these.
     """
     from .experiments.store import StoreLocked
 

@@ -31,10 +31,12 @@ _EDGES = (0, 1, 2, 4, 16, 256)
 class StageComparison:
     """One stage: how many elements have the device's bits, and how far the others are.
 
-    NaN agrees with NaN whatever the payloads (units write different quiet NaNs); ``nan_mismatch`` counts the
-    elements that are NaN on one side only (the histogram's ``"nan"`` bin), ``inf_mismatch`` those where an
-    infinity meets anything else. ULP statistics are over the other elements, NaN against NaN at distance 0
-    (integer stages: absolute differences); the histogram's bins add up to ``size``.
+    NaN agrees with NaN whatever the payloads (units write different quiet NaNs); ``nan_payload`` counts those
+    agreements whose words differ (a wrong format can make distinct words NaN: the report shows them),
+    ``nan_mismatch`` the elements that are NaN on one side only (the histogram's ``"nan"`` bin), ``inf_mismatch``
+    those where an infinity meets anything else. ULP statistics are over the other elements, NaN against NaN at
+    distance 0 (integer stages: exact absolute differences of the values, whatever their widths and signs); the
+    histogram's bins add up to ``size``. A stage of no element compares nothing: it is never bit-exact.
     """
 
     name: str
@@ -48,24 +50,35 @@ class StageComparison:
     nan_mismatch: int
     inf_mismatch: int
     first_mismatch: dict[str, Any] | None = None  # index, device and simulated values of the first differing one
+    nan_payload: int = 0  # NaN on both sides in different words (counted identical)
 
     @property
     def bit_exact(self) -> float:
-        """The fraction of elements with the device's bits (1.0 for an empty stage)."""
-        return self.identical / self.size if self.size else 1.0
+        """The fraction of elements with the device's bits (0.0 for an empty stage: nothing was compared)."""
+        return self.identical / self.size if self.size else 0.0
 
 
 @dataclass(frozen=True)
 class ComparisonReport:
-    """Per stage in pipeline order, and the first stage that differs (where a model is wrong, if anywhere)."""
+    """Per stage in pipeline order, and the first stage that differs (where a model is wrong, if anywhere).
+
+    skipped: the stages that were not compared, and why (held by one side only, or holding no element). A report
+    is bit-exact only when it compared at least one element of every stage and skipped none.
+    """
 
     stages: tuple[StageComparison, ...]
     explanations: Mapping[str, str] = field(default_factory=dict)  # stage -> the model responsible for it
     meta: Mapping[str, Any] = field(default_factory=dict)  # what was compared: kernel, device, machine, case...
+    skipped: Mapping[str, str] = field(default_factory=dict)  # stage -> why it was not compared
 
     @property
     def first_difference(self) -> str | None:
         return next((s.name for s in self.stages if s.identical < s.size), None)
+
+    @property
+    def not_compared(self) -> dict[str, str]:
+        """Every stage asked for or held that no element of was compared: name -> why."""
+        return {**self.skipped, **{s.name: "no element" for s in self.stages if s.size == 0}}
 
     @property
     def responsible(self) -> str | None:
@@ -75,8 +88,8 @@ class ComparisonReport:
 
     @property
     def bit_exact(self) -> bool:
-        """True when every stage is identical."""
-        return self.first_difference is None
+        """True when at least one stage was compared, every stage is identical and none was left out."""
+        return bool(self.stages) and self.first_difference is None and not self.not_compared
 
     def __getitem__(self, name: str) -> StageComparison:
         for s in self.stages:
@@ -90,8 +103,8 @@ class ComparisonReport:
     def to_dict(self) -> dict[str, Any]:
         return {**dict(self.meta),
                 "stages": [{**asdict(s), "shape": list(s.shape), "bit_exact": s.bit_exact} for s in self.stages],
-                "bit_exact": self.bit_exact, "first_difference": self.first_difference,
-                "responsible": self.responsible}
+                "not_compared": self.not_compared, "bit_exact": self.bit_exact,
+                "first_difference": self.first_difference, "responsible": self.responsible}
 
     def to_json(self, **kwargs: Any) -> str:
         """Strict JSON (RFC 8259: no NaN or Infinity); keyword arguments go to :func:`json.dumps`."""
@@ -102,12 +115,17 @@ class ComparisonReport:
         lines = [f"{indent}{'stage':6s} {'format':6s} {'bit-exact':>10s} {'max ulp':>8s} {'median':>7s}  histogram"]
         for s in self.stages:
             hist = " ".join(f"{k}:{v}" for k, v in s.histogram.items() if v)
-            extra = "".join(f" {k} {v}" for k, v in (("nan≠", s.nan_mismatch), ("inf≠", s.inf_mismatch)) if v)
+            extra = "".join(f" {k} {v}" for k, v in (("nan≠", s.nan_mismatch), ("inf≠", s.inf_mismatch),
+                                                      ("nan-payload≠", s.nan_payload)) if v)
             lines.append(f"{indent}{s.name:6s} {s.format:6s} {100 * s.bit_exact:9.3f}% {s.max_ulp:8d} "
                          f"{s.median_ulp:7g}  {hist}{extra}")
+        for name, why in self.not_compared.items():
+            lines.append(f"{indent}{name:6s} not compared: {why}")
         first = self.first_difference
-        if first is None:
+        if first is None and self.bit_exact:
             lines.append(f"{indent}every stage bit-identical")
+        elif first is None:
+            lines.append(f"{indent}no compared element differs, but not every stage was compared: not bit-exact")
         else:
             m = self[first].first_mismatch
             where = f" (first at {tuple(m['index'])}: device {m['device']}, simulated {m['simulated']})" if m else ""
@@ -124,15 +142,18 @@ StagesArg = Sequence[str] | Mapping[str, FormatLike | None] | None
 
 
 def compare(device: npt.ArrayLike | Mapping[str, npt.ArrayLike], simulated: npt.ArrayLike | Mapping[str, npt.ArrayLike],
-            *, stages: StagesArg = None, explanations: Mapping[str, str] | None = None,
-            meta: Mapping[str, Any] | None = None) -> ComparisonReport:
+            *, stages: StagesArg = None, formats: Mapping[str, FormatLike] | None = None,
+            explanations: Mapping[str, str] | None = None, meta: Mapping[str, Any] | None = None) -> ComparisonReport:
     """Compare a device's stages with the simulator's, bit for bit.
 
     device, simulated: one array each (a stage named ``out``) or mappings of stage name -> array.
 
     stages: the stages to compare, in pipeline order (the first that differs is reported): names, or a mapping
-    name -> format (``"bf16"``, a dtype, ...; None: from the arrays) for stages both sides hold as raw bits.
-    Default: the device's stages that the simulator also has, in the device's order.
+    name -> format (``"bf16"``, a dtype, ...; None: from the arrays) for stages both sides hold as raw bits;
+    each must be held by both sides, and at least one named. Default: the stages both hold, in the device's
+    order; a stage that only one side holds is reported as not compared, and the report is then not bit-exact.
+
+    formats: name -> format of stages held as raw bits, with `stages` as names or the default.
 
     explanations: stage -> the model it depends on (shown for the first differing stage).
 
@@ -143,34 +164,51 @@ def compare(device: npt.ArrayLike | Mapping[str, npt.ArrayLike], simulated: npt.
     stored it in: the widening is exact); otherwise they are an error (round one side first).
     """
     dev, sim = _as_stages(device, "device"), _as_stages(simulated, "simulated")
+    skipped: dict[str, str] = {}
     if stages is None:
         order: dict[str, FormatLike | None] = {k: None for k in dev if k in sim}
         if not order:
             raise ValueError(f"stages: device and simulated share no stage name (device {sorted(dev)}, "
                              f"simulated {sorted(sim)})")
+        skipped = {**{k: "device only" for k in dev if k not in sim}, **{k: "simulated only" for k in sim if k not in dev}}
     elif isinstance(stages, Mapping):
         order = dict(stages)
     elif isinstance(stages, (str, bytes)) or not isinstance(stages, Sequence):
         raise TypeError(f"stages: expected stage names or a mapping name -> format, got {stages!r}")
     else:
         order = dict.fromkeys(stages)
+        if len(order) != len(stages):
+            twice = next(n for n in order if list(stages).count(n) > 1)
+            raise ValueError(f"stages: {twice!r} is named twice")
+    if not order:
+        raise ValueError("stages: no stage to compare (an empty selection is never bit-exact)")
     for name in order:
+        if not isinstance(name, str):
+            raise TypeError(f"stages: stage names must be strings, got {name!r}")
         for side, arrays in (("device", dev), ("simulated", sim)):
             if name not in arrays:
                 raise ValueError(f"stages: {side} has no stage {name!r} (it has {sorted(arrays)})")
+    for name, fmt in (formats or {}).items():
+        if name not in order:
+            raise ValueError(f"formats: {name!r} is not among the stages compared ({list(order)})")
+        if order[name] is not None and order[name] != fmt:
+            raise ValueError(f"formats: {name!r} is given two formats ({order[name]!r} and {fmt!r})")
+        order[name] = fmt
     rows = tuple(_compare_stage(name, dev[name], sim[name], fmt) for name, fmt in order.items())
-    return ComparisonReport(rows, dict(explanations or {}), dict(meta or {}))
+    return ComparisonReport(rows, dict(explanations or {}), dict(meta or {}), skipped)
 
 
 def _as_stages(x: npt.ArrayLike | Mapping[str, npt.ArrayLike], argname: str) -> dict[str, np.ndarray]:
-    if isinstance(x, Mapping):
-        out = {}
-        for k, v in x.items():
-            if not isinstance(k, str):
-                raise TypeError(f"{argname}: stage names must be strings, got {k!r}")
-            out[k] = np.asarray(v)
-        return out
-    return {"out": np.asarray(x)}
+    items = x.items() if isinstance(x, Mapping) else (("out", x),)
+    out = {}
+    for k, v in items:
+        if not isinstance(k, str):
+            raise TypeError(f"{argname}: stage names must be strings, got {k!r}")
+        a = np.asarray(v)
+        if not a.dtype.isnative:  # big-endian words (a dump from another machine): read as the values they are
+            a = a.astype(a.dtype.newbyteorder("="))
+        out[k] = a
+    return out
 
 
 def _stage_format(name: str, d: np.ndarray, s: np.ndarray, fmt: FormatLike | None) -> Format | None:
@@ -218,9 +256,9 @@ def _compare_stage(name: str, d: np.ndarray, s: np.ndarray, fmt: FormatLike | No
         raise ValueError(f"stage {name!r}: device has shape {d.shape}, simulated {s.shape}")
     f = _stage_format(name, d, s, fmt)
     if f is None:
-        dist = np.abs(d.astype(np.int64) - s.astype(np.int64)).ravel()
+        dist = _int_distance(d.ravel(), s.ravel())
         same = dist == 0
-        nan_d = nan_s = inf_bad = np.zeros(d.size, bool)
+        nan_d = nan_s = inf_bad = nan_payload = np.zeros(d.size, bool)
         fmt_name = "int"
     else:
         d, s = _view(d, f, "device", name), _view(s, f, "simulated", name)
@@ -230,8 +268,10 @@ def _compare_stage(name: str, d: np.ndarray, s: np.ndarray, fmt: FormatLike | No
         dist = ulp_distance(d, s).ravel()
         same = (dist == 0) & ~(nan_d | nan_s)
         # ulp_distance puts +0 and -0 at distance 0; bits differ, so they are not identical
-        same &= np.ascontiguousarray(d).view(f.uint_dtype).ravel() == np.ascontiguousarray(s).view(f.uint_dtype).ravel()
+        words = np.ascontiguousarray(d).view(f.uint_dtype).ravel() == np.ascontiguousarray(s).view(f.uint_dtype).ravel()
+        same &= words
         same |= nan_d & nan_s
+        nan_payload = nan_d & nan_s & ~words
         inf_bad = (np.isinf(wd) | np.isinf(ws)) & (wd != ws)
         fmt_name = f.name
     one_nan = nan_d ^ nan_s
@@ -248,7 +288,25 @@ def _compare_stage(name: str, d: np.ndarray, s: np.ndarray, fmt: FormatLike | No
     return StageComparison(
         name=name, format=fmt_name, shape=tuple(d.shape), size=int(d.size), identical=int(same.sum()),
         max_ulp=int(num.max()) if num.size else 0, median_ulp=float(np.median(num)) if num.size else 0.0,
-        histogram=hist, nan_mismatch=int(one_nan.sum()), inf_mismatch=int(inf_bad.sum()), first_mismatch=first)
+        histogram=hist, nan_mismatch=int(one_nan.sum()), inf_mismatch=int(inf_bad.sum()), first_mismatch=first,
+        nan_payload=int(nan_payload.sum()))
+
+
+def _int_distance(d: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """|d - s| of integers of any widths and signs, exact (uint64; 2^64 - 1 where it would exceed that)."""
+
+    def sign_magnitude(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if a.dtype.kind == "u":
+            return np.zeros(a.shape, bool), a.astype(np.uint64)
+        a = a.astype(np.int64)
+        neg = a < 0
+        return neg, np.where(neg, (-(a + 1)).astype(np.uint64) + np.uint64(1), a.astype(np.uint64))
+
+    (nd, md), (ns, ms) = sign_magnitude(d), sign_magnitude(s)
+    with np.errstate(over="ignore"):
+        apart = md + ms  # opposite signs: the magnitudes add
+    apart = np.where(apart < md, np.uint64(2**64 - 1), apart)  # wrapped: saturate
+    return np.where(nd == ns, np.maximum(md, ms) - np.minimum(md, ms), apart)
 
 
 def _show(v: Any, f: Format | None) -> str:

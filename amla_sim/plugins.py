@@ -17,21 +17,27 @@ found by name, in this order:
        [project.entry-points."amla_sim.algorithms"]
        my-algo = "my_pkg.kernels:my_algo"
 
-A plugin that cannot be imported, lacks a keyword of the contract, raises on a tiny problem or returns anything
-but an :class:`AttentionResult` of the right shape is one :class:`PluginError` naming it.
+``q`` and ``kv`` are read-only: every algorithm of a sample sees the same draw, so an algorithm that wants to
+change them works on a copy. A plugin that cannot be imported, lacks a keyword of the contract, writes into its
+inputs, exits, raises on a tiny problem or returns anything but an :class:`AttentionResult` of the right shape is
+one :class:`PluginError` naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from collections.abc import Callable
+import io
+import sys
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
 import numpy as np
 
 from .algorithms import ALGORITHMS, AttentionResult
+from .algorithms._common import D_V
 
 __all__ = ["ENTRY_POINT_GROUP", "CONTRACT", "PluginError", "get_algorithm", "algorithm_names", "is_builtin",
            "call_algorithm"]
@@ -66,10 +72,15 @@ def _load(path: str, what: str) -> Callable:
     module, _, attr = path.partition(":")
     if not module or not attr:
         raise PluginError(f"{what}: expected an import path module:function, got {path!r}")
+    said = io.StringIO()
     try:
-        obj: Any = importlib.import_module(module)
-    except Exception as e:  # an import runs the user's module: any error is theirs, reported as one
-        raise PluginError(f"{what}: cannot import {module!r} ({type(e).__name__}: {e})") from None
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):  # ours are for amla-sim's output
+            obj: Any = importlib.import_module(module)
+    except (Exception, SystemExit) as e:  # an import runs the user's module: any error (an exit too) is theirs
+        last = said.getvalue().strip().splitlines()[-1:]
+        printed = f"; it printed {last[0]!r}" if last else ""
+        raise PluginError(f"{what}: cannot import {module!r} ({_raised(e)}{printed})") from None
+    sys.stderr.write(said.getvalue())
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise PluginError(f"{what}: {module!r} has no attribute {attr!r}")
@@ -108,25 +119,53 @@ def get_algorithm(name: str) -> Callable:
                       "import path module:function")
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = np.asarray(a).view()
+    view.flags.writeable = False
+    return view
+
+
+def _raised(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r})"
+    return f"{type(e).__name__}: {e}"
+
+
 def call_algorithm(name: str, fn: Callable, q: np.ndarray, kv: np.ndarray, **kwargs: Any) -> AttentionResult:
-    """``fn(q, kv, **kwargs)``, its result checked; a plugin's exception becomes a PluginError naming it (a built-in's
-    propagates as it is)."""
+    """``fn(q, kv, **kwargs)`` on read-only views of q and kv, its result checked; a plugin's exception (or exit)
+    becomes a PluginError naming it (a built-in's propagates as it is)."""
+    q, kv = _read_only(q), _read_only(kv)
     if is_builtin(name):
         return fn(q, kv, **kwargs)
     try:
-        res = fn(q, kv, **kwargs)
-    except Exception as e:  # the user's code: whatever it raises is reported as its failure
-        raise PluginError(f"algorithm {name!r} raised {type(e).__name__}: {e}") from e
+        with contextlib.redirect_stdout(sys.stderr):  # stdout is amla-sim's (its --json); the plugin's goes to stderr
+            res = fn(q, kv, **kwargs)
+    except ValueError as e:
+        if "read-only" in str(e):
+            raise PluginError(f"algorithm {name!r} wrote into q or kv, which every algorithm of the sample shares "
+                              f"and which are read-only; work on a copy (np.array(q)) ({e})") from e
+        raise PluginError(f"algorithm {name!r} raised {_raised(e)}") from e
+    except (Exception, SystemExit) as e:  # the user's code: whatever it raises is reported as its failure
+        raise PluginError(f"algorithm {name!r} raised {_raised(e)}") from e
     check_result(name, res, q, kv)
     return res
 
 
 def check_result(name: str, res: object, q: np.ndarray, kv: np.ndarray) -> None:
-    """An AttentionResult whose out is (b, s_q, G, d_v) floats, d_v < d_k."""
+    """An AttentionResult whose out is (b, s_q, G, d_v) floats with d_v = 512 (V, the first d_v columns of kv) and
+    whose hazards map names to counts."""
     if not isinstance(res, AttentionResult):
         raise PluginError(f"algorithm {name!r} returned a {type(res).__name__}, not an AttentionResult")
     out = np.asarray(res.out)
     b, sq, G, d_k = q.shape
-    if out.ndim != 4 or out.shape[:3] != (b, sq, G) or not 0 < out.shape[3] <= d_k or out.dtype.kind not in "fV":
+    d_v = D_V
+    if out.shape != (b, sq, G, d_v) or out.dtype.kind not in "fV":
         raise PluginError(f"algorithm {name!r} returned out of dtype {out.dtype} and shape {out.shape}; expected "
-                          f"floats of shape ({b}, {sq}, {G}, d_v)")
+                          f"floats of shape ({b}, {sq}, {G}, {d_v}) (d_v = {d_v}: V is the first {d_v} columns of "
+                          "kv)")
+    hazards = res.hazards
+    if not isinstance(hazards, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+            for k, v in hazards.items()):
+        raise PluginError(f"algorithm {name!r} returned hazards {hazards!r}; expected a mapping of names to counts "
+                          "(a collections.Counter)")

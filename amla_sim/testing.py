@@ -109,7 +109,8 @@ def _raw_bits(f: Format, allow_nan: bool, allow_infinity: bool, allow_subnormal:
     low_zero = ~((1 << 13) - 1) if f.name == "tf32" else -1  # TF32: the 13 low fraction bits are zero
 
     def ok(raw: int) -> bool:
-        x = float(np.array(raw, dtype=store.uint_dtype).view(store.dtype).astype(np.float64))
+        with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a NaN
+            x = float(np.array(raw, dtype=store.uint_dtype).view(store.dtype).astype(np.float64))
         if np.isnan(x):
             return allow_nan
         if np.isinf(x):

@@ -160,7 +160,7 @@ def test_cli_compare_files(tmp_path, capsys):
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(args + ["--format", "P=bf16"])
-    assert e.value.code == 2 and "--format: ['P'] not among the stages" in capsys.readouterr().err
+    assert e.value.code == 2 and "--format: 'P' is not among the stages" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["compare", str(tmp_path / "none.npz"), str(tmp_path / "sim.npz")])
     assert e.value.code == 1 and "compare:" in capsys.readouterr().err

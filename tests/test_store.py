@@ -253,9 +253,16 @@ def test_appending_after_a_cut_never_glues_rows(tmp_path, cut):
     with _store(tmp_path) as s:
         s.append(_rows(3))
     path = tmp_path / "results.csv"
-    path.write_bytes(path.read_bytes()[:-cut])
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-cut])
     with _store(tmp_path) as s:
-        s.append([("normal:1", "9", "base", "1e-06")])
+        if cut == 1:
+            s.append([("normal:1", "9", "base", "1e-06")])
+        else:  # the torn line is set aside, not lost, and the user is told
+            with pytest.warns(UserWarning, match="last line was torn.*results.rejected"):
+                s.append([("normal:1", "9", "base", "1e-06")])
+            torn = whole[:-cut].rsplit(b"\n", 1)[1]
+            assert (tmp_path / "results.rejected").read_bytes() == torn + b"\n"
     with _store(tmp_path) as s:
         kept = 3 if cut == 1 else 2
         assert len(s.rows) == kept + 1 and s.torn == 0

@@ -33,7 +33,9 @@ def test_interrupted_run_resumes_to_identical_files(tmp_path):
     csv = cut / "amla-table4" / "results.csv"
     with open(csv, "a") as f:
         f.write("uniform:3,1,base,0.0012")  # a torn line from the append in flight
-    res = run_table("amla-table4", out_dir=cut, **SMALL)
+    with pytest.warns(UserWarning, match="last line was torn"):
+        res = run_table("amla-table4", out_dir=cut, **SMALL)
+    assert (cut / "amla-table4" / "results.rejected").read_text() == "uniform:3,1,base,0.0012\n"
     assert res.computed == 12 - 5
     assert _files(whole / "amla-table4") == _files(cut / "amla-table4")
     again = run_table("amla-table4", out_dir=cut, **SMALL)

@@ -49,6 +49,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from .._validate import quiet_fp
 from ..engine import get_engine
 from ..formats import FP32_MIN_NORMAL, flush_subnormals, is_float_dtype
 
@@ -210,6 +211,7 @@ def div(a: npt.ArrayLike, b: npt.ArrayLike, *, mode: DivMode = "ieee") -> np.nda
     raise ValueError(f"mode: expected 'ieee' or 'sm90', got {mode!r}")
 
 
+@quiet_fp  # NaN operands (any bit pattern) are arithmetic to model, not a fault to warn of
 def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike, *, ftz: bool = False) -> np.ndarray:
     """FP32 fused multiply-add ``a * b + c``, rounded once to nearest even (binary64 with round-to-odd).
 

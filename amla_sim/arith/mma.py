@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _blas_clock
+from .._validate import quiet_fp
 from ..engine import get_engine
 from ..formats import (
     ACCUMULATORS,
@@ -174,6 +175,7 @@ def _exponent_of_c(c: np.ndarray, e_zero: int | None) -> np.ndarray:
     return np.where(c == 0, 2 * _ZERO if e_zero is None else e_zero, exponent(c, -126))
 
 
+@quiet_fp
 def t_fdpa(
     a: np.ndarray, b: np.ndarray, c: np.ndarray, row: TFDPA, ea: np.ndarray, eb: np.ndarray
 ) -> np.ndarray:
@@ -213,6 +215,7 @@ def _floor_div(w: int) -> tuple[int, int, int]:
     return mul, shift, lift
 
 
+@quiet_fp
 def _t_fdpa_blas(
     a: np.ndarray, b: np.ndarray, c: np.ndarray, row: TFDPA, ea: np.ndarray, eb: np.ndarray
 ) -> np.ndarray:
@@ -366,6 +369,7 @@ def _check(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, dot_k: int | No
     return fa, out_shape
 
 
+@quiet_fp  # NaN operands (any bit pattern) are arithmetic to model, not a fault to warn of
 def matmul(
     a: npt.ArrayLike,
     b: npt.ArrayLike,

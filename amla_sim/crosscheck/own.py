@@ -86,11 +86,14 @@ def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine: str | 
 
 
 def compare_stages(algorithm: str, device_stages: dict, sim: dict, **meta) -> ComparisonReport:
-    """:func:`amla_sim.compare` over the stages of `algorithm` that both sides hold, each explained by the model
-    it depends on (``RESPONSIBLE``)."""
-    names = [n for n in STAGES[algorithm] if n in device_stages and n in sim]
-    return compare(device_stages, sim, stages=names, explanations=RESPONSIBLE,
-                          meta={"algorithm": algorithm, **meta})
+    """:func:`amla_sim.compare` over every stage the device dumped, in `algorithm`'s pipeline order, each
+    explained by the model it depends on (``RESPONSIBLE``). A device stage that is not one of `algorithm`'s, or
+    that the simulation lacks, is an error: never left out."""
+    unknown = [n for n in device_stages if n not in STAGES[algorithm]]
+    if unknown:
+        raise ValueError(f"device: {unknown} are not stages of {algorithm} ({list(STAGES[algorithm])})")
+    names = [n for n in STAGES[algorithm] if n in device_stages]
+    return compare(device_stages, sim, stages=names, explanations=RESPONSIBLE, meta={"algorithm": algorithm, **meta})
 
 
 def save_capture(path: str | Path, *, algorithm: str, q: np.ndarray, kv: np.ndarray, scale: float | None,
@@ -177,7 +180,8 @@ def load_capture(path: str | Path, *, read: tuple[dict, dict[str, np.ndarray]] |
         if arr.shape != shape or arr.dtype != dtype:
             raise CaptureError(f"replay: {path}: {key} should be {np.dtype(dtype)} {shape}, got {arr.dtype} "
                                f"{arr.shape}")
-        device[name] = arr
+        if name in STAGES[alg]:  # the kernels write one set of debug buffers: another algorithm's are unwritten
+            device[name] = arr
     check_fits(run_bytes(batch=b, sq=sq, heads=G, context=L, d_k=d_k, mufu_tables=True),
                what=f"replaying {path}", lower="the capture's size")
     return meta, q.view(ml_dtypes.bfloat16), kv.view(ml_dtypes.bfloat16), device

@@ -77,6 +77,9 @@ class Grid:
             if len(set(v)) != len(v):
                 raise ValueError(f"{f}: repeated values in {list(v)}")
             object.__setattr__(self, f, v)
+        for a in self.algorithms:
+            if not isinstance(a, str) or not a.isprintable():  # a label is a field of every row of results.csv
+                raise ValueError(f"algorithms: expected specs of printable characters (no line break), got {a!r}")
         labels = [parse_algorithm(a)[0] for a in self.algorithms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"algorithms: two algorithms share a label ({labels}); name them as label=spec")
@@ -85,7 +88,7 @@ class Grid:
                 raise ValueError(f"machines: expected machine names, got {m!r}")
             get_machine(m)
         for d in self.distributions:
-            if not isinstance(d, str):
+            if not isinstance(d, str) or not d.isprintable():
                 raise ValueError(f"distributions: expected specs like 'normal:1', got {d!r}")
             try:
                 parse_dist(d)
@@ -202,10 +205,10 @@ def run_task(task: tuple) -> list[tuple[str, ...]]:
 
 
 def check_runs(specs: Iterable[str], machines: Iterable[str], blocks: Iterable[int], *, schedule: str = "reference",
-               input_format: str = "bf16") -> None:
-    """Every (algorithm, machine, block) once on a tiny problem, so that a bad option or a broken plugin fails
-    before any work."""
-    q, kv = make_inputs("normal:1", heads=64, sq=1, context=16, fmt=input_format, seed=0)  # 64: FlashMLA's least
+               input_format: str = "bf16", heads: int = 64) -> None:
+    """Every (algorithm, machine, block) once on a tiny problem of `heads` heads (default 64, FlashMLA's least),
+    so that a bad option or a broken plugin fails before any work."""
+    q, kv = make_inputs("normal:1", heads=heads, sq=1, context=16, fmt=input_format, seed=0)
     for spec in specs:
         label, name, options = parse_algorithm(spec)
         fn = get_algorithm(name)
@@ -343,10 +346,8 @@ def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs:
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
     identity = grid.identity()
-    with ResultStore(out, FIELDS, len(KEYS)) as store:
+    with ResultStore(out, FIELDS, len(KEYS), repair=repair) as store:
         claim_folder(out, identity, filename="grid.json", what="grid")
-        if repair:
-            store.repair()
         store.compact(sorted(store.rows, key=_sort_key))
         labels = {parse_algorithm(a)[0] for a in grid.algorithms}
         have: dict[tuple, set[str]] = {}

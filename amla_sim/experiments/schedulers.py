@@ -5,7 +5,9 @@ depend on the scheduler, the number of workers, their order or retries; only the
 store writes to it, as each result arrives.
 
 - ``local`` (default): ``jobs`` fresh processes on this machine (one BLAS thread each), or this process itself.
-- ``dask``: a ``dask.distributed.LocalCluster`` of ``jobs`` single-threaded worker processes, started here.
+- ``dask``: a ``dask.distributed.LocalCluster`` of ``jobs`` single-threaded worker processes, started here, its
+  scheduler and dashboard bound to 127.0.0.1 (for a dashboard others can reach, start a cluster and pass its
+  address).
 - ``tcp://HOST:PORT`` (or ``tls://``): an existing Dask scheduler, as ``dask scheduler`` / ``dask worker``,
   dask-jobqueue or dask-kubernetes start it; its workers need amla-sim installed (same version).
 
@@ -130,7 +132,8 @@ def dask_client(scheduler: str, jobs: int, log: Callable[[str], None]) -> Iterat
         with _one_thread_each(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # LocalCluster's notes on ports and memory limits
             cluster = distributed.LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
-                                               dashboard_address=":0", silence_logs=40)
+                                               host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                               silence_logs=40)  # this machine only: start your own to share it
         try:
             with distributed.Client(cluster) as client:
                 log(f"dask: {jobs} local worker(s), dashboard {client.dashboard_link}")

@@ -8,9 +8,10 @@ does, so the two cannot be confused: ``mine=my_pkg.kernels:my_algo:block_scale=2
 from __future__ import annotations
 
 import inspect
+import typing
 from typing import Any
 
-from ..plugins import PluginError, get_algorithm
+from ..plugins import PluginError, algorithm_names, get_algorithm
 
 __all__ = ["parse_algorithm"]
 
@@ -23,13 +24,16 @@ def parse_algorithm(spec: str) -> tuple[str, str, dict[str, Any]]:
 
     An optional label before ``=`` names the row (default: the name, or an import path's function); options
     follow as ``:key=value`` (ints, floats, true/false, or strings), checked against the algorithm's keyword
-    arguments (any key, where it takes ``**options``).
+    arguments (any key, where it takes ``**options``) and against the kind of each one's default or its
+    ``Literal`` choices: ``cleanup=no`` is an error, not a truthy string.
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"algorithms: expected a name like 'amla' or 'snapmla:config=A', got {spec!r}")
     head, *opts = spec.split(":")
     label, _, name = head.rpartition("=")
     if opts and "=" not in opts[0]:  # module:function
+        if name in algorithm_names():
+            raise ValueError(f"algorithms: {spec!r}: option {opts[0]!r} of {name} is not key=value")
         attr = opts.pop(0)
         name = f"{name}:{attr}"
         label = label or attr.rpartition(".")[2]
@@ -47,8 +51,33 @@ def parse_algorithm(spec: str) -> tuple[str, str, dict[str, Any]]:
             allowed = sorted(k for k in params if k not in _FIXED and params[k].kind is not params[k].VAR_KEYWORD)
             raise ValueError(f"algorithms: {spec!r}: option {opt!r} is not key=value with a key of {name} "
                              f"({allowed})")
-        options[key] = _value(raw)
+        options[key] = _checked(_value(raw), params.get(key), f"algorithms: {spec!r}: option {key}", fn)
     return label, name, options
+
+
+def _checked(value: Any, param: inspect.Parameter | None, what: str, fn: Any) -> Any:
+    """`value` if it is of the kind the parameter takes (its ``Literal`` choices, or its default's type)."""
+    if param is None:  # taken by **options: the algorithm checks it
+        return value
+    try:
+        hint = typing.get_type_hints(fn).get(param.name)
+    except Exception:  # a plugin's annotations need not resolve
+        hint = None
+    if typing.get_origin(hint) is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise ValueError(f"{what}: expected one of {list(typing.get_args(hint))}, got {value!r}")
+        return value
+    default = param.default
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"{what}: expected true or false, got {value!r}")
+    elif isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{what}: expected an int, got {value!r}")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{what}: expected a number, got {value!r}")
+        return float(value)
+    return value
 
 
 def _value(raw: str) -> Any:

@@ -5,13 +5,16 @@ altered line is recognised and never parsed into a number. Rows are appended one
 count checked and an fsync; they are never deleted (a later, smaller request reads a subset). One run at a time
 holds the folder's lock. What the store reads back:
 
-- a torn last line (an append cut off by a kill) is dropped, and the file compacted before the next append (also
-  when only the last newline is missing, so that no appended row is glued to it);
+- a torn last line (an append cut off by a kill, or a hand edit of the last row) is set aside in
+  ``results.rejected`` with a warning when the file is next compacted (also when only the last newline is missing,
+  so that no appended row is glued to it);
 - any other line that fails its check, or two rows of one key with different values, make the store *corrupt*:
   :class:`StoreCorrupt` names the file and the line, and :meth:`ResultStore.repair` keeps every valid row and
-  moves the rest, byte for byte, to ``results.rejected``;
+  moves the rest, byte for byte, to ``results.rejected``; ``ResultStore(..., repair=True)`` (the CLI's
+  ``--repair``) repairs when it opens the folder, instead of refusing it;
 - a file written before the checksums (its header has no ``crc32``) is read only by :meth:`~ResultStore.repair`,
-  which keeps its whole lines that parse.
+  which keeps its whole lines that parse;
+- lines ending in CRLF (a file that went through a Windows checkout) are read as if they ended in LF.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import csv
 import io
 import json
 import os
+import warnings
 import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -85,16 +89,19 @@ class ResultStore:
     """Rows of string fields keyed by the first `key_fields` of them, in ``folder/results.csv``.
 
     Use as a context manager: entering takes the folder's lock (or raises :class:`StoreLocked`) and loads the
-    rows; leaving releases the lock.
+    rows (repairs them, with ``repair=True``); leaving releases the lock.
     """
 
-    def __init__(self, folder: str | Path, fields: Sequence[str], key_fields: int, *, filename: str = "results.csv"):
+    def __init__(self, folder: str | Path, fields: Sequence[str], key_fields: int, *, filename: str = "results.csv",
+                 repair: bool = False):
         self.folder = Path(folder)
         self.fields = tuple(fields)
         self.key_fields = key_fields
         self.path = self.folder / filename
         self.rows: dict[tuple[str, ...], tuple[str, ...]] = {}
         self.torn = 0  # torn last lines dropped when loading
+        self._torn_lines: list[bytes] = []  # ... kept until the next compaction moves them to results.rejected
+        self._repair_on_open = repair
         self._unterminated = False  # the file does not end with a newline: compact before appending
         self._lock: _Lock | None = None
 
@@ -104,7 +111,12 @@ class ResultStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = _Lock(self.folder)
         try:
-            self.load()
+            if self._repair_on_open:
+                kept, rejected = self.repair()
+                warnings.warn(f"{self.path}: repaired: {kept} valid rows kept, {rejected} lines set aside in "
+                              f"{self.folder / 'results.rejected'}", UserWarning, stacklevel=2)
+            else:
+                self.load()
         except BaseException:
             self._lock.release()
             raise
@@ -141,7 +153,7 @@ class ResultStore:
     def _scan(self) -> tuple[bool, list[tuple[int, bytes, tuple[str, ...] | None]], bool]:
         """(checked, [(line number, raw, fields or None)], ends with a newline) of the file as it is."""
         data = self.path.read_bytes()
-        lines = data.split(b"\n")
+        lines = [ln.removesuffix(b"\r") for ln in data.split(b"\n")]
         ended = data.endswith(b"\n")
         if ended:
             lines.pop()
@@ -160,7 +172,7 @@ class ResultStore:
 
     def load(self) -> None:
         """Read every row; drop a torn last line; raise :class:`StoreCorrupt` on any other damage."""
-        self.rows, self.torn = {}, 0
+        self.rows, self.torn, self._torn_lines = {}, 0, []
         if not self.path.exists():
             return
         checked, parsed, ended = self._scan()
@@ -174,6 +186,7 @@ class ResultStore:
                     continue  # a blank line holds no data
                 if k == len(parsed) - 1 and not ended:
                     self.torn += 1  # an append cut off by a kill
+                    self._torn_lines.append(raw)
                     continue
                 raise StoreCorrupt(f"{self.path}: line {lineno} fails its checksum ({raw[:60]!r}); run again "
                                    "with --repair to keep every valid row and set the others aside")
@@ -190,7 +203,7 @@ class ResultStore:
 
     def repair(self) -> tuple[int, int]:
         """Keep every valid row, move the other lines to ``results.rejected``; (rows kept, lines set aside)."""
-        self.rows, self.torn = {}, 0
+        self.rows, self.torn, self._torn_lines = {}, 0, []
         if not self.path.exists():
             return 0, 0
         try:
@@ -205,13 +218,17 @@ class ResultStore:
                     rejected.append(raw)
                 continue
             self.rows[values[: self.key_fields]] = values
-        if rejected:
-            with open(self.folder / "results.rejected", "ab") as f:
-                f.write(b"".join(r + b"\n" for r in rejected))
-                f.flush()
-                os.fsync(f.fileno())
+        self._set_aside(rejected)
         self.compact()
         return len(self.rows), len(rejected)
+
+    def _set_aside(self, lines: Sequence[bytes]) -> None:
+        """Append `lines` to ``results.rejected`` (fsynced before the results file is rewritten without them)."""
+        if lines:
+            with open(self.folder / "results.rejected", "ab") as f:
+                f.write(b"".join(r + b"\n" for r in lines))
+                f.flush()
+                os.fsync(f.fileno())
 
     # -- writing -------------------------------------------------------------------------------------------------
 
@@ -220,6 +237,12 @@ class ResultStore:
         keys = list(order) if order is not None else []
         seen = set(keys)
         keys = [k for k in keys if k in self.rows] + sorted(k for k in self.rows if k not in seen)
+        if self._torn_lines:
+            self._set_aside(self._torn_lines)
+            warnings.warn(f"{self.path}: its last line was torn (a run killed while appending, or a hand edit): set "
+                          f"aside in {self.folder / 'results.rejected'}; its task runs again", UserWarning,
+                          stacklevel=2)
+            self._torn_lines = []
         atomic_write(self.path, self.header + "".join(_line(self.rows[k]) for k in keys))
         self._unterminated = False
 

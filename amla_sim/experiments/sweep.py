@@ -22,10 +22,17 @@ from .._validate import check_int, check_positive_int, dumps_strict
 from ..engine import use_engine
 from ..machines import get_machine
 from ..schedules import get_schedule
+from .grid import check_runs
 from .schedulers import check_run, execute, progress_bar
 from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
-from .grid import check_runs
-from .tables import TABLE_METRICS, TABLES, Table, run_sample, with_algorithms
+from .tables import (
+    TABLE_METRICS,
+    TABLES,
+    Table,
+    run_sample,
+    table_specs,
+    with_algorithms,
+)
 
 FIELDS = ("distribution", "sample", "algorithm", *TABLE_METRICS)
 
@@ -192,32 +199,21 @@ def run_table(
     schedule: the kernel schedule every algorithm runs on (:mod:`amla_sim.schedules`).
     algorithms: more columns, as sweep specs (a plugin's ``label=module:function`` too), run on the same draws.
     """
-    if name not in TABLES:
-        raise ValueError(f"table: expected one of {sorted(TABLES)}, got {name!r}")
+    table, machine, context, heads = check_table(name, context=context, heads=heads, machine=machine,
+                                                 schedule=schedule, algorithms=algorithms)
     algorithms = tuple(algorithms)
-    table = with_algorithms(TABLES[name], algorithms)
-    machine = table.machine if machine is None else machine
-    get_machine(machine)  # validate the names before any work
-    get_schedule(schedule)
     samples = 100 if samples is None else samples
-    context = table.context if context is None else context
-    heads = table.heads if heads is None else heads
-    for arg, v in (("samples", samples), ("context", context), ("heads", heads)):
-        check_positive_int(v, arg)
+    check_positive_int(samples, "samples")
     check_int(seed, "seed", lo=0, hi=2**63 - 1)
     jobs = check_run(scheduler, jobs, engine)
-    if algorithms:  # the added columns once on a tiny problem before any work, as a sweep does
-        check_runs(algorithms, (machine,), (table.block,), schedule=schedule, input_format=table.input_format)
     out = Path(out_dir) / name
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
     meta = {"table": name, "context": context, "heads": heads, "machine": machine, "schedule": schedule, "seed": seed}
     if algorithms:  # (absent otherwise: folders of the paper's columns alone resume as before)
         meta["algorithms"] = list(algorithms)
-    with ResultStore(out, FIELDS, 3) as store:
+    with ResultStore(out, FIELDS, 3, repair=repair) as store:
         claim_folder(out, meta, filename="run.json", what="run")
-        if repair:
-            store.repair()
         store.compact(_order(store, table))  # drop a torn last line before appending
         done = _tasks(store, table)
         todo = [(name, algorithms, d, s, machine, schedule, context, heads, seed, engine)
@@ -238,6 +234,28 @@ def run_table(
         store.compact(_order(store, table))
         summary = _write_summary(out, table, {k: v for k, v in done.items() if k[1] < samples}, samples, meta)
     return SweepResult(table, out, summary, len(todo), seconds, blas)
+
+
+def check_table(name: str, *, context: int | None = None, heads: int | None = None, machine: str | None = None,
+                schedule: str = "reference", algorithms: tuple[str, ...] = ()) -> tuple[Table, str, int, int]:
+    """Everything :func:`run_table` would refuse, before any work: the names, the sizes, and every column (the
+    paper's and the added ones) once on a tiny problem with these heads. (table, machine, context, heads)."""
+    if name not in TABLES:
+        raise ValueError(f"table: expected one of {sorted(TABLES)}, got {name!r}")
+    table = with_algorithms(TABLES[name], tuple(algorithms))
+    machine = table.machine if machine is None else machine
+    get_machine(machine)
+    get_schedule(schedule)
+    context = table.context if context is None else context
+    heads = table.heads if heads is None else heads
+    for arg, v in (("context", context), ("heads", heads)):
+        check_positive_int(v, arg)
+    try:
+        check_runs(table_specs(table), (machine,), (table.block,), schedule=schedule,
+                   input_format=table.input_format, heads=heads)
+    except ValueError as e:
+        raise type(e)(f"table {name}: {e}") from None
+    return table, machine, context, heads
 
 
 def _write_summary(out: Path, table: Table, tasks: dict, samples: int, meta: dict) -> dict:

@@ -14,7 +14,22 @@ import numpy as np
 from ....arith.reductions import _xor_tree
 from ....machines import Machine
 
-__all__ = ["combine_sum"]
+__all__ = ["combine_sum", "MAX_SPLITS", "combine_width"]
+
+#: The combine kernel's instantiations (``MLA_NUM_SPLITS_SWITCH``): it holds up to 160 splits of a request.
+MAX_SPLITS = (32, 64, 96, 128, 160)
+
+
+def combine_width(parts: int, num_sms: int) -> int:
+    """The combine kernel instantiated for `parts` scheduler parts (the most splits a request can have): the
+    least of :data:`MAX_SPLITS` that holds them. More than 160 parts is the kernel's ``FLASH_ASSERT(false)``, a
+    ValueError naming `num_sms` here."""
+    if parts < 1:
+        raise ValueError(f"num_sms: {num_sms} SMs give no scheduler part")
+    if parts > MAX_SPLITS[-1]:
+        raise ValueError(f"num_sms: {num_sms} SMs give {parts} scheduler parts, more splits than FlashMLA's combine "
+                         f"kernel holds ({MAX_SPLITS[-1]}: MLA_NUM_SPLITS_SWITCH asserts)")
+    return next(n for n in MAX_SPLITS if parts <= n)
 
 
 def combine_sum(mc: Machine, lse_s: np.ndarray, max_splits: int,

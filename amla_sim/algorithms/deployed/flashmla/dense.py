@@ -37,8 +37,15 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
-from .combine import combine_sum
+from ..._common import (
+    D_K,
+    D_V,
+    AttentionResult,
+    check_kernel_inputs,
+    check_kernel_layout,
+    check_scale,
+)
+from .combine import combine_sum, combine_width
 from .scheduler import BLOCK_SIZE_N, num_sm_parts, request_splits
 
 __all__ = ["flashmla", "flashmla_decode"]
@@ -95,7 +102,7 @@ def flashmla(
     u = _Units(mc)
     c = mc.f(np.float64(sm) * math.log2(math.e))  # params.scale_softmax_log2 = float(scale * M_LOG2E)
     parts = num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
-    max_splits = min(-(-parts // 32) * 32, 160)  # the combine kernel's MAX_SPLITS
+    max_splits = combine_width(parts, num_sms)
     Q, K = mc.cast(qa, "bf16"), mc.cast(kva, "bf16")
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.zeros((b, s_q * H), mc.dtype)

@@ -38,8 +38,15 @@ from ....arith.reductions import _xor_tree
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
-from .combine import combine_sum
+from ..._common import (
+    D_K,
+    D_V,
+    AttentionResult,
+    check_kernel_inputs,
+    check_kernel_layout,
+    check_scale,
+)
+from .combine import combine_sum, combine_width
 from .scheduler import BLOCK_SIZE_N, etap_num_sm_parts, etap_schedule, metadata_splits
 
 __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
@@ -47,7 +54,6 @@ __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_s
 #: The FlashMLA-ETAP commit (pengcuo/FlashMLA-ETAP) the model follows.
 ETAP_COMMIT = "39e6160"
 WARPS, GROUPS = 4, 8  # the S^T warpgroup: 4 warps of 8 lane groups, each holding keys 16 w + g and 16 w + g + 8
-MAX_SPLITS = (32, 64, 96, 128, 160)  # the combine kernel's instantiations (MLA_NUM_SPLITS_SWITCH)
 
 
 class _Units:
@@ -97,11 +103,7 @@ def flashmla_etap(
     b, s_q, H, _ = qa.shape
     causal = s_q > 1 if causal is None else bool(causal) and s_q > 1
     parts = etap_num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
-    if parts < 1:
-        raise ValueError(f"num_sms: {num_sms} SMs give no scheduler part for {s_q * H} query rows")
-    if parts > MAX_SPLITS[-1]:
-        raise ValueError(f"num_sms: {parts} scheduler parts exceed the combine kernel's {MAX_SPLITS[-1]} splits")
-    max_splits = next(n for n in MAX_SPLITS if parts <= n)
+    max_splits = combine_width(parts, num_sms)
     u = _Units(mc, fmt)
     sm, c = _scales(mc, sm)
     meta, _ = etap_schedule(lens, parts)

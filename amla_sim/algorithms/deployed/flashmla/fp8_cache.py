@@ -96,6 +96,8 @@ def quantize_kv_cache(kv: npt.ArrayLike, layout: str = "v32", *, power_of_two: b
     power_of_two: False writes the FP32 scale ``max(amax / 448, 1e-4)`` itself (V3.2 only), as a quantizer
     other than FlashMLA's might: a cache the kernel takes, on which its BF16 scale and product round."""
     lay = layout_of(layout)
+    if not isinstance(power_of_two, (bool, np.bool_)):
+        raise TypeError(f"power_of_two: expected True or False, got {power_of_two!r}")
     if not power_of_two and lay.scale_type != "fp32":
         raise ValueError(f"power_of_two: layout {lay.name} stores E8M0 scales, which are powers of two")
     x = np.asarray(kv)
@@ -107,6 +109,8 @@ def quantize_kv_cache(kv: npt.ArrayLike, layout: str = "v32", *, power_of_two: b
         x = x[:, :, 0]
     if x.ndim != 3 or x.shape[-1] != lay.d:
         raise ValueError(f"kv: expected pages (num_blocks, P, {lay.d}) for layout {lay.name}, got shape {x.shape}")
+    if 0 in x.shape[:2]:
+        raise ValueError(f"kv: no tokens to quantize (pages of shape {x.shape})")
     x = np.asarray(x, np.float32)
     if not np.array_equal(round_to(x, "bf16"), x, equal_nan=True):
         raise ValueError("kv: the cache quantizer takes BF16 values (round them first)")

@@ -50,7 +50,11 @@ def num_sm_parts(*, s_q: int, heads_q: int, heads_k: int = 1, num_sms: int = 132
 
 
 def decoding_schedule(seqlens: npt.ArrayLike, parts: int) -> tuple[list[SchedPart], np.ndarray]:
-    """The parts and the cumulative split counts (b + 1 ints, as FlashMLA's num_splits)."""
+    """The parts and the cumulative split counts (b + 1 ints, as FlashMLA's num_splits).
+
+    The walk is bounded by the work: once every request is placed, the remaining parts are the same idle part."""
+    if isinstance(parts, bool) or not isinstance(parts, (int, np.integer)) or parts < 1:
+        raise ValueError(f"parts: expected an int >= 1, got {parts!r}")
     lens = [int(v) for v in np.asarray(seqlens).ravel()]
     b = len(lens)
     blocks = [max(n - 1, 0) // BLOCK_SIZE_N + 1 for n in lens]
@@ -84,6 +88,9 @@ def decoding_schedule(seqlens: npt.ArrayLike, parts: int) -> tuple[list[SchedPar
         if begin[0] == end_req:
             first_split = last_split = first_split or last_split
         out.append(SchedPart(begin[0], end_req, begin[1], end_block, begin[2], first_split, last_split))
+        if begin[0] >= b:  # idle: so is every part after it
+            out += [out[-1]] * (parts - len(out))
+            break
     return out, np.array(num_splits, np.int32)
 
 

@@ -35,10 +35,23 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout, check_scale
-from .combine import combine_sum
+from ..._common import (
+    D_V,
+    AttentionResult,
+    _check_storage,
+    check_kernel_inputs,
+    check_kernel_layout,
+    check_scale,
+)
+from .combine import combine_sum, combine_width
 from .fp8_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
-from .scheduler import BLOCK_SIZE_N, SchedPart, decoding_schedule, num_sm_parts, request_splits
+from .scheduler import (
+    BLOCK_SIZE_N,
+    SchedPart,
+    decoding_schedule,
+    num_sm_parts,
+    request_splits,
+)
 
 __all__ = ["flashmla_sparse_fp8", "flashmla_sparse_fp8_decode", "sparse_schedule"]
 
@@ -57,7 +70,9 @@ def sparse_schedule(lengths: list[int], *, s_q: int, heads: int, num_sms: int = 
                     ) -> tuple[list[SchedPart], np.ndarray]:
     """FlashMLA's split schedule for a sparse decode (its parts and cumulative split counts), request i being
     ``lengths[i]`` slots long (its topk_length, or topk)."""
-    return decoding_schedule(_slots(lengths), num_sm_parts(s_q=s_q, heads_q=heads, num_sms=num_sms))
+    parts = num_sm_parts(s_q=s_q, heads_q=heads, num_sms=num_sms)
+    combine_width(parts, num_sms)
+    return decoding_schedule(_slots(lengths), parts)
 
 
 def _block_splits(lengths: list[int], parts: int) -> list[list[tuple[int, int]]]:
@@ -135,7 +150,7 @@ def flashmla_sparse_fp8(
     c = mc.f(mc.f(sm) * mc.f(_LOG2E))  # params.sm_scale_div_log2 = sm_scale * LOG_2_E, FP32 (exact on golden)
     ln2 = mc.f(math.log(2.0))
     parts = num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
-    max_splits = min(-(-parts // 32) * 32, 160)
+    max_splits = combine_width(parts, num_sms)
     Q = mc.cast(qa, "bf16")
     out = np.zeros((b, s_q, H, D_V), mc.dtype)
     lse = np.zeros((b, s_q, H), mc.dtype)

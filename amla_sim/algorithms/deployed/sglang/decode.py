@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
+from ....resources import check_fits
 from ..._common import D_V, check_kernel_inputs, check_scale
 
 __all__ = ["splitkv_decode", "SplitKVResult", "split_ranges"]
@@ -75,7 +76,11 @@ def _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h, min_b
         np.asarray(num_kv_splits)
     if isinstance(num_kv_splits, bool) or splits.shape != (b,) or splits.dtype.kind not in "iu" or splits.min() < 1:
         raise ValueError(f"num_kv_splits: expected a positive int or {b} of them, got {num_kv_splits!r}")
+    # stage 1's grid is (b, heads / block_h, max_kv_splits): CUDA's z extent is at most 65535
     max_splits = int(splits.max()) if max_kv_splits is None else check_int(max_kv_splits, "max_kv_splits", lo=1)
+    if max_splits > _MAX_GRID_Z:
+        raise ValueError(f"max_kv_splits: at most {_MAX_GRID_Z} (stage 1's grid holds it in CUDA's z extent), "
+                         f"got {max_splits}")
     if splits.max() > max_splits:
         raise ValueError(f"max_kv_splits: {max_splits} is below num_kv_splits ({int(splits.max())})")
     check_int(block_n, "block_n", lo=8)
@@ -90,7 +95,13 @@ def _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h, min_b
     check_int(num_warps, "num_warps", lo=1)
     if logit_cap != 0:
         raise ValueError(f"logit_cap: only 0 (no cap, DeepSeek's setting) is modelled, got {logit_cap!r}")
+    check_fits(_BYTES_PER_SPLIT * b * qa.shape[2] * max_splits, what=f"splitkv_decode with max_kv_splits={max_splits}",
+               lower="max_kv_splits")
     return qa, kva, lens, splits.astype(np.int64), max_splits
+
+
+_MAX_GRID_Z = 65535
+_BYTES_PER_SPLIT = 3 * 8 * (512 + 1)  # per row and split: mid and lse in float64, and the copies made of them
 
 
 @quiet_fp
