@@ -681,7 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DataError, StoreLocked, RuntimeError, OSError) as e:
         parser.exit(1, f"amla-sim: error: {_oserror_text(e)}\n")
     except MemoryError:
-        parser.exit(1, "amla-sim: error: out of memory; lower --context, --heads or --batch\n")
+        lower = {"run": "; lower --context, --heads, --batch or --sq", "sweep": "; lower --contexts or --heads",
+                 "reproduce": "; lower --context or --heads"}.get(args.command, "")
+        parser.exit(1, f"amla-sim: error: out of memory{lower}\n")
     except (ValueError, TypeError) as e:  # bad input: a clear message, no traceback
         parser.exit(2, f"amla-sim: error: {e}\n")
 

@@ -420,3 +420,13 @@ def test_local_dask_cluster_listens_on_this_machine_only(monkeypatch):
     with schedulers.dask_client("dask", 2, log=lambda line: None):
         pass
     assert seen["host"] == "127.0.0.1" and seen["dashboard_address"].startswith("127.0.0.1:")
+
+
+def test_replayed_recipe_with_num_sms_past_the_combine_kernel_is_refused(tmp_path, capsys):
+    with np.load(DATA / "flashmla_sparse_fp8_decode.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays["meta"]))
+    meta["cases"][0]["num_sms"] = 10**9
+    arrays["meta"] = np.array(json.dumps(meta))
+    code, _, err = _exit(["crosscheck", "--replay", _npz(tmp_path / "c.npz", **arrays)], capsys)
+    assert code == 1 and "case 0: num_sms: 1000000000 SMs" in err

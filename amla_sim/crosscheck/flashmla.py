@@ -15,10 +15,15 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms.deployed.flashmla import FLASHMLA_COMMIT
+from ..algorithms.deployed.flashmla.combine import combine_width
 from ..algorithms.deployed.flashmla.dense import flashmla
 from ..algorithms.deployed.flashmla.etap import ETAP_COMMIT, flashmla_etap
 from ..algorithms.deployed.flashmla.fp8_cache import layout_of, pages, quantize_kv_cache
-from ..algorithms.deployed.flashmla.sparse_fp8 import flashmla_sparse_fp8, sparse_schedule
+from ..algorithms.deployed.flashmla.scheduler import num_sm_parts
+from ..algorithms.deployed.flashmla.sparse_fp8 import (
+    flashmla_sparse_fp8,
+    sparse_schedule,
+)
 from ..experiments.inputs import make_inputs
 from ..formats import round_to
 from .files import CaptureError, input_crc
@@ -160,7 +165,8 @@ def _check_sparse_recipe(case: dict) -> None:
         raise ValueError(f"invalid: a share of empty slots in [0, 1], got {case['invalid']!r}")
     if case.get("sink") not in (None, "normal", "edge"):
         raise ValueError(f"sink: expected null, 'normal' or 'edge', got {case['sink']!r}")
-    check_int(case.get("num_sms", 132), "num_sms", lo=1)
+    sms = check_int(case.get("num_sms", 132), "num_sms", lo=1)
+    combine_width(num_sm_parts(s_q=case.get("sq", 1), heads_q=case["heads"], num_sms=sms), sms)
     if case.get("page_size", SPARSE_PAGE_SIZE) != SPARSE_PAGE_SIZE:
         raise ValueError(f"page_size: recipes use pages of {SPARSE_PAGE_SIZE} tokens, got {case['page_size']!r}")
 
