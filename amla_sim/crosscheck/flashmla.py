@@ -20,10 +20,7 @@ from ..algorithms.deployed.flashmla.dense import flashmla
 from ..algorithms.deployed.flashmla.etap import ETAP_COMMIT, flashmla_etap
 from ..algorithms.deployed.flashmla.fp8_cache import layout_of, pages, quantize_kv_cache
 from ..algorithms.deployed.flashmla.scheduler import num_sm_parts
-from ..algorithms.deployed.flashmla.sparse_fp8 import (
-    flashmla_sparse_fp8,
-    sparse_schedule,
-)
+from ..algorithms.deployed.flashmla.sparse_fp8 import flashmla_sparse_fp8, sparse_schedule
 from ..experiments.inputs import make_inputs
 from ..formats import round_to
 from .files import CaptureError, input_crc

@@ -25,14 +25,7 @@ from ..schedules import get_schedule
 from .grid import check_runs
 from .schedulers import check_run, execute, progress_bar
 from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
-from .tables import (
-    TABLE_METRICS,
-    TABLES,
-    Table,
-    run_sample,
-    table_specs,
-    with_algorithms,
-)
+from .tables import TABLE_METRICS, TABLES, Table, run_sample, table_specs, with_algorithms
 
 FIELDS = ("distribution", "sample", "algorithm", *TABLE_METRICS)
 

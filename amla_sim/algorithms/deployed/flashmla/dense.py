@@ -37,14 +37,7 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import (
-    D_K,
-    D_V,
-    AttentionResult,
-    check_kernel_inputs,
-    check_kernel_layout,
-    check_scale,
-)
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_sum, combine_width
 from .scheduler import BLOCK_SIZE_N, num_sm_parts, request_splits
 

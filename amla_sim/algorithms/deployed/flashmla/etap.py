@@ -38,14 +38,7 @@ from ....arith.reductions import _xor_tree
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import (
-    D_K,
-    D_V,
-    AttentionResult,
-    check_kernel_inputs,
-    check_kernel_layout,
-    check_scale,
-)
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_sum, combine_width
 from .scheduler import BLOCK_SIZE_N, etap_num_sm_parts, etap_schedule, metadata_splits
 

@@ -35,23 +35,10 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import (
-    D_V,
-    AttentionResult,
-    _check_storage,
-    check_kernel_inputs,
-    check_kernel_layout,
-    check_scale,
-)
+from ..._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_sum, combine_width
 from .fp8_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
-from .scheduler import (
-    BLOCK_SIZE_N,
-    SchedPart,
-    decoding_schedule,
-    num_sm_parts,
-    request_splits,
-)
+from .scheduler import BLOCK_SIZE_N, SchedPart, decoding_schedule, num_sm_parts, request_splits
 
 __all__ = ["flashmla_sparse_fp8", "flashmla_sparse_fp8_decode", "sparse_schedule"]
 
