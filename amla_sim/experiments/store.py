@@ -99,8 +99,7 @@ class ResultStore:
         self.key_fields = key_fields
         self.path = self.folder / filename
         self.rows: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self.torn = 0  # torn last lines dropped when loading
-        self._torn_lines: list[bytes] = []  # ... kept until the next compaction moves them to results.rejected
+        self._torn_lines: list[bytes] = []  # torn last lines, kept until the next compaction sets them aside
         self._repair_on_open = repair
         self._unterminated = False  # the file does not end with a newline: compact before appending
         self._lock: _Lock | None = None
@@ -111,7 +110,7 @@ class ResultStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = _Lock(self.folder)
         try:
-            if self._repair_on_open:
+            if self._repair_on_open and self.path.exists():
                 kept, rejected = self.repair()
                 warnings.warn(f"{self.path}: repaired: {kept} valid rows kept, {rejected} lines set aside in "
                               f"{self.folder / 'results.rejected'}", UserWarning, stacklevel=2)
@@ -128,6 +127,11 @@ class ResultStore:
             self._lock = None
 
     # -- reading -------------------------------------------------------------------------------------------------
+
+    @property
+    def torn(self) -> int:
+        """Torn last lines read and not yet set aside (the next compaction moves them to ``results.rejected``)."""
+        return len(self._torn_lines)
 
     @property
     def header(self) -> str:
@@ -172,7 +176,7 @@ class ResultStore:
 
     def load(self) -> None:
         """Read every row; drop a torn last line; raise :class:`StoreCorrupt` on any other damage."""
-        self.rows, self.torn, self._torn_lines = {}, 0, []
+        self.rows, self._torn_lines = {}, []
         if not self.path.exists():
             return
         checked, parsed, ended = self._scan()
@@ -185,8 +189,7 @@ class ResultStore:
                 if not raw.strip():
                     continue  # a blank line holds no data
                 if k == len(parsed) - 1 and not ended:
-                    self.torn += 1  # an append cut off by a kill
-                    self._torn_lines.append(raw)
+                    self._torn_lines.append(raw)  # an append cut off by a kill
                     continue
                 raise StoreCorrupt(f"{self.path}: line {lineno} fails its checksum ({raw[:60]!r}); run again "
                                    "with --repair to keep every valid row and set the others aside")
@@ -203,7 +206,7 @@ class ResultStore:
 
     def repair(self) -> tuple[int, int]:
         """Keep every valid row, move the other lines to ``results.rejected``; (rows kept, lines set aside)."""
-        self.rows, self.torn, self._torn_lines = {}, 0, []
+        self.rows, self._torn_lines = {}, []
         if not self.path.exists():
             return 0, 0
         try:

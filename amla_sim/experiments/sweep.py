@@ -207,7 +207,7 @@ def run_table(
         meta["algorithms"] = list(algorithms)
     with ResultStore(out, FIELDS, 3, repair=repair) as store:
         claim_folder(out, meta, filename="run.json", what="run")
-        store.compact(_order(store, table))  # drop a torn last line before appending
+        store.compact(_order(store, table))  # set a torn last line aside before appending
         done = _tasks(store, table)
         todo = [(name, algorithms, d, s, machine, schedule, context, heads, seed, engine)
                 for d, _ in table.distributions
