@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +40,7 @@ from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_sum, combine_width
-from .scheduler import BLOCK_SIZE_N, num_sm_parts, request_splits
+from .scheduler import BLOCK_SIZE_N, check_splits, num_sm_parts, request_splits
 
 __all__ = ["flashmla", "flashmla_decode"]
 
@@ -76,6 +77,7 @@ def flashmla(
     seqlens: npt.ArrayLike,
     scale: float | None = None,
     num_sms: int = 132,
+    splits: Sequence[Sequence[tuple[int, int]]] | None = None,
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
 ) -> AttentionResult:
@@ -85,6 +87,8 @@ def flashmla(
     columns. No causal mask (FlashMLA's ``is_causal=False``; with s_q = 1 it never applies). Returns ``.out``
     (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q) natural log, FlashMLA's layouts; with `trace`, per request
     the splits' token ranges, partial outputs and LSEs (``split_ranges``, ``split_out``, ``split_lse``).
+    splits: per request, token ranges to run as its splits in place of the scheduler's (a what-if; the kernel's
+    own plan is :func:`.scheduler.request_splits`); :func:`.scheduler.check_splits` says what a plan may be.
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens)
@@ -96,11 +100,12 @@ def flashmla(
     c = mc.f(np.float64(sm) * math.log2(math.e))  # params.scale_softmax_log2 = float(scale * M_LOG2E)
     parts = num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
+    plan = request_splits(lens, parts) if splits is None else check_splits(splits, lens, max_splits)
     Q, K = mc.cast(qa, "bf16"), mc.cast(kva, "bf16")
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.zeros((b, s_q * H), mc.dtype)
     tr: dict[str, list] = {}
-    for i, ranges in enumerate(request_splits(lens, parts)):
+    for i, ranges in enumerate(plan):
         rows = Q[i].reshape(s_q * H, D_K)
         res = [_split(u, rows, K[i], lens[i], lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N), c) for lo, hi in ranges]
         if len(res) == 1:

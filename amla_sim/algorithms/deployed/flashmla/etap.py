@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +41,7 @@ from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_sum, combine_width
-from .scheduler import BLOCK_SIZE_N, etap_num_sm_parts, etap_schedule, metadata_splits
+from .scheduler import BLOCK_SIZE_N, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
 
 __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
 
@@ -74,6 +75,7 @@ def flashmla_etap(
     scale: float | None = None,
     causal: bool | None = None,
     num_sms: int = 132,
+    splits: Sequence[Sequence[tuple[int, int]]] | None = None,
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
 ) -> AttentionResult:
@@ -84,7 +86,8 @@ def flashmla_etap(
     ``seqlen - s_q + s``); None: causal when s_q > 1 (the kernel ignores it for s_q = 1). num_sms: the device's SM
     count (132 on H100 SXM and H200). Returns ``.out`` (b, s_q, h_q, 512) in q's format and ``.lse`` (b, h_q, s_q)
     natural log, the kernel's layouts; with `trace`, per request the splits' block ranges, partial outputs and
-    LSEs (``split_blocks``, ``split_out``, ``split_lse``).
+    LSEs (``split_blocks``, ``split_out``, ``split_lse``). splits: per request, token ranges to run as its splits
+    in place of the scheduler's (a what-if; :func:`.scheduler.check_splits` says what a plan may be).
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
@@ -99,14 +102,18 @@ def flashmla_etap(
     max_splits = combine_width(parts, num_sms)
     u = _Units(mc, fmt)
     sm, c = _scales(mc, sm)
-    meta, _ = etap_schedule(lens, parts)
+    if splits is None:
+        plan = metadata_splits(etap_schedule(lens, parts)[0], [int(n) for n in lens])
+    else:
+        plan = [[(lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N)) for lo, hi in r]
+                for r in check_splits(splits, [int(n) for n in lens], max_splits)]
     Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
     # row r = s h_q + head; query position s sees keys t <= seqlen - s_q + s when causal
     shift = np.repeat(s_q - 1 - np.arange(s_q), H) if causal else None
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.zeros((b, s_q * H), mc.dtype)
     tr: dict[str, list] = {}
-    for i, blocks in enumerate(metadata_splits(meta, [int(n) for n in lens])):
+    for i, blocks in enumerate(plan):
         rows = Q[i].reshape(s_q * H, D_K)
         one = len(blocks) == 1
         res = [_split(u, rows, K[i], int(lens[i]), lo, hi, c, sm, shift, one) for lo, hi in blocks]

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["SchedPart", "decoding_schedule", "num_sm_parts", "request_splits", "etap_num_sm_parts", "etap_schedule",
-           "metadata_splits"]
+           "metadata_splits", "check_splits", "fixed_splits"]
 
 BLOCK_SIZE_N = 64
 FIXED_OVERHEAD_BLOCKS = 5
@@ -108,6 +108,42 @@ def request_splits(seqlens: npt.ArrayLike, parts: int) -> list[list[tuple[int, i
             if hi > lo:
                 splits[r].append((lo * BLOCK_SIZE_N, min(hi * BLOCK_SIZE_N, lens[r])))
     return splits
+
+
+def check_splits(splits: object, lengths: list[int], max_splits: int) -> list[list[tuple[int, int]]]:
+    """A caller's split plan in place of the scheduler's: per request, token ranges [start, end) in order, each
+    starting on a block of 64, together covering the request (an empty request: the one range (0, 0)), at most
+    `max_splits` of them (what the combine kernel holds). A ValueError names ``splits`` otherwise."""
+    if isinstance(splits, (str, bytes)) or not hasattr(splits, "__len__") or len(splits) != len(lengths):
+        raise ValueError(f"splits: expected one list of (start, end) token ranges per request ({len(lengths)}), "
+                         f"got {splits!r:.80}")
+    plan = []
+    for i, (ranges, n) in enumerate(zip(splits, lengths)):
+        try:
+            got = [(int(a), int(b)) for a, b in ranges]
+        except (TypeError, ValueError):
+            raise ValueError(f"splits[{i}]: expected (start, end) pairs of ints, got {ranges!r:.80}") from None
+        ends = [0] + [b for _, b in got]
+        ok = bool(got) and all(a == e and a % BLOCK_SIZE_N == 0 and (b > a or (n == 0 and b == a == 0))
+                               for (a, b), e in zip(got, ends)) and got[-1][1] == n
+        if not ok:
+            raise ValueError(f"splits[{i}]: the ranges must tile the request's {n} tokens in order from 0, each "
+                             f"starting on a multiple of {BLOCK_SIZE_N}, got {got}")
+        if len(got) > max_splits:
+            raise ValueError(f"splits[{i}]: {len(got)} splits, more than the combine kernel holds ({max_splits})")
+        plan.append(got)
+    return plan
+
+
+def fixed_splits(lengths: npt.ArrayLike, tokens: int | None) -> list[list[tuple[int, int]]]:
+    """A batch-invariant plan: every request cut into splits of `tokens` (a multiple of 64), whoever shares its
+    launch; None: each request in one split."""
+    lens = [int(v) for v in np.asarray(lengths).ravel()]
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer))
+                               or tokens < BLOCK_SIZE_N or tokens % BLOCK_SIZE_N):
+        raise ValueError(f"split_tokens: expected a multiple of {BLOCK_SIZE_N} tokens, got {tokens!r}")
+    step = tokens or max(lens + [1])
+    return [[(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)] for n in lens]
 
 
 # --- the older generation: get_mla_metadata (FlashMLA before get_decoding_sched_meta; FlashMLA-ETAP 39e6160,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +39,7 @@ from ....schedules import Schedule
 from ..._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_sum, combine_width
 from .fp8_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
-from .scheduler import BLOCK_SIZE_N, SchedPart, decoding_schedule, num_sm_parts, request_splits
+from .scheduler import BLOCK_SIZE_N, SchedPart, check_splits, decoding_schedule, num_sm_parts, request_splits
 
 __all__ = ["flashmla_sparse_fp8", "flashmla_sparse_fp8_decode", "sparse_schedule"]
 
@@ -117,6 +118,7 @@ def flashmla_sparse_fp8(
     attn_sink: npt.ArrayLike | None = None,
     scale: float | None = None,
     num_sms: int = 132,
+    splits: Sequence[Sequence[tuple[int, int]]] | None = None,
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
 ) -> AttentionResult:
@@ -127,7 +129,9 @@ def flashmla_sparse_fp8(
     topk) ints, ``block * page + offset`` or -1, topk a multiple of 64; topk_length: (b,) ints (MODEL1 only);
     attn_sink: (h_q,) float32; scale: the softmax scale (default d_qk^-0.5, as FlashMLA's interface).
     Returns ``.out`` (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q), natural log, the sink left out, as the
-    kernel returns them; with `trace`, per request the splits' block ranges.
+    kernel returns them; with `trace`, per request the splits' block ranges. splits: per request, slot ranges to
+    run as its splits in place of the scheduler's (a what-if; each request is its topk_length or topk slots, 0
+    counted as 1; :func:`.scheduler.check_splits` says what a plan may be).
     """
     mc = get_machine(machine)
     qa, cache, lay, idx, lengths, has_len, sink, sm = _check(q, kv_cache, indices, topk_length, attn_sink, scale,
@@ -142,7 +146,11 @@ def flashmla_sparse_fp8(
     out = np.zeros((b, s_q, H, D_V), mc.dtype)
     lse = np.zeros((b, s_q, H), mc.dtype)
     tr: dict[str, list] = {}
-    splits = _block_splits(lengths, parts)
+    if splits is None:
+        splits = _block_splits(lengths, parts)
+    else:
+        splits = [[(lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N)) for lo, hi in r]
+                  for r in check_splits(splits, _slots(lengths), max_splits)]
     for i in range(b):
         for j in range(s_q):
             ok = idx[i, j] != -1

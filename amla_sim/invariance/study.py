@@ -1,0 +1,262 @@
+"""Does a request's output change with its batchmates, and why: :func:`invariance`.
+
+The request runs alone and in each launch of a list (:func:`.launches.variations`); per launch the report gives
+the request's split plan under the kernel's scheduler, whether out and LSE change against the request alone (how
+many elements, the ULP histogram: :func:`amla_sim.compare`), the cause (the plan and what the scheduler read to
+choose it), the argmax of a logits projection where one is given, and the parallelism the launch keeps. A what-if
+runs the same launches under a batch-invariant plan: its bits (one answer for every launch) and what it costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._validate import check_int, strict_json
+from ..comparison import ComparisonReport, compare
+from .kernels import BatchKernel, Plan, Request, describe_plan, get_batch_kernel
+from .launches import Launch, variations
+
+__all__ = ["invariance", "InvarianceReport", "LaunchResult", "WhatIf", "project"]
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """The request in one launch: its plan, its bits against the reference launch's, and why they differ."""
+
+    launch: Launch
+    plan: Plan
+    same_plan: bool  # the reference's splits: then every bit must be the reference's
+    comparison: ComparisonReport  # this launch's stages against the reference's
+    reason: str  # what the scheduler read
+    units: dict[str, float]  # parallelism: units of work, per SM, longest split
+    argmax: int | None = None
+
+    @property
+    def changed(self) -> dict[str, int]:
+        """Per stage, the elements whose bits differ from the reference's."""
+        return {s.name: s.size - s.identical for s in self.comparison.stages}
+
+    @property
+    def changed_heads(self) -> list[int]:
+        """The heads (rows) of the request whose output bits differ from the reference's."""
+        return list(map(int, self.comparison.meta.get("changed_heads", [])))
+
+    @property
+    def cause(self) -> str:
+        if self.same_plan:
+            return "the same splits as the reference: no bit can differ"
+        return f"split differently: {describe_plan(self.plan)} (the reference: {self.comparison.meta['reference_plan']})"
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The launches again under a batch-invariant plan (`split_tokens` a split, None: one split)."""
+
+    split_tokens: int | None
+    description: str
+    plan: Plan
+    against_kernel: ComparisonReport  # the invariant plan's bits against the kernel's own, alone
+    units: list[dict[str, float]]  # per launch, as LaunchResult.units
+
+
+@dataclass(frozen=True)
+class InvarianceReport:
+    """Every launch's result; the first is the reference (the request alone, unless the caller said)."""
+
+    kernel: str
+    summary: str
+    request: dict[str, Any]
+    results: tuple[LaunchResult, ...]
+    what_if: WhatIf | None = None
+    projection: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def invariant(self) -> bool:
+        """True when no launch changed a bit of the request."""
+        return all(r.comparison.bit_exact for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        def one(r: LaunchResult) -> dict[str, Any]:
+            return {"launch": r.launch.to_dict(), "plan": [list(p) for p in r.plan], "same_plan": r.same_plan,
+                    "changed": r.changed, "changed_heads": r.changed_heads, "cause": r.cause, "reason": r.reason,
+                    "units": r.units, "argmax": r.argmax, "comparison": r.comparison.to_dict()}
+
+        w = self.what_if
+        return strict_json({
+            "kernel": self.kernel, "request": self.request, "invariant": self.invariant,
+            "results": [one(r) for r in self.results], "projection": self.projection,
+            "what_if": None if w is None else {
+                "split_tokens": w.split_tokens, "description": w.description, "plan": [list(p) for p in w.plan],
+                "against_kernel": w.against_kernel.to_dict(), "units": w.units}})
+
+    def format(self) -> str:
+        ref = self.results[0]
+        lines = [f"{self.summary}: request {self.request['length']} long, {self.request['heads']} heads "
+                 f"({self.request.get('dist', 'from a file')}, seed {self.request.get('seed', '-')})",
+                 f"reference: {ref.launch.label}, {describe_plan(ref.plan)}; {ref.reason}", ""]
+        stages = [s.name for s in ref.comparison.stages]
+        head = f"  {'launch':46s} {'splits':24s} " + " ".join(f"{s + ' changed':>13s}" for s in stages)
+        lines += [head + "  max ulp  heads  units/SM"]
+        for r in self.results:
+            ch = " ".join(f"{r.changed[s]:13d}" for s in stages)
+            flip = "" if r.argmax is None else f"  argmax {r.argmax}" + ("" if r.argmax == ref.argmax else " FLIPS")
+            lines.append(f"  {r.launch.label[:46]:46s} {describe_plan(r.plan)[:24]:24s} {ch} "
+                         f"{max(s.max_ulp for s in r.comparison.stages):8d} {len(r.changed_heads):6d} "
+                         f"{r.units['per_sm']:9.2f}{flip}")
+        lines.append("")
+        for r in self.results[1:]:
+            if not r.same_plan:
+                lines.append(f"  {r.launch.label}: {r.reason}")
+        moved = [r for r in self.results[1:] if not r.comparison.bit_exact]
+        lines.append(f"verdict: {'batch-invariant: no launch changed a bit' if self.invariant else ''}"
+                     f"{len(moved)} of {len(self.results) - 1} launches change the request's bits; every change "
+                     f"follows a change of its splits" if not self.invariant else
+                     "verdict: batch-invariant over these launches: every one gave the reference's bits")
+        if self.projection:
+            p = self.projection
+            lines.append(f"projection: argmax {p['argmax']} alone, margin to the runner-up {p['margin']:.3g}; "
+                         f"{p['flips']} of {len(self.results) - 1} launches flip it")
+        if self.what_if is not None:
+            w = self.what_if
+            c = w.against_kernel
+            diff = {s.name: s.size - s.identical for s in c.stages}
+            lines += ["", f"what-if, {w.description}: {describe_plan(w.plan)} in every launch, so the same bits in "
+                          f"each; against the kernel's own alone: " + ", ".join(f"{k} {v} changed" for k, v in
+                                                                                 diff.items())]
+            for r, u in zip(self.results, w.units):
+                lines.append(f"  {r.launch.label[:46]:46s} units/SM {r.units['per_sm']:7.2f} -> {u['per_sm']:7.2f}, "
+                             f"longest split {r.units['longest']} -> {u['longest']} tokens")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def project(out: np.ndarray, projection: np.ndarray) -> np.ndarray:
+    """Logits of a row of interest: its (heads, 512) output flattened, times `projection` (heads * 512, vocab),
+    in float64."""
+    return np.asarray(out, np.float64).reshape(-1) @ projection
+
+
+def _check_projection(projection: npt.ArrayLike | None, heads: int) -> np.ndarray | None:
+    if projection is None:
+        return None
+    p = np.asarray(projection)
+    if p.ndim != 2 or p.shape[0] != heads * 512 or p.shape[1] < 2 or p.dtype.kind != "f" \
+            or not np.isfinite(p).all():
+        raise ValueError(f"projection: expected finite floats of shape ({heads * 512}, vocab >= 2) (the row's heads x "
+                         f"512 outputs to logits), got {p.dtype} {p.shape}")
+    return p.astype(np.float64)
+
+
+def _stages(kernel: BatchKernel, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: got[k] for k in kernel.stages}
+
+
+def invariance(
+    kernel: str | BatchKernel,
+    *,
+    length: int = 4096,
+    heads: int = 128,
+    dist: str = "flashmla",
+    seed: int = 0,
+    inputs: dict[str, np.ndarray] | None = None,
+    launches: Sequence[Launch] | None = None,
+    batchmates: Sequence[int] = (1, 3, 7),
+    mixed: int | None = 3,
+    num_sms: Sequence[int] = (132,),
+    s_q: Sequence[int] = (1,),
+    num_kv_splits: Sequence[int] = (),
+    projection: npt.ArrayLike | None = None,
+    split_tokens: int | None | bool = False,
+    **options: Any,
+) -> InvarianceReport:
+    """Run a request alone and in other launches through `kernel`'s model and say whether, where and why its
+    bits change.
+
+    The request: drawn from `dist` and `seed` (`length` tokens, or topk slots for the sparse decode; `heads`), or
+    `inputs` (``q`` (s_q, heads, 576) and ``kv`` (length, 576) BF16, as the kernel takes them). launches: the
+    launches to compare, the first being the reference; default :func:`.launches.variations` (`batchmates`,
+    `mixed`, `num_sms`, `s_q`, `num_kv_splits`). projection: (heads * 512, vocab) floats; each launch's argmax of
+    the row's logits is reported (a near tie flips where the bits change). split_tokens: also run the
+    batch-invariant what-if, splits of that many tokens (None: one split each; False: no what-if). options: the
+    kernel's own (``tokens`` for the sparse decode's cache, ``format`` for ETAP, ``max_context_len`` for SGLang).
+    """
+    k = get_batch_kernel(kernel) if isinstance(kernel, str) else kernel
+    if launches is None:
+        if not k.takes_s_q and tuple(s_q) != (1,):
+            raise ValueError(f"s_q: {k.name} takes one query a request")
+        if num_kv_splits and not k.takes_num_kv_splits:
+            raise ValueError(f"num_kv_splits: {k.name}'s API takes no split count")
+        launches = variations(length, batchmates=batchmates, mixed=mixed if k.lengths_vary else None,
+                              num_sms=num_sms, s_q=s_q, num_kv_splits=num_kv_splits, seed=seed)
+    launches = list(launches)
+    if not launches:
+        raise ValueError("launches: at least the reference launch")
+    sq_max = max(L.s_q for L in launches)
+    req = _request(k, inputs, dist=dist, seed=seed, length=length, heads=heads, s_q=sq_max, **options)
+    for L in launches:
+        if L.length != req.length:
+            raise ValueError(f"launches: {L.label!r} gives the request {L.length} tokens, it has {req.length}")
+        if not k.lengths_vary and set(L.lengths) != {req.length}:
+            raise ValueError(f"launches: every request of a {k.name} launch is {req.length} slots long "
+                             f"({L.label!r} has {sorted(set(L.lengths))})")
+    proj = _check_projection(projection, req.heads)
+    ref_launch = launches[0]
+    ref_plan = k.plans(req, ref_launch)[ref_launch.position]
+    ref = _stages(k, k.run(req, ref_launch, ref_plan))
+    runs: dict[tuple, dict[str, np.ndarray]] = {(tuple(ref_plan), ref_launch.s_q, ref_launch.num_sms): ref}
+    results = []
+    for L in launches:
+        plans = k.plans(req, L)
+        plan = plans[L.position]
+        key = (tuple(plan), L.s_q, L.num_sms)
+        if key not in runs:  # a plan's bits depend on nothing else the launch holds
+            runs[key] = _stages(k, k.run(req, L, plan))
+        got = runs[key]
+        heads_moved = np.flatnonzero(np.any(got["out"].view(np.uint16) != ref["out"].view(np.uint16), axis=-1))
+        rep = compare(got, ref, formats=dict(k.stages),
+                      meta={"launch": L.label, "reference": ref_launch.label, "reference_plan": describe_plan(ref_plan),
+                            "changed_heads": heads_moved.tolist()})
+        arg = None if proj is None else int(np.argmax(project(got["out"], proj)))
+        results.append(LaunchResult(L, plan, plan == ref_plan, rep, k.reason(req, L), k.units(req, L, plans), arg))
+    report_proj = {}
+    if proj is not None:
+        logits = project(ref["out"], proj)
+        top2 = np.sort(logits)[-2:]
+        report_proj = {"argmax": int(np.argmax(logits)), "margin": float(top2[1] - top2[0]),
+                       "flips": sum(r.argmax != results[0].argmax for r in results[1:])}
+    what = None
+    if split_tokens is not False:
+        inv = [k.invariant_plans(req, L, split_tokens) for L in launches]
+        plan = inv[0][ref_launch.position]
+        bits = _stages(k, k.run(req, ref_launch, plan))
+        what = WhatIf(split_tokens, k.what_if, plan, compare(bits, ref, formats=dict(k.stages)),
+                      [k.units(req, L, p) for L, p in zip(launches, inv)])
+    info = {"length": req.length, "heads": req.heads, **{key: v for key, v in req.recipe.items() if key != "heads"}}
+    return InvarianceReport(k.name, k.summary, info, tuple(results), what, report_proj)
+
+
+def _request(k: BatchKernel, inputs: dict[str, np.ndarray] | None, **kw: Any) -> Request:
+    if inputs is None:
+        return k.request(**kw)
+    if not isinstance(inputs, dict) or "q" not in inputs or "kv" not in inputs:
+        raise ValueError("inputs: expected a mapping with q (s_q, heads, 576) and kv (length, 576)")
+    from ..algorithms._common import check_kernel_inputs
+
+    q, kv = np.asarray(inputs["q"]), np.asarray(inputs["kv"])
+    if q.ndim == 3:
+        q = q[None]
+    if kv.ndim == 2:
+        kv = kv[None]
+    qa, kva, _ = check_kernel_inputs(q, kv, None)
+    if qa.shape[1] < kw["s_q"]:
+        raise ValueError(f"inputs: q holds {qa.shape[1]} query rows, the launches need {kw['s_q']}")
+    if set(inputs) - {"q", "kv"}:
+        raise ValueError(f"inputs: unexpected arrays {sorted(set(inputs) - {'q', 'kv'})} (q and kv only)")
+    return k.from_arrays(qa[0], kva[0], s_q=kw["s_q"])
