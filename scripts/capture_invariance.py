@@ -8,7 +8,7 @@ with more query rows, with a split count handed in), the whole launch on the GPU
 request's row of interest (its last query row), out as BF16 bits and LSE as FP32 bits, whether the two runs gave
 the same bytes, and FlashMLA's cumulative split counts. For SGLang, its backend's own ``get_num_kv_splits_triton``
 (``sglang/kernels/ops/attention/metadata.py`` of the 0.5.23 wheel, DIR beside decode_attention.py) is also run
-on every launch and on 2,000 random batches, its split counts kept. Writes OUT/invariance.npz and
+on every launch and on the 2,000 random batches of ``scheduler_batches()``, its split counts kept. Writes OUT/invariance.npz and
 OUT/invariance.json.
 
     python scripts/capture_invariance.py OUT --predict
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from amla_sim.invariance import get_batch_kernel, invariance
-from amla_sim.invariance.checks import DEVICE_CHECKS, device_launches
+from amla_sim.invariance.checks import DEVICE_CHECKS, device_launches, scheduler_batches
 
 
 def _request(name: str):
@@ -119,21 +119,9 @@ def sglang_step(folder: str, arrays: dict, info: dict) -> None:
                                               splits, bt["max_kv_splits"], 576**-0.5))
         arrays[f"sglang_l{i}_out"] = got["o"][L.position]
         info.setdefault("sglang-triton", []).append({**L.to_dict(), "runs_identical": same, "num_sms": sms})
-    rng = np.random.default_rng(2026)
-    batches = []
-    for t in range(2000):
-        b = int(rng.integers(1, 300))
-        hi = int(rng.choice([64, 1000, 8192, 65536, 163840]))
-        lens = rng.integers(1, hi + 1, b)
-        heads = int(rng.choice([16, 32, 64, 128]))
-        top = int(rng.choice([8, 64, 256]))
-        batches.append((lens, heads, top))
-    got = [backend_splits(lens.tolist(), h, top) for lens, h, top in batches]
-    arrays["sglang_sched_lens"] = np.concatenate([lens for lens, _, _ in batches]).astype(np.int32)
-    arrays["sglang_sched_sizes"] = np.array([len(lens) for lens, _, _ in batches], np.int32)
-    arrays["sglang_sched_heads"] = np.array([h for _, h, _ in batches], np.int32)
-    arrays["sglang_sched_max"] = np.array([top for _, _, top in batches], np.int32)
-    arrays["sglang_sched_splits"] = np.concatenate(got).astype(np.int32)
+    batches = scheduler_batches()
+    arrays["sglang_sched_splits"] = np.concatenate([backend_splits(lens.tolist(), h, top)
+                                                    for lens, h, top in batches]).astype(np.int32)
     info["sglang_sched_sms"] = sms
 
 

@@ -323,7 +323,7 @@ class _SGLang(BatchKernel):
         return Request({"q": q[0], "kv": kv[0]}, heads, length, 1, {"dist": dist, "seed": seed, "heads": heads, **opts})
 
     def max_kv_splits(self, req: Request, launch: Launch) -> int:
-        return mla_max_kv_splits(req.recipe["max_context_len"], sms=launch.num_sms)
+        return mla_max_kv_splits(req.recipe.get("max_context_len", DEEPSEEK_CONTEXT), sms=launch.num_sms)
 
     def split_counts(self, req: Request, launch: Launch) -> np.ndarray:
         if launch.num_kv_splits is not None:

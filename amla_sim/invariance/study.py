@@ -35,6 +35,7 @@ class LaunchResult:
     reason: str  # what the scheduler read
     units: dict[str, float]  # parallelism: units of work, per SM, longest split
     argmax: int | None = None
+    bits: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # the row of interest's stages
 
     @property
     def changed(self) -> dict[str, int]:
@@ -100,12 +101,12 @@ class InvarianceReport:
                  f"({self.request.get('dist', 'from a file')}, seed {self.request.get('seed', '-')})",
                  f"reference: {ref.launch.label}, {describe_plan(ref.plan)}; {ref.reason}", ""]
         stages = [s.name for s in ref.comparison.stages]
-        head = f"  {'launch':46s} {'splits':24s} " + " ".join(f"{s + ' changed':>13s}" for s in stages)
+        head = f"  {'launch':46s} {'splits':30s} " + " ".join(f"{s + ' changed':>13s}" for s in stages)
         lines += [head + "  max ulp  heads  units/SM"]
         for r in self.results:
             ch = " ".join(f"{r.changed[s]:13d}" for s in stages)
             flip = "" if r.argmax is None else f"  argmax {r.argmax}" + ("" if r.argmax == ref.argmax else " FLIPS")
-            lines.append(f"  {r.launch.label[:46]:46s} {describe_plan(r.plan)[:24]:24s} {ch} "
+            lines.append(f"  {r.launch.label[:46]:46s} {describe_plan(r.plan)[:30]:30s} {ch} "
                          f"{max(s.max_ulp for s in r.comparison.stages):8d} {len(r.changed_heads):6d} "
                          f"{r.units['per_sm']:9.2f}{flip}")
         lines.append("")
@@ -224,7 +225,8 @@ def invariance(
                       meta={"launch": L.label, "reference": ref_launch.label, "reference_plan": describe_plan(ref_plan),
                             "changed_heads": heads_moved.tolist()})
         arg = None if proj is None else int(np.argmax(project(got["out"], proj)))
-        results.append(LaunchResult(L, plan, plan == ref_plan, rep, k.reason(req, L), k.units(req, L, plans), arg))
+        results.append(LaunchResult(L, plan, plan == ref_plan, rep, k.reason(req, L), k.units(req, L, plans), arg,
+                                    got))
     report_proj = {}
     if proj is not None:
         logits = project(ref["out"], proj)
