@@ -244,6 +244,73 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
     return exit_code(report)
 
 
+def _cmd_invariance(args: argparse.Namespace) -> int:
+    from .invariance import invariance
+    from .invariance.checks import replay_invariance
+
+    if args.replay:
+        code = 0
+        rows = replay_invariance(args.replay, args.kernel)
+        if args.json:
+            print(dumps_strict([{"launch": lab, **rep.to_dict()} for lab, rep in rows], indent=2))
+        for lab, rep in rows:
+            code = max(code, exit_code(rep))
+            if not args.json:
+                pct = ", ".join(f"{s.name} {100 * s.bit_exact:.3f}%" for s in rep.stages)
+                print(f"{lab}: {rep.meta['splits']} splits; the model against the device: {pct}")
+        if not args.json:
+            print("every launch's bits as predicted" if code == 0 else "the model missed bits of a launch")
+        return code
+    options = {k: v for k, v in (("tokens", args.tokens), ("format", args.format),
+                                 ("max_context_len", args.max_context_len)) if v is not None}
+    inputs = None
+    if args.inputs:
+        from .crosscheck.files import read_capture
+
+        _, inputs = read_capture(args.inputs, what="--inputs", need_meta=False)
+        inputs = {k: (a.view("bfloat16") if a.dtype.kind == "V" else a) for k, a in inputs.items()}
+    projection = None
+    if args.projection:
+        projection = np.load(args.projection, allow_pickle=False)
+    split = False if args.split_tokens is None else (None if args.split_tokens == "one" else
+                                                     _int_at_least(64)(args.split_tokens))
+    try:
+        report = invariance(args.kernel, length=args.length, heads=args.heads, dist=args.dist, seed=args.seed,
+                            inputs=inputs, batchmates=args.batchmates, mixed=args.mixed or None,
+                            num_sms=args.num_sms, s_q=args.sq, num_kv_splits=args.num_kv_splits or (),
+                            projection=projection, split_tokens=split, **options)
+    except (ValueError, TypeError) as e:  # name the flag the user wrote
+        raise type(e)(_flag_names(str(e))) from None
+    print(dumps_strict(report.to_dict(), indent=2) if args.json else report.format())
+    return 0 if report.invariant else 3
+
+
+def _flag_names(text: str) -> str:
+    """An error of the library as the command line says it: its argument names as the flags."""
+    for arg, flag in (("num_kv_splits", "--num-kv-splits"), ("num_sms", "--num-sms"), ("s_q", "--sq"),
+                      ("split_tokens", "--split-tokens"), ("max_context_len", "--max-context-len"),
+                      ("batchmates", "--batchmates"), ("projection", "--projection"), ("inputs", "--inputs"),
+                      ("length", "--length"), ("heads", "--heads"), ("tokens", "--tokens"), ("dist", "--dist"),
+                      ("kernel", "--kernel"), ("format", "--format")):
+        if text.startswith(f"{arg}:") or text.startswith(f"{arg},"):
+            return flag + text[len(arg):]
+    return text
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from .invariance import kernel_diff
+
+    if len(args.kernel or ()) != 2:
+        raise ValueError(f"--kernel: name two kernels (--kernel A --kernel B), got {len(args.kernel or ())}")
+    try:
+        report = kernel_diff(*args.kernel, length=args.length, heads=args.heads, dist=args.dist, seed=args.seed,
+                             s_q=args.sq, num_sms=args.num_sms)
+    except (ValueError, TypeError) as e:
+        raise type(e)(_flag_names(str(e))) from None
+    print(dumps_strict(report.to_dict(), indent=2) if args.json else report.format())
+    return exit_code(report.comparison)
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .comparison import compare
     from .crosscheck.files import read_capture
@@ -550,6 +617,72 @@ def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_crosscheck)
 
 
+def _request_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--length", type=_int_at_least(1), default=4096,
+                   help="the request's tokens (the sparse decode: its topk slots, a multiple of 64)")
+    p.add_argument("--heads", type=_int_at_least(1), default=128)
+    p.add_argument("--dist", default="flashmla", help="the inputs' distribution (normal:SIGMA, uniform:A, flashmla, "
+                                                      "fa3-outliers, rope-outliers)")
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--json", action="store_true", help="the report as strict JSON")
+
+
+def _add_invariance(sub: argparse._SubParsersAction) -> None:
+    from .invariance import BATCH_KERNELS
+
+    p = sub.add_parser("invariance", help="does a request's output change with its batchmates, and why",
+                       description="Run one request alone and in other launches (batchmates of its length and of "
+                                   "other lengths, other SM counts, more query rows, split counts) through a "
+                                   "kernel's model, and say per launch which bits change and which split plan "
+                                   "caused it. Exit status: 0 no launch changed a bit, 3 some did (--replay: 0 "
+                                   "every launch of the device check as predicted, 3 not), 1 or 2 an error.")
+    p.add_argument("--kernel", required=True, choices=sorted(BATCH_KERNELS),
+                   help="; ".join(f"{k}: {v}" for k, v in BATCH_KERNELS.items()))
+    _request_flags(p)
+    p.add_argument("--inputs", help=".npz with q (s_q, heads, 576) and kv (length, 576), BF16 (or their uint16 "
+                                    "bits): the request, in place of --dist and --seed")
+    p.add_argument("--batchmates", type=_csv(_int_at_least(1)), default=(1, 3, 7),
+                   help="launches with this many more requests of the request's length")
+    p.add_argument("--mixed", type=_int_at_least(0), default=3,
+                   help="a launch with this many batchmates of drawn lengths, the request first, and one with it "
+                        "last (0: none)")
+    p.add_argument("--num-sms", type=_csv(_int_at_least(1)), default=(132,),
+                   help="SM counts; the first is the reference's, each other one a launch (114: H100 PCIe)")
+    p.add_argument("--sq", type=_csv(_int_at_least(1)), default=(1,),
+                   help="query rows a request (MTP, speculative verify); the first the reference's")
+    p.add_argument("--num-kv-splits", type=_csv(_int_at_least(1)),
+                   help="split counts handed to a kernel whose API takes one (sglang-triton), a launch each")
+    p.add_argument("--projection", help=".npy of (heads x 512, vocab) floats: report each launch's argmax of the "
+                                        "row's logits")
+    p.add_argument("--split-tokens", help="also the batch-invariant what-if: splits of this many tokens (a "
+                                          "multiple of 64), or 'one' split a request")
+    p.add_argument("--tokens", type=_int_at_least(1), help="flashmla-sparse-fp8: the tokens of the request's cache "
+                                                           "its topk are chosen from (default 4 x --length)")
+    p.add_argument("--format", choices=["bf16", "fp16"], help="flashmla-etap: the inputs' format")
+    p.add_argument("--max-context-len", type=_int_at_least(1),
+                   help="sglang-triton: the model's context length, which sets max_kv_splits (default 163840)")
+    p.add_argument("--replay", help="the device check's capture (tests/data/invariance_h200.npz): each launch's "
+                                    "captured bits against the model's prediction")
+    p.set_defaults(func=_cmd_invariance)
+
+
+def _add_diff(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("diff", help="two kernels on the same request: where they differ and the first modelled "
+                                    "step that explains it",
+                       description="Run two kernels (modelled kernels, built-in algorithms or plugins) on one "
+                                   "request: the elements that differ, the ULP histogram, each kernel's numerics "
+                                   "step by step and the first that differs, and whether running both on one "
+                                   "split plan removes the difference. Exit status: 0 identical bits, 3 bits "
+                                   "differ, 4 a stage not compared, 1 or 2 an error.")
+    p.add_argument("--kernel", action="append", metavar="NAME", required=True,
+                   help="twice: the two kernels (flashmla, flashmla-sparse-fp8, flashmla-etap, sglang-triton, an "
+                        "algorithm of amla-sim run, or a plugin's module:function)")
+    _request_flags(p)
+    p.add_argument("--sq", type=_int_at_least(1), default=1, help="query rows (the last is compared)")
+    p.add_argument("--num-sms", type=_int_at_least(1), default=132)
+    p.set_defaults(func=_cmd_diff)
+
+
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="two .npz files of named stages, bit for bit (exit 3 when they differ)",
                        description="Compare the arrays of two .npz files stage by stage: bit-exact fraction, max and "
@@ -644,8 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"amla-sim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_lemma, _add_run, _add_crosscheck, _add_compare, _add_reproduce, _add_sweep, _add_pipeline,
-                _add_roofline):
+    for add in (_add_lemma, _add_run, _add_crosscheck, _add_compare, _add_invariance, _add_diff, _add_reproduce,
+                _add_sweep, _add_pipeline, _add_roofline):
         add(sub)
     return parser
 
@@ -653,10 +786,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amla-sim`` console script.
 
-    Exit codes: 0 success (``compare`` and ``crosscheck``: every stage compared and bit-identical); 2 a usage
-    error (bad arguments, a request that will not fit); 1 a failure (a damaged or locked results folder, an
-    unreadable file, a broken plugin's run, no GPU, out of memory); 3 ``compare`` and ``crosscheck``: bits differ;
-    4 ``compare`` and ``crosscheck``: no compared bit differs but a stage was not compared; 130 interrupted.
+    Exit codes: 0 success (``compare``, ``crosscheck`` and ``diff``: every stage compared and bit-identical;
+    ``invariance``: no launch changed a bit); 2 a usage error (bad arguments, a request that will not fit); 1 a
+    failure (a damaged or locked results folder, an unreadable file, a broken plugin's run, no GPU, out of
+    memory); 3 ``compare``, ``crosscheck`` and ``diff``: bits differ, ``invariance``: a launch changed the
+    request's bits; 4 ``compare``, ``crosscheck`` and ``diff``: no compared bit differs but a stage was not
+    compared; 130 interrupted.
     Never a traceback for any of these.
     """
     from .experiments.store import StoreLocked

@@ -8,7 +8,8 @@ with more query rows, with a split count handed in), the whole launch on the GPU
 request's row of interest (its last query row), out as BF16 bits and LSE as FP32 bits, whether the two runs gave
 the same bytes, and FlashMLA's cumulative split counts. For SGLang, its backend's own ``get_num_kv_splits_triton``
 (``sglang/kernels/ops/attention/metadata.py`` of the 0.5.23 wheel, DIR beside decode_attention.py) is also run
-on every launch and on the 2,000 random batches of ``scheduler_batches()``, its split counts kept. Writes OUT/invariance.npz and
+on every launch and on the 2,000 random batches of ``scheduler_batches()`` and 2,000 of near-equal lengths
+(``scheduler_batches(near=True)``), its split counts kept. Writes OUT/invariance.npz and
 OUT/invariance.json.
 
     python scripts/capture_invariance.py OUT --predict
@@ -35,11 +36,14 @@ from amla_sim.invariance import get_batch_kernel, invariance
 from amla_sim.invariance.checks import DEVICE_CHECKS, device_launches, scheduler_batches
 
 
+SEED_OFFSET = 0  # --seed: a fresh check, every request and batchmate drawn anew
+
+
 def _request(name: str):
     c = DEVICE_CHECKS[name]
     k = get_batch_kernel(name)
-    launches = device_launches(name)
-    req = k.request(dist=c["dist"], seed=c["seed"], length=c["length"], heads=c["heads"],
+    launches = device_launches(name, SEED_OFFSET)
+    req = k.request(dist=c["dist"], seed=c["seed"] + SEED_OFFSET, length=c["length"], heads=c["heads"],
                     s_q=max(L.s_q for L in launches), **c["options"])
     return k, req, launches
 
@@ -119,9 +123,10 @@ def sglang_step(folder: str, arrays: dict, info: dict) -> None:
                                               splits, bt["max_kv_splits"], 576**-0.5))
         arrays[f"sglang_l{i}_out"] = got["o"][L.position]
         info.setdefault("sglang-triton", []).append({**L.to_dict(), "runs_identical": same, "num_sms": sms})
-    batches = scheduler_batches()
-    arrays["sglang_sched_splits"] = np.concatenate([backend_splits(lens.tolist(), h, top)
-                                                    for lens, h, top in batches]).astype(np.int32)
+    for key, near in (("sglang_sched_splits", False), ("sglang_sched_near_splits", True)):
+        batches = scheduler_batches(near=near)
+        arrays[key] = np.concatenate([backend_splits(lens.tolist(), h, top)
+                                      for lens, h, top in batches]).astype(np.int32)
     info["sglang_sched_sms"] = sms
 
 
@@ -130,8 +135,8 @@ def predict(out: Path) -> None:
 
     got = {}
     for name, c in DEVICE_CHECKS.items():
-        rep = invariance(name, launches=device_launches(name), length=c["length"], heads=c["heads"],
-                         dist=c["dist"], seed=c["seed"], **c["options"])
+        rep = invariance(name, launches=device_launches(name, SEED_OFFSET), length=c["length"], heads=c["heads"],
+                         dist=c["dist"], seed=c["seed"] + SEED_OFFSET, **c["options"])
         k, req, launches = _request(name)
         rows = []
         for L, r in zip(launches, rep.results):
@@ -151,7 +156,10 @@ def main() -> None:
     p.add_argument("--sglang", default=".third_party/sglang")
     p.add_argument("--kernels", default="flashmla,flashmla-sparse-fp8,sglang-triton")
     p.add_argument("--predict", action="store_true", help="the models' predictions, on the CPU")
+    p.add_argument("--seed", type=int, default=0, help="added to every check's seed: a fresh check")
     a = p.parse_args()
+    global SEED_OFFSET
+    SEED_OFFSET = a.seed
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.predict:

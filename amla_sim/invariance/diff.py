@@ -6,8 +6,8 @@ interest bit for bit, then looks for the cause two ways: the steps where the two
 the first modelled difference), and a measurement where the models allow one: kernel A re-run under kernel B's
 split plan. If that alone makes A's bits B's, the schedule is the whole explanation; if not, the arithmetic
 differs too, at the first differing step after the schedule. A plugin or a built-in algorithm can take part (it
-runs as a black box on the request; an attribute ``numerics`` on the function, a mapping of these steps, states its
-choices).
+runs as a black box on the request; an attribute ``numerics`` on the function, mapping steps to a tag or a pair
+(tag, text), states its choices: a step is the same where the tags are).
 """
 
 from __future__ import annotations
@@ -181,10 +181,11 @@ class _Algorithm:
 
         self.name = name
         self.fn = get_algorithm(name)
-        stated = getattr(self.fn, "numerics", None)
-        if stated is not None and (not isinstance(stated, Mapping) or set(stated) - set(STEPS)):
-            raise ValueError(f"kernel: {name}'s numerics must map steps of {STEPS} to strings, got {stated!r:.80}")
-        self.numerics = dict(stated or {})
+        stated = getattr(self.fn, "numerics", None) or {}
+        if not isinstance(stated, Mapping) or set(stated) - set(STEPS):
+            raise ValueError(f"kernel: {name}'s numerics must map steps of {STEPS} to a tag or (tag, text), got "
+                             f"{stated!r:.80}")
+        self.numerics = {k: (v, v) if isinstance(v, str) else tuple(v) for k, v in stated.items()}
 
     def run(self, req: Request, s_q: int) -> dict[str, np.ndarray]:
         from ..plugins import call_algorithm, check_result
@@ -231,8 +232,7 @@ def kernel_diff(a: str, b: str, *, length: int = 4096, heads: int = 128, dist: s
             pair = ({s: mine[s] for s in shared}, {s: got[other][s] for s in shared})
             aligned = compare(*(pair if me == 0 else pair[::-1]), meta={"how": how})
             break
-    numerics = [{k: v for k, v in NUMERICS[side.name].items()} if isinstance(side, BatchKernel) else
-                {k: (v, v) for k, v in side.numerics.items()} for side in sides]
+    numerics = [dict(NUMERICS[side.name]) if isinstance(side, BatchKernel) else side.numerics for side in sides]
     steps = []
     for s in STEPS:
         x, y = numerics[0].get(s), numerics[1].get(s)

@@ -173,7 +173,7 @@ class _Dense(_FlashMLAFamily):
     summary = "FlashMLA's sm90 dense decode"
     stages = {"out": "bf16", "lse": "fp32"}
     row_tile = 64
-    what_if = "the kernel's own code with splits of a fixed size (or one split), handed in as its schedule"
+    what_if = "splits of a fixed size (or one split) in place of the scheduler's, whoever shares the launch"
 
     def plans(self, req: Request, launch: Launch) -> list[Plan]:
         return request_splits(launch.lengths, self._parts(req, launch))
@@ -236,9 +236,10 @@ class _SparseFP8(BatchKernel):
     def request(self, *, dist: str, seed: int, length: int, heads: int, s_q: int, **options: Any) -> Request:
         opts = self.options(**options)
         topk = check_int(length, "length", lo=BLOCK_SIZE_N)
-        if topk % BLOCK_SIZE_N or heads not in (64, 128):
-            raise ValueError(f"length, heads: the sparse decode takes topk a multiple of 64 and 64 or 128 heads, got "
-                             f"{topk} and {heads}")
+        if topk % BLOCK_SIZE_N:
+            raise ValueError(f"length: the sparse decode's topk is a multiple of 64, got {topk}")
+        if heads not in (64, 128):
+            raise ValueError(f"heads: the sparse decode takes 64 or 128 heads, got {heads}")
         tokens = opts.get("tokens", 4 * topk)
         if tokens < topk:
             raise ValueError(f"tokens: a request's cache must hold its topk ({topk}) tokens, got {tokens}")

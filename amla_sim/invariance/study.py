@@ -114,10 +114,13 @@ class InvarianceReport:
             if not r.same_plan:
                 lines.append(f"  {r.launch.label}: {r.reason}")
         moved = [r for r in self.results[1:] if not r.comparison.bit_exact]
-        lines.append(f"verdict: {'batch-invariant: no launch changed a bit' if self.invariant else ''}"
-                     f"{len(moved)} of {len(self.results) - 1} launches change the request's bits; every change "
-                     f"follows a change of its splits" if not self.invariant else
-                     "verdict: batch-invariant over these launches: every one gave the reference's bits")
+        odd = [r.launch.label for r in moved if r.same_plan]
+        if not moved:
+            lines.append("verdict: batch-invariant over these launches: every one gave the reference's bits")
+        else:
+            lines.append(f"verdict: {len(moved)} of {len(self.results) - 1} launches change the request's bits; "
+                         + (f"NOT explained by the splits: {', '.join(odd)}" if odd else
+                            "each follows a change of its splits"))
         if self.projection:
             p = self.projection
             lines.append(f"projection: argmax {p['argmax']} alone, margin to the runner-up {p['margin']:.3g}; "
@@ -194,13 +197,16 @@ def invariance(
             raise ValueError(f"s_q: {k.name} takes one query a request")
         if num_kv_splits and not k.takes_num_kv_splits:
             raise ValueError(f"num_kv_splits: {k.name}'s API takes no split count")
-        launches = variations(length, batchmates=batchmates, mixed=mixed if k.lengths_vary else None,
-                              num_sms=num_sms, s_q=s_q, num_kv_splits=num_kv_splits, seed=seed)
-    launches = list(launches)
-    if not launches:
-        raise ValueError("launches: at least the reference launch")
-    sq_max = max(L.s_q for L in launches)
+        sq_max = max(check_int(n, "s_q", lo=1) for n in s_q) if s_q else 1
+    else:
+        launches = list(launches)
+        if not launches:
+            raise ValueError("launches: at least the reference launch")
+        sq_max = max(L.s_q for L in launches)
     req = _request(k, inputs, dist=dist, seed=seed, length=length, heads=heads, s_q=sq_max, **options)
+    if launches is None:
+        launches = variations(req.length, batchmates=batchmates, mixed=mixed if k.lengths_vary else None,
+                              num_sms=num_sms, s_q=s_q, num_kv_splits=num_kv_splits, seed=seed)
     for L in launches:
         if L.length != req.length:
             raise ValueError(f"launches: {L.label!r} gives the request {L.length} tokens, it has {req.length}")

@@ -62,19 +62,30 @@ def num_kv_splits(seqlens: npt.ArrayLike, *, heads: int, max_kv_splits: int, sms
     check_int(sms, "sms", lo=1)
     check_int(num_group, "num_group", lo=1)
     lens = lens.astype(np.int64)
-    longest, shortest = int(lens.max()), int(lens.min())
-    if longest * 8 < shortest * 10:
-        shortest = longest
+    longest, shortest = int(lens.max()), _spread_floor(int(lens.max()), int(lens.min()))
     s1 = min(-(-longest // shortest), max_kv_splits)
     chunk1 = -(-longest // s1)
-    ext = np.float32(longest) / np.float32(64.0)
-    cores = int(np.float32(sms) * max(np.log2(ext, dtype=np.float32), np.float32(1.0)))  # fptosi: truncation
-    group = heads // heads_kv
-    grid = lens.size * num_group * (heads if group == 1 else -(-heads // min(16, group)))
-    s2 = min(-(-cores // grid), max_kv_splits)
+    s2 = min(-(-_core_budget(longest, sms) // (lens.size * num_group * _head_tiles(heads, heads_kv))), max_kv_splits)
     chunk2 = -(-longest // s2)
     splits = np.maximum(-(-lens // chunk1), -(-lens // chunk2))
     return np.repeat(splits, num_group)
+
+
+def _spread_floor(longest: int, shortest: int) -> int:
+    """Lengths within 25% of each other count as one: the shortest is taken as the longest when 8 M < 10 m."""
+    return longest if longest * 8 < shortest * 10 else shortest
+
+
+def _core_budget(longest: int, sms: int) -> int:
+    """``int(sms * max(log2(fl32(M) / 64), 1))``: more splits as the longest request grows (float32, truncated)."""
+    ext = np.float32(longest) / np.float32(64.0)
+    return int(np.float32(sms) * max(np.log2(ext, dtype=np.float32), np.float32(1.0)))
+
+
+def _head_tiles(heads: int, heads_kv: int) -> int:
+    """The programs a request's heads take: one a head for MHA, else tiles of min(16, group) heads."""
+    group = heads // heads_kv
+    return heads if group == 1 else -(-heads // min(16, group))
 
 
 def deterministic_kv_splits(seqlens: npt.ArrayLike, tile: int = SPLIT_TILE_SIZE) -> np.ndarray:
