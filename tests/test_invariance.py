@@ -101,20 +101,44 @@ def test_sglang_split_choice_is_its_backends_on_2000_random_batches(capture):
     assert at == got.size
 
 
-@pytest.mark.parametrize("rule, without", [
-    ("_spread_floor", lambda longest, shortest: shortest),
-    ("_core_budget", lambda longest, sms: sms),
-    ("_head_tiles", lambda heads, heads_kv: 1),
+def test_sglang_split_choice_on_near_equal_batches_of_an_h100():
+    got = np.load(DATA / "invariance_h100_sched_near.npz")["sglang_sched_near_splits"]
+    at = 0
+    for lens, heads, top in scheduler_batches(near=True):
+        np.testing.assert_array_equal(num_kv_splits(lens, heads=heads, max_kv_splits=top, sms=132),
+                                      got[at:at + len(lens)])
+        at += len(lens)
+    assert at == got.size
+
+
+@pytest.mark.parametrize("rule, without, near", [
+    ("_spread_floor", lambda longest, shortest: shortest, True),
+    ("_core_budget", lambda longest, sms: sms, False),
+    ("_head_tiles", lambda heads, heads_kv: 1, False),
 ])
-def test_each_rule_of_sglangs_split_choice_matters(capture, monkeypatch, rule, without):
-    """Without any one of its rules, the model misses SGLang's own choice on some of the random batches."""
+def test_each_rule_of_sglangs_split_choice_matters(capture, monkeypatch, rule, without, near):
+    """Without any one of its rules, the model misses SGLang's own choice on some of the random batches (lengths
+    within 25% of each other: the near-equal batches)."""
     monkeypatch.setattr(sglang_scheduler, rule, without)
-    got = capture["sglang_sched_splits"]
+    got = np.load(DATA / "invariance_h100_sched_near.npz")["sglang_sched_near_splits"] if near \
+        else capture["sglang_sched_splits"]
     at, missed = 0, 0
-    for lens, h, top in scheduler_batches(300):
+    for lens, h, top in scheduler_batches(300, near=near):
         missed += not np.array_equal(num_kv_splits(lens, heads=h, max_kv_splits=top), got[at:at + len(lens)])
         at += len(lens)
     assert missed > 0
+
+
+def test_a_fresh_seed_on_an_h100_was_as_predicted_before_its_run():
+    """The record of the second device check (every seed + 1000, an H100): each launch's CRC and changed count
+    against the predictions committed before it ran."""
+    pred = json.loads((DATA / "invariance_predicted_seed1000.json").read_text())
+    got = json.loads((DATA / "invariance_h100_seed1000.json").read_text())
+    assert "H100" in got["device"] and all(got["runs_identical"].values())
+    for kernel, rows in pred.items():
+        assert len(rows) == len(got["launches"][kernel])
+        for p, g in zip(rows, got["launches"][kernel]):
+            assert p["crc32"] == g["crc32"] and p["changed"]["out"] == g["changed_out"], (kernel, p["label"])
 
 
 def test_sglang_max_kv_splits_for_deepseek():

@@ -35,14 +35,14 @@ def device_launches(kernel: str, seed_offset: int = 0) -> list[Launch]:
 def scheduler_batches(n: int = 2000, seed: int = 2026, near: bool = False) -> list[tuple[np.ndarray, int, int]]:
     """Random decode batches (lengths, heads, max_kv_splits) on which SGLang's own split choice was run on the
     GPU: 1 to 299 requests of 1 to 64 .. 163,840 tokens, 16 to 128 heads, max_kv_splits 8, 64 or 256. `near`:
-    2 to 16 requests within 10 to 40% of one length (where lengths within 25% count as one)."""
+    2 to 299 requests within 10 to 40% of one length (where lengths within 25% count as one)."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
         if near:
             base = int(rng.integers(64, 163841))
             spread = float(rng.choice([0.1, 0.2, 0.25, 0.3, 0.4]))
-            lens = rng.integers(max(int(base * (1 - spread)), 1), base + 1, int(rng.integers(2, 17)))
+            lens = rng.integers(max(int(base * (1 - spread)), 1), base + 1, int(rng.integers(2, 300)))
         else:
             b = int(rng.integers(1, 300))
             hi = int(rng.choice([64, 1000, 8192, 65536, 163840]))
