@@ -18,7 +18,7 @@ LAYERS = {  # module prefix -> layer (the longest matching prefix decides)
     "amla_sim.algorithms": 4, "amla_sim.experiments.inputs": 4, "amla_sim.experiments.sampling": 4,
     "amla_sim.crosscheck": 5, "amla_sim.comparison": 5,
     "amla_sim.plugins": 5,
-    "amla_sim.experiments": 6, "amla_sim.pipeline": 6, "amla_sim.roofline": 6,
+    "amla_sim.experiments": 6, "amla_sim.pipeline": 6, "amla_sim.roofline": 6, "amla_sim.invariance": 6,
     "amla_sim.cli": 7, "amla_sim": 7,
 }
 

@@ -245,7 +245,7 @@ def test_a_near_tie_in_the_projection_flips_with_the_bits():
 
 @pytest.mark.parametrize("kwargs, msg", [
     ({"kernel": "nope"}, "kernel: expected one of"),
-    ({"kernel": "flashmla", "length": 0}, "length"),
+    ({"kernel": "flashmla", "length": 0}, "context"),
     ({"kernel": "flashmla-sparse-fp8", "length": 100, "heads": 64}, "length: the sparse decode"),
     ({"kernel": "flashmla-sparse-fp8", "heads": 16}, "heads"),
     ({"kernel": "sglang-triton", "s_q": (1, 2)}, "s_q"),
@@ -308,7 +308,7 @@ def test_diff_with_a_plugin_that_states_its_numerics(tmp_path, monkeypatch):
 
 
 def test_cli_invariance_and_diff(capsys, tmp_path):
-    assert main(["invariance", "--kernel", "flashmla", "--length", "512", "--heads", "16", "--batchmates", "7",
+    assert main(["invariance", "--kernel", "flashmla", "--length", "2048", "--heads", "16", "--batchmates", "7",
                  "--mixed", "0", "--split-tokens", "one"]) == 3
     text = capsys.readouterr().out
     assert "verdict: 1 of 1 launches" in text and "what-if" in text

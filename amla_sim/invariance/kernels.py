@@ -20,12 +20,12 @@ from .._validate import check_int
 from ..algorithms.deployed.flashmla.dense import flashmla
 from ..algorithms.deployed.flashmla.etap import flashmla_etap
 from ..algorithms.deployed.flashmla.fp8_cache import pages, quantize_kv_cache
-from ..algorithms.deployed.flashmla.scheduler import (BLOCK_SIZE_N, FIXED_OVERHEAD_BLOCKS, decoding_schedule,
+from ..algorithms.deployed.flashmla.scheduler import (BLOCK_SIZE_N, FIXED_OVERHEAD_BLOCKS,
                                                       etap_num_sm_parts, etap_schedule, fixed_splits, metadata_splits,
                                                       num_sm_parts, request_splits)
 from ..algorithms.deployed.flashmla.sparse_fp8 import flashmla_sparse_fp8
 from ..algorithms.deployed.sglang.decode import splitkv_decode, split_ranges
-from ..algorithms.deployed.sglang.scheduler import (SPLIT_TILE_SIZE, deterministic_kv_splits, mla_max_kv_splits,
+from ..algorithms.deployed.sglang.scheduler import (deterministic_kv_splits, mla_max_kv_splits,
                                                     num_kv_splits)
 from ..experiments.inputs import make_inputs
 from .launches import Launch
@@ -131,7 +131,7 @@ def _mate_seed(req: Request, j: int) -> int:
 
 class _FlashMLAFamily(BatchKernel):
     """What FlashMLA's dense decode and FlashMLA-ETAP share: BF16 (or FP16) q and a cache of the request's
-    tokens; the payload walk of :func:`.scheduler.decoding_schedule`."""
+    tokens; the payload walk of :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.decoding_schedule`."""
 
     fmt = "bf16"
 
@@ -299,7 +299,7 @@ class _SparseFP8(BatchKernel):
 
 
 class _SGLang(BatchKernel):
-    """SGLang's Triton MLA decode with the split counts its Triton backend chooses (:mod:`.sglang.scheduler`)."""
+    """SGLang's Triton MLA decode with the split counts its Triton backend chooses (:mod:`~amla_sim.algorithms.deployed.sglang.scheduler`)."""
 
     name = "sglang-triton"
     summary = "SGLang's Triton MLA decode (sglang 0.5.23) with its backend's split counts"

@@ -190,6 +190,8 @@ def invariance(
     the row's logits is reported (a near tie flips where the bits change). split_tokens: also run the
     batch-invariant what-if, splits of that many tokens (None: one split each; False: no what-if). options: the
     kernel's own (``tokens`` for the sparse decode's cache, ``format`` for ETAP, ``max_context_len`` for SGLang).
+
+    Long: the checks of the request and its launches, then one loop over the launches, then the what-if.
     """
     k = get_batch_kernel(kernel) if isinstance(kernel, str) else kernel
     if launches is None:

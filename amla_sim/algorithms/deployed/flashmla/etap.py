@@ -87,7 +87,7 @@ def flashmla_etap(
     count (132 on H100 SXM and H200). Returns ``.out`` (b, s_q, h_q, 512) in q's format and ``.lse`` (b, h_q, s_q)
     natural log, the kernel's layouts; with `trace`, per request the splits' block ranges, partial outputs and
     LSEs (``split_blocks``, ``split_out``, ``split_lse``). splits: per request, token ranges to run as its splits
-    in place of the scheduler's (a what-if; :func:`.scheduler.check_splits` says what a plan may be).
+    in place of the scheduler's (a what-if; :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` says what a plan may be).
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))

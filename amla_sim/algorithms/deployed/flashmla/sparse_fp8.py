@@ -6,7 +6,7 @@ On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit.
 
 Each query (request i, position j) attends to the ``topk`` cache tokens its indices name (-1: none; with
 ``topk_length``, MODEL1 only, the slots from ``topk_length[i]`` on are none too). Rows are the query's heads, 64
-to a CTA, every row independent. The scheduler (:mod:`.scheduler`, each request ``topk_length`` or ``topk``
+to a CTA, every row independent. The scheduler (:mod:`~amla_sim.algorithms.deployed.flashmla.scheduler`, each request ``topk_length`` or ``topk``
 tokens long, 0 counted as 1) cuts a request's blocks of 64 slots into splits. A split walks its blocks in order;
 per block (keys dequantized as :mod:`.fp8_cache` says, empty slots zero):
 
@@ -131,7 +131,7 @@ def flashmla_sparse_fp8(
     Returns ``.out`` (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q), natural log, the sink left out, as the
     kernel returns them; with `trace`, per request the splits' block ranges. splits: per request, slot ranges to
     run as its splits in place of the scheduler's (a what-if; each request is its topk_length or topk slots, 0
-    counted as 1; :func:`.scheduler.check_splits` says what a plan may be).
+    counted as 1; :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` says what a plan may be).
     """
     mc = get_machine(machine)
     qa, cache, lay, idx, lengths, has_len, sink, sm = _check(q, kv_cache, indices, topk_length, attn_sink, scale,
