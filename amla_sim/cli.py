@@ -265,20 +265,25 @@ def _cmd_invariance(args: argparse.Namespace) -> int:
                                  ("max_context_len", args.max_context_len)) if v is not None}
     inputs = None
     if args.inputs:
+        import ml_dtypes
+
         from .crosscheck.files import read_capture
 
         _, inputs = read_capture(args.inputs, what="--inputs", need_meta=False)
-        inputs = {k: (a.view("bfloat16") if a.dtype.kind == "V" else a) for k, a in inputs.items()}
+        # np.save writes BF16 as raw void words; the help also allows uint16 bits: both read as BF16
+        inputs = {k: (a.view(ml_dtypes.bfloat16) if a.dtype.kind == "V" or a.dtype == np.uint16 else a)
+                  for k, a in inputs.items()}
     projection = None
     if args.projection:
-        projection = np.load(args.projection, allow_pickle=False)
-    split = False if args.split_tokens is None else (None if args.split_tokens == "one" else
-                                                     _int_at_least(64)(args.split_tokens))
+        try:
+            projection = np.load(args.projection, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"--projection: {args.projection} is not a .npy array ({e})") from None
     try:
         report = invariance(args.kernel, length=args.length, heads=args.heads, dist=args.dist, seed=args.seed,
                             inputs=inputs, batchmates=args.batchmates, mixed=args.mixed or None,
                             num_sms=args.num_sms, s_q=args.sq, num_kv_splits=args.num_kv_splits or (),
-                            projection=projection, split_tokens=split, **options)
+                            projection=projection, split_tokens=args.split_tokens, **options)
     except (ValueError, TypeError) as e:  # name the flag the user wrote
         raise type(e)(_flag_names(str(e))) from None
     print(dumps_strict(report.to_dict(), indent=2) if args.json else report.format())
@@ -292,7 +297,7 @@ def _flag_names(text: str) -> str:
                       ("batchmates", "--batchmates"), ("projection", "--projection"), ("inputs", "--inputs"),
                       ("length", "--length"), ("heads", "--heads"), ("tokens", "--tokens"), ("dist", "--dist"),
                       ("kernel", "--kernel"), ("format", "--format")):
-        if text.startswith(f"{arg}:") or text.startswith(f"{arg},"):
+        if text.startswith((f"{arg}:", f"{arg},")):
             return flag + text[len(arg):]
     return text
 
@@ -654,8 +659,9 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
                    help="split counts handed to a kernel whose API takes one (sglang-triton), a launch each")
     p.add_argument("--projection", help=".npy of (heads x 512, vocab) floats: report each launch's argmax of the "
                                         "row's logits")
-    p.add_argument("--split-tokens", help="also the batch-invariant what-if: splits of this many tokens (a "
-                                          "multiple of 64), or 'one' split a request")
+    p.add_argument("--split-tokens", type=_split_tokens, default=False,
+                   help="also the batch-invariant what-if: splits of this many tokens (a multiple of 64), or 'one' "
+                        "split a request")
     p.add_argument("--tokens", type=_int_at_least(1), help="flashmla-sparse-fp8: the tokens of the request's cache "
                                                            "its topk are chosen from (default 4 x --length)")
     p.add_argument("--format", choices=["bf16", "fp16"], help="flashmla-etap: the inputs' format")
@@ -664,6 +670,11 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replay", help="the device check's capture (tests/data/invariance_h200.npz): each launch's "
                                     "captured bits against the model's prediction")
     p.set_defaults(func=_cmd_invariance)
+
+
+def _split_tokens(text: str) -> int | None:
+    """An argparse type: 'one' (None: one split a request) or a token count."""
+    return None if text == "one" else _int_at_least(64)(text)
 
 
 def _add_diff(sub: argparse._SubParsersAction) -> None:

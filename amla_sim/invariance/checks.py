@@ -12,7 +12,7 @@ import numpy as np
 
 from ..comparison import ComparisonReport, compare
 
-__all__ = ["DEVICE_CHECKS", "device_launches", "scheduler_batches", "replay_invariance", "report_formats"]
+__all__ = ["DEVICE_CHECKS", "device_launches", "scheduler_batches", "replay_invariance"]
 
 #: kernel -> the request (length, heads, dist, seed, the kernel's options) and its launches' settings
 DEVICE_CHECKS: dict[str, dict[str, Any]] = {
@@ -71,18 +71,13 @@ def replay_invariance(path: str, kernel: str) -> list[tuple[str, ComparisonRepor
     out = []
     for i, r in enumerate(report.results):
         device = {}
-        for stage, fmt in report_formats(kernel).items():
+        for stage in r.bits:  # every stage the model gives: out, and LSE where the kernel returns one
             key = f"{_PREFIX[kernel]}_l{i}_{stage}"
             if key not in arrays:
                 raise CaptureError(f"replay: {path} holds no {key} (launch {r.launch.label!r})")
             device[stage] = arrays[key]
-        sim = {s: r.bits[s] for s in device}
-        out.append((r.launch.label, compare(device, sim, formats=report_formats(kernel),
+        out.append((r.launch.label, compare(device, r.bits, formats={s: v.dtype for s, v in r.bits.items()},
                                             meta={"kernel": kernel, "launch": r.launch.label,
                                                   "splits": len(r.plan)})))
     return out
 
-
-def report_formats(kernel: str) -> dict[str, str]:
-    """The stages a device check holds per launch, and their formats."""
-    return {"out": "bf16"} if kernel == "sglang-triton" else {"out": "bf16", "lse": "fp32"}

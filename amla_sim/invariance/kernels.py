@@ -10,7 +10,7 @@ from every length in the launch, the arithmetic from the request's own rows.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,12 +61,11 @@ def describe_plan(plan: Plan) -> str:
 
 
 class BatchKernel(ABC):
-    """A kernel whose scheduler sees the whole batch. `stages` are what the model gives for the row of interest
-    (name -> format); `row_tile` the query rows one unit of work (a CTA or program) holds."""
+    """A kernel whose scheduler sees the whole batch. `row_tile`: the query rows one unit of work (a CTA or
+    program) holds."""
 
     name: str
     summary: str
-    stages: Mapping[str, str]
     row_tile: int
     takes_s_q: bool = True
     lengths_vary: bool = True  # False: every request of a launch is as long as the scheduler counts (sparse V3.2)
@@ -96,6 +95,12 @@ class BatchKernel(ABC):
     @abstractmethod
     def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
         """The request's row of interest under `plan`: stage name -> array, in the kernel's storage formats."""
+
+    def adopt(self, req: Request) -> Request:
+        """Another kernel's request (q and kv drawn for a dense decode) as this kernel takes it."""
+        if not self.takes_s_q and req.s_q != 1:
+            raise ValueError(f"s_q: {self.name} takes one query a request")
+        return req
 
     def invariant_plans(self, req: Request, launch: Launch, split_tokens: int | None) -> list[Plan]:
         """Every request's splits under a plan that looks at the request alone: splits of `split_tokens` (None:
@@ -171,7 +176,6 @@ class _FlashMLAFamily(BatchKernel):
 class _Dense(_FlashMLAFamily):
     name = "flashmla"
     summary = "FlashMLA's sm90 dense decode"
-    stages = {"out": "bf16", "lse": "fp32"}
     row_tile = 64
     what_if = "splits of a fixed size (or one split) in place of the scheduler's, whoever shares the launch"
 
@@ -180,14 +184,13 @@ class _Dense(_FlashMLAFamily):
 
     def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
         res = flashmla(_rows(req, launch.s_q)[None], req.arrays["kv"][None], seqlens=[req.length],
-                       scale=req.recipe.get("scale"), num_sms=launch.num_sms, splits=[plan])
+                       num_sms=launch.num_sms, splits=[plan])
         return {"out": res.out[0, -1], "lse": res.lse[0, :, -1]}
 
 
 class _Etap(_FlashMLAFamily):
     name = "flashmla-etap"
     summary = "FlashMLA-ETAP (the ETAP paper's kernel), race-free"
-    stages = {"out": "bf16", "lse": "fp32"}
     row_tile = 16
     what_if = _Dense.what_if
 
@@ -197,11 +200,6 @@ class _Etap(_FlashMLAFamily):
             raise ValueError(f"format: FlashMLA-ETAP takes bf16 or fp16, got {fmt!r}")
         super().options(**given)
         return {"format": fmt}
-
-    def request(self, **kw: Any) -> Request:
-        req = super().request(**kw)
-        self.stages = {"out": req.recipe["format"], "lse": "fp32"}
-        return req
 
     def _parts(self, req: Request, launch: Launch) -> int:
         return etap_num_sm_parts(s_q=launch.s_q, heads_q=req.heads, num_sms=launch.num_sms)
@@ -213,7 +211,7 @@ class _Etap(_FlashMLAFamily):
 
     def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
         res = flashmla_etap(_rows(req, launch.s_q)[None], req.arrays["kv"][None], seqlens=[req.length],
-                            scale=req.recipe.get("scale"), num_sms=launch.num_sms, splits=[plan])
+                            num_sms=launch.num_sms, splits=[plan])
         return {"out": res.out[0, -1], "lse": res.lse[0, :, -1]}
 
 
@@ -223,7 +221,6 @@ class _SparseFP8(BatchKernel):
 
     name = "flashmla-sparse-fp8"
     summary = "FlashMLA's sm90 sparse FP8 decode (DeepSeek V3.2's cache)"
-    stages = {"out": "bf16", "lse": "fp32"}
     row_tile = 64
     lengths_vary = False
     what_if = _Dense.what_if
@@ -264,6 +261,10 @@ class _SparseFP8(BatchKernel):
         return Request({"q": q, "kv": kv, "indices": idx}, q.shape[1], topk, q.shape[0],
                        {"dist": "normal:1", "seed": 0, "heads": q.shape[1], "tokens": n, "file": True})
 
+    def adopt(self, req: Request) -> Request:
+        """The dense request's q and kv, every token attended."""
+        return self.from_arrays(req.arrays["q"], req.arrays["kv"], s_q=req.s_q)
+
     def plans(self, req: Request, launch: Launch) -> list[Plan]:
         parts = num_sm_parts(s_q=launch.s_q, heads_q=req.heads, num_sms=launch.num_sms)
         return request_splits(launch.lengths, parts)
@@ -303,7 +304,6 @@ class _SGLang(BatchKernel):
 
     name = "sglang-triton"
     summary = "SGLang's Triton MLA decode (sglang 0.5.23) with its backend's split counts"
-    stages = {"out": "bf16"}  # the decode returns no LSE
     row_tile = 16  # BLOCK_H
     takes_s_q = False
     takes_num_kv_splits = True
@@ -359,8 +359,8 @@ class _SGLang(BatchKernel):
             raise ValueError(f"plan: SGLang's decode cuts a request into equal splits of a multiple of 32 tokens; "
                              f"{plan} is not such a cut")
         res = splitkv_decode(req.arrays["q"][None, -1:], req.arrays["kv"][None], seqlens=[req.length],
-                             num_kv_splits=[n], scale=req.recipe.get("scale"))
-        return {"out": res.out[0, 0]}
+                             num_kv_splits=[n])
+        return {"out": res.out[0, 0]}  # the decode returns no LSE
 
     def batch(self, req: Request, launch: Launch) -> dict[str, Any]:
         b, top = launch.batch, max(launch.lengths)

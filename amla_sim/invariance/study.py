@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._validate import check_int, strict_json
+from ..algorithms._common import check_kernel_inputs
 from ..comparison import ComparisonReport, compare
 from .kernels import BatchKernel, Plan, Request, describe_plan, get_batch_kernel
 from .launches import Launch, variations
@@ -158,10 +159,6 @@ def _check_projection(projection: npt.ArrayLike | None, heads: int) -> np.ndarra
     return p.astype(np.float64)
 
 
-def _stages(kernel: BatchKernel, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: got[k] for k in kernel.stages}
-
-
 def invariance(
     kernel: str | BatchKernel,
     *,
@@ -218,7 +215,7 @@ def invariance(
     proj = _check_projection(projection, req.heads)
     ref_launch = launches[0]
     ref_plan = k.plans(req, ref_launch)[ref_launch.position]
-    ref = _stages(k, k.run(req, ref_launch, ref_plan))
+    ref = k.run(req, ref_launch, ref_plan)
     runs: dict[tuple, dict[str, np.ndarray]] = {(tuple(ref_plan), ref_launch.s_q, ref_launch.num_sms): ref}
     results = []
     for L in launches:
@@ -226,10 +223,10 @@ def invariance(
         plan = plans[L.position]
         key = (tuple(plan), L.s_q, L.num_sms)
         if key not in runs:  # a plan's bits depend on nothing else the launch holds
-            runs[key] = _stages(k, k.run(req, L, plan))
+            runs[key] = k.run(req, L, plan)
         got = runs[key]
         heads_moved = np.flatnonzero(np.any(got["out"].view(np.uint16) != ref["out"].view(np.uint16), axis=-1))
-        rep = compare(got, ref, formats=dict(k.stages),
+        rep = compare(got, ref,
                       meta={"launch": L.label, "reference": ref_launch.label, "reference_plan": describe_plan(ref_plan),
                             "changed_heads": heads_moved.tolist()})
         arg = None if proj is None else int(np.argmax(project(got["out"], proj)))
@@ -245,8 +242,8 @@ def invariance(
     if split_tokens is not False:
         inv = [k.invariant_plans(req, L, split_tokens) for L in launches]
         plan = inv[0][ref_launch.position]
-        bits = _stages(k, k.run(req, ref_launch, plan))
-        what = WhatIf(split_tokens, k.what_if, plan, compare(bits, ref, formats=dict(k.stages)),
+        bits = k.run(req, ref_launch, plan)
+        what = WhatIf(split_tokens, k.what_if, plan, compare(bits, ref),
                       [k.units(req, L, p) for L, p in zip(launches, inv)])
     info = {"length": req.length, "heads": req.heads, **{key: v for key, v in req.recipe.items() if key != "heads"}}
     return InvarianceReport(k.name, k.summary, info, tuple(results), what, report_proj)
@@ -257,8 +254,6 @@ def _request(k: BatchKernel, inputs: dict[str, np.ndarray] | None, **kw: Any) ->
         return k.request(**kw)
     if not isinstance(inputs, dict) or "q" not in inputs or "kv" not in inputs:
         raise ValueError("inputs: expected a mapping with q (s_q, heads, 576) and kv (length, 576)")
-    from ..algorithms._common import check_kernel_inputs
-
     q, kv = np.asarray(inputs["q"]), np.asarray(inputs["kv"])
     if q.ndim == 3:
         q = q[None]

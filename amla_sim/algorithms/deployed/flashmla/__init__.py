@@ -1,6 +1,7 @@
 """deepseek-ai/FlashMLA's sm90 decodes and the kernels derived from it.
 
-- :mod:`~amla_sim.algorithms.deployed.flashmla.scheduler`: the split scheduler, both generations (``get_decoding_sched_meta``, ``get_mla_metadata``);
+- :mod:`~amla_sim.algorithms.deployed.flashmla.scheduler`: the split scheduler, both generations
+  (``get_decoding_sched_meta``, ``get_mla_metadata``);
 - :mod:`.combine`: the combine kernel's sum over the splits' LSEs;
 - :mod:`.dense`: the dense BF16 decode (FlashMLA 9241ae3);
 - :mod:`.fp8_cache` and :mod:`.sparse_fp8`: the FP8 KV cache (DeepSeek V3.2's and MODEL1's) and the sparse FP8

@@ -5,8 +5,8 @@ combine.cu``, ``csrc/smxx/decode/get_decoding_sched_meta/``.
 On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit.
 
 Rows are the (query position, head) pairs of a request, 64 to an m-block; every row is independent. The scheduler
-(:mod:`~amla_sim.algorithms.deployed.flashmla.scheduler`) cuts each request's 64-token blocks into splits. A split runs its blocks in pairs, the
-seesaw of two warpgroups sharing one running max ``m`` (log2 units, from -1e30):
+(:mod:`~amla_sim.algorithms.deployed.flashmla.scheduler`) cuts each request's 64-token blocks into splits. A split
+runs its blocks in pairs, the seesaw of two warpgroups sharing one running max ``m`` (log2 units, from -1e30):
 
 - warpgroup 0 takes block 0: ``S0 = Q K0^T`` on the tensor cores, k in order 0..575; masked keys get -1e33;
   ``m' = max(m, rowmax(S0) * c)`` with ``c = fl32(scale log2 e)``, ``s0 = exp2(m - m')``, ``P0 = exp2(fma(S0, c,
@@ -88,7 +88,7 @@ def flashmla(
     (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q) natural log, FlashMLA's layouts; with `trace`, per request
     the splits' token ranges, partial outputs and LSEs (``split_ranges``, ``split_out``, ``split_lse``).
     splits: per request, token ranges to run as its splits in place of the scheduler's (a what-if; the kernel's
-    own plan is :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.request_splits`); :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` says what a plan may be.
+    own plan is :func:`.scheduler.request_splits`; :func:`.scheduler.check_splits` says what a plan may be).
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens)

@@ -41,7 +41,7 @@ from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_sum, combine_width
-from .scheduler import BLOCK_SIZE_N, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
+from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
 
 __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
 
@@ -87,7 +87,7 @@ def flashmla_etap(
     count (132 on H100 SXM and H200). Returns ``.out`` (b, s_q, h_q, 512) in q's format and ``.lse`` (b, h_q, s_q)
     natural log, the kernel's layouts; with `trace`, per request the splits' block ranges, partial outputs and
     LSEs (``split_blocks``, ``split_out``, ``split_lse``). splits: per request, token ranges to run as its splits
-    in place of the scheduler's (a what-if; :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` says what a plan may be).
+    in place of the scheduler's (a what-if; :func:`.scheduler.check_splits` says what a plan may be).
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
@@ -105,8 +105,7 @@ def flashmla_etap(
     if splits is None:
         plan = metadata_splits(etap_schedule(lens, parts)[0], [int(n) for n in lens])
     else:
-        plan = [[(lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N)) for lo, hi in r]
-                for r in check_splits(splits, [int(n) for n in lens], max_splits)]
+        plan = block_ranges(check_splits(splits, [int(n) for n in lens], max_splits))
     Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
     # row r = s h_q + head; query position s sees keys t <= seqlen - s_q + s when causal
     shift = np.repeat(s_q - 1 - np.arange(s_q), H) if causal else None

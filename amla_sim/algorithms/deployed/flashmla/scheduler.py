@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["SchedPart", "decoding_schedule", "num_sm_parts", "request_splits", "etap_num_sm_parts", "etap_schedule",
-           "metadata_splits", "check_splits", "fixed_splits"]
+           "metadata_splits", "check_splits", "fixed_splits", "block_ranges"]
 
 BLOCK_SIZE_N = 64
 FIXED_OVERHEAD_BLOCKS = 5
@@ -133,6 +133,11 @@ def check_splits(splits: object, lengths: list[int], max_splits: int) -> list[li
             raise ValueError(f"splits[{i}]: {len(got)} splits, more than the combine kernel holds ({max_splits})")
         plan.append(got)
     return plan
+
+
+def block_ranges(plan: list[list[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
+    """A plan's token ranges as the kernels walk them: block ranges [lo, hi) of 64 tokens."""
+    return [[(lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N)) for lo, hi in r] for r in plan]
 
 
 def fixed_splits(lengths: npt.ArrayLike, tokens: int | None) -> list[list[tuple[int, int]]]:

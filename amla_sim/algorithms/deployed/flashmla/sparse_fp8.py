@@ -6,8 +6,8 @@ On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit.
 
 Each query (request i, position j) attends to the ``topk`` cache tokens its indices name (-1: none; with
 ``topk_length``, MODEL1 only, the slots from ``topk_length[i]`` on are none too). Rows are the query's heads, 64
-to a CTA, every row independent. The scheduler (:mod:`~amla_sim.algorithms.deployed.flashmla.scheduler`, each request ``topk_length`` or ``topk``
-tokens long, 0 counted as 1) cuts a request's blocks of 64 slots into splits. A split walks its blocks in order;
+to a CTA, every row independent. The scheduler (:mod:`~amla_sim.algorithms.deployed.flashmla.scheduler`, each
+request ``topk_length`` or ``topk`` tokens long, 0 counted as 1) cuts a request's blocks of 64 slots into splits. A split walks its blocks in order;
 per block (keys dequantized as :mod:`.fp8_cache` says, empty slots zero):
 
 - ``S = Q K^T`` on the tensor cores, k in order; empty slots -inf;
@@ -39,7 +39,7 @@ from ....schedules import Schedule
 from ..._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_sum, combine_width
 from .fp8_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
-from .scheduler import BLOCK_SIZE_N, SchedPart, check_splits, decoding_schedule, num_sm_parts, request_splits
+from .scheduler import BLOCK_SIZE_N, SchedPart, block_ranges, check_splits, decoding_schedule, num_sm_parts, request_splits
 
 __all__ = ["flashmla_sparse_fp8", "flashmla_sparse_fp8_decode", "sparse_schedule"]
 
@@ -61,12 +61,6 @@ def sparse_schedule(lengths: list[int], *, s_q: int, heads: int, num_sms: int = 
     parts = num_sm_parts(s_q=s_q, heads_q=heads, num_sms=num_sms)
     combine_width(parts, num_sms)
     return decoding_schedule(_slots(lengths), parts)
-
-
-def _block_splits(lengths: list[int], parts: int) -> list[list[tuple[int, int]]]:
-    """Per request, its splits as block ranges [lo, hi) of 64 slots, in split order."""
-    return [[(lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N)) for lo, hi in r]
-            for r in request_splits(_slots(lengths), parts)]
 
 
 def _check(q, kv_cache, indices, topk_length, attn_sink, scale, num_sms):
@@ -131,7 +125,7 @@ def flashmla_sparse_fp8(
     Returns ``.out`` (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q), natural log, the sink left out, as the
     kernel returns them; with `trace`, per request the splits' block ranges. splits: per request, slot ranges to
     run as its splits in place of the scheduler's (a what-if; each request is its topk_length or topk slots, 0
-    counted as 1; :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` says what a plan may be).
+    counted as 1; :func:`.scheduler.check_splits` says what a plan may be).
     """
     mc = get_machine(machine)
     qa, cache, lay, idx, lengths, has_len, sink, sm = _check(q, kv_cache, indices, topk_length, attn_sink, scale,
@@ -146,11 +140,9 @@ def flashmla_sparse_fp8(
     out = np.zeros((b, s_q, H, D_V), mc.dtype)
     lse = np.zeros((b, s_q, H), mc.dtype)
     tr: dict[str, list] = {}
-    if splits is None:
-        splits = _block_splits(lengths, parts)
-    else:
-        splits = [[(lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N)) for lo, hi in r]
-                  for r in check_splits(splits, _slots(lengths), max_splits)]
+    plan = request_splits(_slots(lengths), parts) if splits is None else \
+        check_splits(splits, _slots(lengths), max_splits)
+    splits = block_ranges(plan)
     for i in range(b):
         for j in range(s_q):
             ok = idx[i, j] != -1
