@@ -1,4 +1,4 @@
-"""FlashMLA-ETAP's epilogue race, measured on an H100/H200 (issue 20).
+"""FlashMLA-ETAP's two races, measured on an H100/H200.
 
     python scripts/etap_race.py OUT --etap DIR [--seeds 0,1000] [--repeats 30] [--patch epilogue|both]
 
@@ -110,6 +110,33 @@ def pack(out: Path, sources: list[str], cases: list[int]) -> None:
     np.savez_compressed(out / "flashmla_etap_races.npz", meta=np.array(json.dumps(meta)), **arrays)
 
 
+def pack_one_fix(out: Path, source: str, races: Path, cases: list[int]) -> None:
+    """The runs of a build with only the epilogue's barrier (``--patch epilogue``): per distinct output, where it
+    differs from the fixed build's bits in `races` (the file :func:`pack` wrote), and those bits."""
+    gpu, path = source.split(":")
+    arrays = {}
+    with np.load(path) as e, np.load(races) as r:
+        meta = json.loads(str(e["meta"]))
+        assert meta["patch"] == "epilogue"
+        for seed in meta["seeds"]:
+            for i in cases:
+                key = f"{gpu}_s{seed}_c{i}"
+                fixed = r[f"{key}_out"]
+                counts = e[f"s{seed}_c{i}_out_count"]
+                assert e[f"s{seed}_c{i}_lse_count"].tolist() == [meta["repeats"]]
+                assert np.array_equal(e[f"s{seed}_c{i}_lse0"], r[f"{key}_lse"])  # the LSE never races
+                arrays[f"{key}_out_count"] = counts
+                for j in range(len(counts)):
+                    got = e[f"s{seed}_c{i}_out{j}"]
+                    where = np.flatnonzero(got != fixed)
+                    arrays[f"{key}_out{j}_at"] = where.astype(np.int32)
+                    arrays[f"{key}_out{j}_bits"] = got.ravel()[where]
+    summary = {gpu: {"device": meta["device"], "repeats": meta["repeats"], "seeds": meta["seeds"],
+                     "epilogue_fixed": meta["summary"]}}
+    info = {"cases": cases, "gpus": summary, "script": "scripts/etap_race.py", "patch": "epilogue"}
+    np.savez_compressed(out / "flashmla_etap_races_epilogue.npz", meta=np.array(json.dumps(info)), **arrays)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -118,12 +145,16 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--patch", choices=sorted(PATCHES))
     p.add_argument("--pack", nargs="+", metavar="GPU:UNPATCHED:PATCHED")
+    p.add_argument("--pack-epilogue", metavar="GPU:EPILOGUE_NPZ",
+                   help="pack an --patch epilogue run against the fixed bits in OUT/flashmla_etap_races.npz")
     p.add_argument("--cases", default="4,5", help="--pack: the cases to keep (the others never varied)")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.pack:
         return pack(out, a.pack, [int(c) for c in a.cases.split(",")])
+    if a.pack_epilogue:
+        return pack_one_fix(out, a.pack_epilogue, out / "flashmla_etap_races.npz", [int(c) for c in a.cases.split(",")])
     seeds = [int(s) for s in a.seeds.split(",")]
     import torch
 

@@ -29,6 +29,7 @@ from ..algorithms.deployed.sglang.scheduler import (deterministic_kv_splits, mla
                                                     num_kv_splits)
 from ..experiments.inputs import make_inputs
 from .launches import Launch
+from .races import RaceExposure, etap_race_exposure
 
 __all__ = ["Request", "BatchKernel", "BATCH_KERNELS", "get_batch_kernel", "Plan", "describe_plan"]
 
@@ -87,6 +88,10 @@ class BatchKernel(ABC):
         device run are drawn from N(0, 1)."""
         return Request({"q": q, "kv": kv}, q.shape[1], kv.shape[0], q.shape[0], {"dist": "normal:1", "seed": 0,
                                                                                    "heads": q.shape[1], "file": True})
+
+    def races(self, req: Request, launch: Launch) -> RaceExposure | None:
+        """The rows a data race of the published kernel can change from run to run (None: it has none)."""
+        return None
 
     @abstractmethod
     def plans(self, req: Request, launch: Launch) -> list[Plan]:
@@ -208,6 +213,9 @@ class _Etap(_FlashMLAFamily):
         meta, _ = etap_schedule(launch.lengths, self._parts(req, launch))
         return [[(lo * BLOCK_SIZE_N, min(hi * BLOCK_SIZE_N, n)) for lo, hi in blocks]
                 for blocks, n in zip(metadata_splits(meta, list(launch.lengths)), launch.lengths)]
+
+    def races(self, req: Request, launch: Launch) -> RaceExposure:
+        return etap_race_exposure(launch.lengths, s_q=launch.s_q, heads=req.heads, num_sms=launch.num_sms)
 
     def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
         res = flashmla_etap(_rows(req, launch.s_q)[None], req.arrays["kv"][None], seqlens=[req.length],

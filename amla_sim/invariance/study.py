@@ -76,6 +76,7 @@ class InvarianceReport:
     results: tuple[LaunchResult, ...]
     what_if: WhatIf | None = None
     projection: dict[str, Any] = field(default_factory=dict)
+    races: dict[str, Any] = field(default_factory=dict)  # run to run: the row's heads a published race can change
 
     @property
     def invariant(self) -> bool:
@@ -94,7 +95,8 @@ class InvarianceReport:
             "results": [one(r) for r in self.results], "projection": self.projection,
             "what_if": None if w is None else {
                 "split_tokens": w.split_tokens, "description": w.description, "plan": [list(p) for p in w.plan],
-                "against_kernel": w.against_kernel.to_dict(), "units": w.units}})
+                "against_kernel": w.against_kernel.to_dict(), "units": w.units},
+            "races": self.races})
 
     def format(self) -> str:
         ref = self.results[0]
@@ -126,6 +128,12 @@ class InvarianceReport:
             p = self.projection
             lines.append(f"projection: argmax {p['argmax']} alone, margin to the runner-up {p['margin']:.3g}; "
                          f"{p['flips']} of {len(self.results) - 1} launches flip it")
+        if self.races:
+            r = self.races
+            lines.append(f"run to run: the published kernel (this model is its race-free build) can change "
+                         f"{len(r['exposed_heads'])} of the row's {self.request['heads']} heads "
+                         f"({r['exposed_text']}), d_v 0-63 first, through its races: {', '.join(r['races'])}; "
+                         f"the reference runs them in {r['tiles']} tiles")
         if self.what_if is not None:
             w = self.what_if
             c = w.against_kernel
@@ -246,7 +254,29 @@ def invariance(
         what = WhatIf(split_tokens, k.what_if, plan, compare(bits, ref),
                       [k.units(req, L, p) for L, p in zip(launches, inv)])
     info = {"length": req.length, "heads": req.heads, **{key: v for key, v in req.recipe.items() if key != "heads"}}
-    return InvarianceReport(k.name, k.summary, info, tuple(results), what, report_proj)
+    return InvarianceReport(k.name, k.summary, info, tuple(results), what, report_proj, _races(k, req, ref_launch))
+
+
+def _races(k: BatchKernel, req: Request, launch: Launch) -> dict[str, Any]:
+    """The heads of the request's row of interest (its last query row) a race of the published kernel can change."""
+    exp = k.races(req, launch)
+    if exp is None:
+        return {}
+    mine = exp.requests[launch.position]
+    heads = [h for s, h in mine.rows if s == launch.s_q - 1]
+    return {"races": [r.name for r in exp.races], "exposed_heads": heads, "tiles": mine.tiles,
+            "exposed_text": _runs(heads)}
+
+
+def _runs(values: list[int]) -> str:
+    """Sorted ints as '8-15, 24-31'."""
+    out: list[list[int]] = []
+    for v in values:
+        if out and out[-1][1] == v - 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
 
 
 def _request(k: BatchKernel, inputs: dict[str, np.ndarray] | None, **kw: Any) -> Request:

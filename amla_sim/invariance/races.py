@@ -1,0 +1,144 @@
+"""Which rows of a request FlashMLA-ETAP's two data races can change from run to run: :func:`etap_race_exposure`.
+
+The model of :func:`amla_sim.algorithms.flashmla_etap` is the race-free kernel; the published one
+(pengcuo/FlashMLA-ETAP 39e6160, ``csrc/flash_fwd_mla_kernel.h``) reads shared memory twice before the data in it
+is sure to be there:
+
+- ``p-transpose``: the S^T warpgroup stores ``P^T`` with generic stores (``compute_attn_1rowblock_splitkv_mla``,
+  ``cute::copy(rP, mtPsP)``), only *arrives* at the ``SReady`` barrier, and its own wgmma and then the other
+  warpgroup's read ``P^T`` through the async proxy, with no ``fence.proxy.async`` between;
+- ``epilogue``: ``store`` writes the accumulator to ``sOaccumTranspose`` (``cute::copy``) and every thread reads
+  other threads' entries back in the transposing loop, with no barrier between the write and the read.
+
+Both land on the same elements, which the tile layout fixes. A tile is 16 query rows (``kBlockM``: row
+``r = s * heads + h`` of the request, m-block ``r // 16``) against a split's keys; in either store a thread
+holds its queries as ``2t, 2t + 1`` and ``2t + 8, 2t + 9`` (the n8 halves of the wgmma m64n16 fragment) and
+writes the second half last. So rows ``r % 16 >= 8`` are exposed, the other half never. Among their columns the
+first read are d_v 0-63: warpgroup 0's first m64 fragment, which the epilogue's loop reads in its first four
+iterations (d_v ``16k`` to ``16k + 15`` in iteration ``k``) and which the first of warpgroup 0's four m64 wgmmas
+computes from ``P^T``; then d_v 256-319, the other warpgroup's first. The LSE comes from registers and never
+races. Every tile of a request is a chance: each of its splits, in each m-block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .._validate import check_int
+from ..algorithms._common import D_V
+from ..algorithms.deployed.flashmla.scheduler import etap_num_sm_parts, etap_schedule
+
+__all__ = ["Race", "ETAP_RACES", "RequestExposure", "RaceExposure", "etap_race_exposure"]
+
+BLOCK_M = 16  # Flash_fwd_kernel_traits_mla<576, 16, 64, 8>: query rows a tile
+LAST_HALF = 8  # the second n8 half of a thread's queries: stored last
+FIRST_READ = (range(64), range(256, 320))  # d_v columns read first: each warpgroup's first m64 fragment
+
+
+@dataclass(frozen=True)
+class Race:
+    """One missing synchronisation of the published kernel."""
+
+    name: str
+    where: str  # the upstream function and statement
+    missing: str  # what the race-free build inserts
+
+
+#: FlashMLA-ETAP 39e6160's two races, in the order the kernel reaches them.
+ETAP_RACES = (
+    Race("p-transpose", "compute_attn_1rowblock_splitkv_mla: cute::copy(rP, mtPsP), then NamedBarrier::arrive "
+                        "(SReady) and the wgmmas that read P^T",
+         "fence_view_async_shared() and a barrier of the 128 consumer threads after the P^T stores"),
+    Race("epilogue", "store: cute::copy(..., taccOsOaccum) to sOaccumTranspose, then the transposing loop "
+                     "sOaccum(j, i) = sOaccumTranspose(i, j)",
+         "__syncthreads() between the write and the loop"),
+)
+
+
+@dataclass(frozen=True)
+class RequestExposure:
+    """One request: its exposed rows and how many tiles give the races a chance."""
+
+    request: int
+    rows: tuple[tuple[int, int], ...]  # (query position, head), exposed to both races
+    total_rows: int
+    splits: int  # the scheduler's splits of the request
+    tiles: int  # splits x m-blocks: each one runs both races once
+
+
+@dataclass(frozen=True)
+class RaceExposure:
+    """Per request of a launch, the output rows FlashMLA-ETAP's races can change between runs."""
+
+    s_q: int
+    heads: int
+    requests: tuple[RequestExposure, ...]
+    races: tuple[Race, ...] = ETAP_RACES
+
+    def mask(self, *, first_read: bool = False) -> np.ndarray:
+        """Bool (b, s_q, heads, 512): True where a race can change the output; `first_read`, only the columns
+        read first after the racing stores (d_v 0-63 and 256-319)."""
+        rows = np.arange(self.s_q * self.heads).reshape(self.s_q, self.heads) % BLOCK_M >= LAST_HALF
+        cols = np.zeros(D_V, bool)
+        if first_read:
+            for r in FIRST_READ:
+                cols[r.start:r.stop] = True
+        else:
+            cols[:] = True
+        one = rows[:, :, None] & cols[None, None, :]
+        return np.broadcast_to(one, (len(self.requests), *one.shape)).copy()
+
+    def format(self) -> str:
+        n = self.s_q * self.heads
+        lines = [f"FlashMLA-ETAP's races (the published build; the model is the race-free one), s_q {self.s_q}, "
+                 f"{self.heads} heads: rows r = s * heads + h with r mod 16 in 8..15 are exposed, "
+                 f"{sum(1 for r in range(n) if r % BLOCK_M >= LAST_HALF)} of {n} a request; d_v 0-63 first"]
+        for race in self.races:
+            lines.append(f"  {race.name}: {race.where}; missing: {race.missing}")
+        for e in self.requests:
+            lines.append(f"  request {e.request}: {len(e.rows)} of {e.total_rows} rows exposed "
+                         f"({_ranges(e.rows, self.heads)}), {e.splits} split(s), {e.tiles} tile(s)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _ranges(rows: tuple[tuple[int, int], ...], heads: int) -> str:
+    """(s, h) pairs as 's0 h8-15, ...' runs of consecutive heads."""
+    out, run = [], []
+    for s, h in rows:
+        if run and run[-1] == (s, h - 1):
+            run.append((s, h))
+            continue
+        if run:
+            out.append(run)
+        run = [(s, h)]
+    if run:
+        out.append(run)
+    text = [f"s{r[0][0]} h{r[0][1]}" + (f"-{r[-1][1]}" if len(r) > 1 else "") for r in out]
+    return ", ".join(text[:6]) + (f", ... ({len(text)} runs)" if len(text) > 6 else "")
+
+
+def etap_race_exposure(seqlens: npt.ArrayLike, *, s_q: int = 1, heads: int = 128,
+                       num_sms: int = 132) -> RaceExposure:
+    """For a FlashMLA-ETAP launch (requests of `seqlens` tokens, `s_q` query rows of `heads` heads each), the
+    rows of each request its two races can change from run to run, and the tiles that run them."""
+    lens = np.asarray(seqlens)
+    if lens.ndim != 1 or lens.size == 0 or lens.dtype.kind not in "iu" or (lens < 1).any():
+        raise ValueError(f"seqlens: a list of request lengths >= 1, got {seqlens!r}")
+    s_q = check_int(s_q, "s_q", lo=1)
+    heads = check_int(heads, "heads", lo=1)
+    num_sms = check_int(num_sms, "num_sms", lo=1)
+    parts = etap_num_sm_parts(s_q=s_q, heads_q=heads, num_sms=num_sms)
+    if parts < 1:
+        raise ValueError(f"num_sms: {num_sms} SMs leave no part for {s_q} x {heads} query rows")
+    _, cum = etap_schedule(lens, parts)
+    m_blocks = -(-(s_q * heads) // BLOCK_M)
+    rows = tuple((r // heads, r % heads) for r in range(s_q * heads) if r % BLOCK_M >= LAST_HALF)
+    requests = tuple(RequestExposure(i, rows, s_q * heads, int(n), int(n) * m_blocks)
+                     for i, n in enumerate(np.diff(cum)))
+    return RaceExposure(s_q, heads, requests)
