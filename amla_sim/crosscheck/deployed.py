@@ -3,8 +3,8 @@ kernel's case table on a GPU and writes a capture; :func:`replay_deployed` simul
 compares bit for bit.
 
 A kernel comes in as a :class:`.kernel.DeployedKernel` made by its family's case table module
-(:mod:`~amla_sim.crosscheck.flashmla`, :mod:`~amla_sim.crosscheck.sglang`) and one entry in :data:`KERNELS`;
-nothing here knows one kernel from another.
+(:mod:`~amla_sim.crosscheck.flashmla`, :mod:`~amla_sim.crosscheck.sglang`, :mod:`~amla_sim.crosscheck.fa3`) and one
+entry in :data:`KERNELS`; nothing here knows one kernel from another.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from .._files import atomic_savez
 from ..comparison import compare
+from .fa3 import FA3_MLA
 from .files import CaptureError
 from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8
 from .kernel import DeployedKernel, check_recipe
@@ -26,7 +27,8 @@ from .sglang import SGLANG
 __all__ = ["KERNELS", "kernel_of", "replay_deployed", "capture"]
 
 #: The deployed kernels the cross-check covers, by the name ``crosscheck --kernel`` takes.
-KERNELS: dict[str, DeployedKernel] = {k.name: k for k in (SGLANG, FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8)}
+KERNELS: dict[str, DeployedKernel] = {k.name: k for k in (SGLANG, FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8,
+                                                          FA3_MLA)}
 _LEGACY = {"sglang": "sglang-triton", "flashmla_commit": "flashmla"}  # captures written before meta named a kernel
 
 

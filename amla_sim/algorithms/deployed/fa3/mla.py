@@ -1,0 +1,286 @@
+"""FlashAttention-3's MLA decode (vLLM's FLASH_ATTN_MLA backend, SGLang's ``fa3``), written against a machine.
+
+Upstream: vllm-project/flash-attention 617264c (vLLM 0.33 pins b273a02, which is not obtainable here; the kernel
+headers last changed in the fork on 2026-05-05), ``hopper/``: ``mainloop_fwd_sm90_tma_gmma_ws.hpp`` (``mma`` without
+intra-warpgroup overlap, ``mma_pv``), ``softmax.h``, ``epilogue_fwd.hpp``, ``flash_fwd_combine_kernel.h``; the
+schedule is :mod:`.scheduler`. On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit, BF16 and FP16.
+
+The call puts q_rope (64) in ``q``, k_rope in ``k``, kv_c (512) in ``v`` and q_nope in ``q_v``: the scores of a
+64 x 64 tile are ``S = Q_rope K_rope^T`` (wgmma, k 512..575 of the 576) and then ``+= Q_nope V^T`` (k 0..511) in the
+same FP32 accumulator. One warpgroup computes S and the softmax; two warpgroups hold O, 256 columns each, and do
+the same arithmetic (the second reads P from shared memory and the rescale factors from the first). A split walks
+its 64-key blocks from the last; with ``c = fl32(double(fl32(scale)) log2 e)`` and the running max ``M`` of the raw
+scores:
+
+- masked keys (past the request, or after the row's query when causal) get -inf; ``M' = max(M, rowmax(S))``
+  (the first block: ``rowmax(S)``); ``s = exp2(fl(fl(M - M') c))`` (``M'`` read as 0 where it is -inf);
+- ``P = exp2(fma(S, c, -fl(M' c)))`` (0 in place of ``fl(M' c)`` where ``M'`` is -inf); each of the four lanes of
+  a row sums its 16 columns ``8j + 2t, 8j + 2t + 1`` in order, the first onto ``fma(l, s, .)`` (from nothing on
+  the first block);
+- ``P`` rounded to the input format, ``O = fl(O s) + P V`` on the tensor cores (``O = P V`` on the first block).
+
+At the end the four lanes meet in a butterfly (xor 2, then xor 1): ``L = (l0 + l2) + (l1 + l3)``; ``O = fl(O
+rcp(L))`` (``1.f / sum``, MUFU.RCP; 0 where L is 0 or NaN) and ``lse = fma(M, fl(c ln 2), __logf(L))`` (-inf
+where L is 0 or NaN). A request of one split writes O in the input format; otherwise every split writes FP32 O and
+LSE (an empty one 0 and -inf), and the combine kernel, one warp a row, lane j over splits j, j + 32, ...: ``M =
+max lse_s``, ``sum = sum expf(lse_s - M)`` (an xor butterfly over the lanes), ``lse = logf(sum) + M``, and
+``O = sum_s fma(expf(lse_s - M) rcp(sum), O_s, .)`` from 0 over the splits whose weight is positive. ``exp2f``,
+``expf`` and ``logf`` are MUFU's (``--use_fast_math``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import numpy.typing as npt
+
+from ...._validate import check_int, quiet_fp
+from ....formats import get_format
+from ....machines import Machine, get_machine
+from ....schedules import Schedule
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
+from ..flashmla.combine import combine_sum
+from .scheduler import BLOCK_M, BLOCK_N, Fa3Schedule, fa3_schedule
+
+__all__ = ["fa3_mla", "fa3_mla_decode", "FA3_COMMIT"]
+
+#: The vllm-project/flash-attention commit the model follows.
+FA3_COMMIT = "617264c"
+D_ROPE = D_K - D_V  # 64: q_rope and k_rope
+_COMBINE_LANES = 32
+
+
+class _Units:
+    """The machine's operations as the kernel uses them."""
+
+    def __init__(self, mc: Machine, fmt: str, scale: float):
+        self.mc = mc
+        self.dt = mc.dtype
+        self.fmt = fmt
+        self.ln2 = mc.f(math.log(2.0))
+        self.c = _scale_log2(mc, scale)
+        self.c_ln2 = mc.f(self.c * self.ln2)  # softmax_scale_log2 * float(M_LN2)
+
+    def logf(self, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
+        """``__logf(x)`` (lg2.approx times fl32(ln 2)), or ``__logf(x) + plus`` with the multiply contracted."""
+        if plus is None:
+            return self.mc.f(self.mc.log2(x) * self.ln2)
+        return self.mc.mul_add(self.mc.log2(x), self.ln2, plus)
+
+
+@quiet_fp
+def fa3_mla(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    seqlens: npt.ArrayLike | None = None,
+    scale: float | None = None,
+    causal: bool | None = None,
+    page_size: int | None = 16,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    varlen_q: bool = True,
+    num_sms: int = 132,
+    softcap: float = 0.0,
+    window_size: tuple[int, int] = (-1, -1),
+    machine: str | Machine = "sm90-cuda",
+    trace: bool = False,
+) -> AttentionResult:
+    """FlashAttention-3's MLA decode on `machine` (see the module docstring).
+
+    q: (b, s_q, h, 576) BF16 or FP16 (q_nope the first 512 columns, q_rope the last 64); kv: (b, S_max, 576) of
+    the same format (kv_c then k_rope), rows past ``seqlens[i]`` ignored. causal: None as vLLM calls it (causal,
+    which matters when s_q > 1). page_size: the paged cache's page (None: not paged); it picks the TMA or the
+    cp.async path, which move the same data. num_splits: what the caller passes (0: FA3's heuristic; vLLM with
+    full CUDA graphs passes 32; 1: batch-invariant). pack_gqa: None, the kernel's choice. varlen_q: the call
+    passes ``cu_seqlens_q`` (vLLM) rather than only ``cache_seqlens`` (SGLang's ``flash_attn_with_kvcache``).
+    softcap and window_size: refused unless off (vLLM's build has neither). Returns ``.out`` (b, s_q, h, 512) in
+    the input format and ``.lse`` in the kernel's layout, natural log: (h, b * s_q) with `varlen_q`, else (b, h,
+    s_q); with `trace`, the
+    schedule (``schedule``) and per request each m-block's split ranges (``split_blocks``).
+    """
+    mc = get_machine(machine)
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
+    sm = check_scale(scale)
+    check_int(num_sms, "num_sms", lo=1)
+    check_int(num_splits, "num_splits", lo=0, hi=256)
+    if page_size is not None:
+        check_int(page_size, "page_size", lo=1)
+    for name, v in (("causal", causal), ("pack_gqa", pack_gqa)):
+        if v is not None and not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True, False or None, got {v!r}")
+    if softcap != 0.0:
+        raise ValueError(f"softcap: vLLM's FA3 build has no softcapping (FLASHATTENTION_DISABLE_SOFTCAP), got {softcap}")
+    if tuple(window_size) != (-1, -1):
+        raise ValueError(f"window_size: vLLM's FA3 build has no local attention (FLASHATTENTION_DISABLE_LOCAL), got "
+                         f"{window_size}")
+    fmt = get_format(qa.dtype).name
+    b, s_q, H, _ = qa.shape
+    is_causal = s_q > 1 and (causal is None or bool(causal))  # mha_fwd: causal is no mask when s_q = 1
+    lens = [int(n) for n in lens]
+    sched = fa3_schedule(lens, s_q=s_q, heads=H, num_splits=num_splits, causal=is_causal, pack_gqa=pack_gqa,
+                         page_size=page_size, varlen_q=varlen_q, num_sms=num_sms)
+    u = _Units(mc, fmt, sm)
+    Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
+    out = np.zeros((b, s_q * H, D_V), mc.dtype)
+    lse = np.zeros((b, s_q * H), mc.dtype)
+    tr: dict[str, list] = {"schedule": [sched]} if trace else {}
+    for i, n in enumerate(lens):
+        rows = Q[i].reshape(s_q * H, D_K)  # row r = s h + head (pack-GQA)
+        pos = np.repeat(np.arange(s_q), H)
+        limit = n - s_q + pos if is_causal else np.full(s_q * H, n - 1)  # the last key each row sees
+        plans = _row_groups(sched, i, n, s_q, H)
+        for ranges, sel in plans:
+            res = [_split(u, rows[sel], K[i], n, lo, hi, limit[sel]) for lo, hi in ranges]
+            if len(res) == 1:
+                out[i, sel], lse[i, sel] = res[0]
+            else:
+                out[i, sel], lse[i, sel] = _combine(u, res)
+        if trace:
+            tr.setdefault("split_blocks", []).append([(ranges, np.flatnonzero(sel)) for ranges, sel in plans])
+    hazards = Counter()
+    if np.isnan(out).any():
+        hazards["nan_outputs"] += int(np.isnan(out).sum())
+    out = mc.cast(out.reshape(b, s_q, H, D_V), fmt)
+    lse = lse.reshape(b, s_q, H)
+    lse = lse.reshape(b * s_q, H).T if varlen_q else np.swapaxes(lse, 1, 2)  # (h, total_q) or (b, h, s_q)
+    return AttentionResult(out, np.ascontiguousarray(lse), tr, hazards)
+
+
+def fa3_mla_decode(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine = "sm90-cuda",
+    schedule: str | Schedule = "reference",
+    block: int = BLOCK_N,
+    scale: float | None = None,
+    num_sms: int = 132,
+    trace: bool = False,
+) -> AttentionResult:
+    """:func:`fa3_mla` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): every request the
+    whole of kv, pages of 16 and FA3's split heuristic, the LSE as (b, s_q, h). The kernel lays its
+    work out itself: `block` must be its 64 and `schedule` is checked, not used."""
+    check_kernel_layout(schedule, block, BLOCK_N)
+    res = fa3_mla(q, kv, scale=scale, num_sms=num_sms, machine=machine, varlen_q=False, trace=trace)
+    return AttentionResult(res.out, np.swapaxes(res.lse, 1, 2), res.trace, res.hazards)
+
+
+def _row_groups(sched: Fa3Schedule, i: int, seqlen: int, s_q: int, H: int) -> list[tuple[list, np.ndarray]]:
+    """The request's rows grouped by their m-block's split ranges (one group unless causal cuts m-blocks short)."""
+    R = s_q * H
+    if sched.pack_gqa:
+        m_of_row = np.arange(R) // BLOCK_M
+    else:  # an m-block holds one head's query positions
+        m_of_row = np.tile(np.arange(s_q) // BLOCK_M, H) .reshape(H, s_q).T.ravel()
+    groups: dict[tuple, np.ndarray] = {}
+    for m in np.unique(m_of_row):
+        key = tuple(sched.blocks(i, seqlen, int(m), s_q=s_q, heads=H))
+        groups[key] = groups.get(key, np.zeros(R, bool)) | (m_of_row == m)
+    return [(list(k), sel) for k, sel in groups.items()]
+
+
+def _scale_log2(mc: Machine, scale: float) -> np.ndarray:
+    """``float(args.softmax_scale * M_LOG2E)``: the API's float scale times log2 e in double, rounded once."""
+    return mc.f(np.float64(mc.f(scale)) * math.log2(math.e))
+
+
+def _scores(u: _Units, Q: np.ndarray, Ks: np.ndarray) -> np.ndarray:
+    """``S = Q_rope K_rope^T`` then ``+= Q_nope V^T``, one accumulator, for all of a split's blocks: (R, 64 n).
+    The blocks' columns are independent, so they go in few products (:meth:`Machine.by_blocks`)."""
+    mc = u.mc
+    KT = np.ascontiguousarray(Ks.T)  # (576, 64 n)
+    Qm = mc.operand(Q)
+
+    def product(kt: np.ndarray) -> np.ndarray:
+        kt = mc.operand(kt)
+        return mc.matmul(Qm[:, :D_V], kt[:D_V], mc.matmul(Qm[:, D_V:], kt[D_V:]))
+
+    return mc.f(mc.by_blocks(product, KT, rows=Q.shape[0], block=BLOCK_N))
+
+
+def _lane_sum(mc: Machine, part: np.ndarray | None, s: np.ndarray | None, P: np.ndarray) -> np.ndarray:
+    """The four lanes' partial row sums after a block, P (R, 64) -> (R, 4): lane t adds its columns 8j + 2t + e
+    in (j, e) order (``thread_reduce_``), from the first column (first block) or onto ``fma(l, s, .)``."""
+    Pl = P.reshape(P.shape[0], 8, 4, 2)  # column 8j + 2t + e -> (j, t, e)
+    terms = [Pl[:, j, :, e] for j in range(8) for e in range(2)]
+    acc = terms[0] if part is None else mc.mul_add(part, s[:, None], terms[0])
+    for x in terms[1:]:
+        acc = mc.f(acc + x)
+    return acc
+
+
+def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int,
+           limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One split over blocks [lo, hi), walked from hi - 1 down: (O normalised, lse) per row."""
+    mc, dt = u.mc, u.dt
+    R = Q.shape[0]
+    if hi <= lo:  # a split with no blocks: store_zero
+        return np.zeros((R, D_V), dt), np.full(R, -np.inf, dt)
+    keys = np.arange(lo * BLOCK_N, hi * BLOCK_N)
+    Ks = np.where((keys < seqlen)[:, None], K[np.minimum(keys, seqlen - 1)], 0).astype(K.dtype)
+    Ss = _scores(u, Q, Ks)
+    O = np.zeros((R, D_V), dt)
+    M = np.full(R, -np.inf, dt)
+    part = None
+    for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
+        cols = slice((blk - lo) * BLOCK_N, (blk - lo + 1) * BLOCK_N)
+        t = blk * BLOCK_N + np.arange(BLOCK_N)
+        S = np.where((t[None, :] < seqlen) & (t[None, :] <= limit[:, None]), Ss[:, cols], -np.inf).astype(dt)
+        M_new = S.max(axis=1) if step == 0 else np.maximum(M, S.max(axis=1))
+        s = None
+        if step:
+            cur = np.where(np.isneginf(M_new), 0, M_new).astype(dt)
+            s = mc.exp2(mc.f(mc.f(M - cur) * u.c))
+        M = M_new
+        max_scaled = np.where(np.isneginf(M), 0, mc.f(M * u.c)).astype(dt)
+        P = mc.exp2(mc.mul_add(S, u.c, -max_scaled[:, None]))
+        part = _lane_sum(mc, part, s, P)
+        Pq = mc.operand(mc.cast(P, u.fmt))
+        V = mc.operand(Ks[cols, :D_V])
+        O = mc.matmul(Pq, V) if s is None else mc.matmul(Pq, V, mc.f(O * s[:, None]))
+    L = _row_total(mc, part)
+    empty = (L == 0) | np.isnan(L)
+    inv = np.where(empty, 0, mc.div(mc.f(1), L)).astype(dt)
+    lse = np.where(empty, -np.inf, _split_lse(u, M, L)).astype(dt)
+    return mc.f(O * inv[:, None]), lse
+
+
+def _row_total(mc: Machine, part: np.ndarray) -> np.ndarray:
+    """``quad_allreduce_``: the four lanes' sums in a butterfly, xor 2 and then xor 1."""
+    return mc.f(mc.f(part[:, 0] + part[:, 2]) + mc.f(part[:, 1] + part[:, 3]))
+
+
+def _split_lse(u: _Units, M: np.ndarray, L: np.ndarray) -> np.ndarray:
+    """``row_max * (softmax_scale_log2 * M_LN2) + __logf(sum)``: the max's multiply contracted into the add."""
+    return u.mc.mul_add(M, u.c_ln2, u.logf(L))
+
+
+def _combine(u: _Units, res: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """``FlashAttnFwdCombine`` over a row's splits (empty ones: lse -inf)."""
+    mc, dt = u.mc, u.dt
+    lse_s = np.stack([r[1] for r in res], axis=1)  # (R, n)
+    width = -(-lse_s.shape[1] // _COMBINE_LANES) * _COMBINE_LANES
+    M0, total = combine_sum(mc, lse_s, width, mc.exp)  # M0: the max, 0 where every split is -inf
+    lse = _combine_lse(u, total, np.max(lse_s, axis=1))
+    w = _combine_weights(u, lse_s, M0, total, lse)
+    acc = np.zeros((lse_s.shape[0], D_V), dt)
+    for k, (O_s, _) in enumerate(res):
+        acc = np.where((w[:, k] > 0)[:, None], mc.mul_add(w[:, k:k + 1], O_s, acc), acc).astype(dt)
+    return acc, lse
+
+
+def _combine_lse(u: _Units, total: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """``logf(lse_sum) + lse_max``: ``__logf``'s multiply by ln 2 contracted into the add."""
+    return u.logf(total, M)
+
+
+def _combine_weights(u: _Units, lse_s: np.ndarray, M0: np.ndarray, total: np.ndarray,
+                     lse: np.ndarray) -> np.ndarray:
+    """Each split's weight, ``expf(lse_s - M) * inv_sum`` with ``inv_sum = 1.f / sum`` (0 where the sum is 0 or
+    NaN): the LSE just written is not used."""
+    mc = u.mc
+    inv = np.where((total == 0) | np.isnan(total), 0, mc.div(mc.f(1), total)).astype(u.dt)
+    return mc.f(mc.exp(mc.f(lse_s - M0[:, None])) * inv[:, None])

@@ -1,0 +1,129 @@
+"""FlashAttention-3's MLA decode (vllm-project/flash-attention): its case table, replayed by
+:func:`.deployed.replay_deployed`.
+
+A case records ``out`` (b * s_q, h, 512) BF16 or FP16 bits and ``lse`` FP32 bits in the kernel's layouts ((h, b *
+s_q) for vLLM's varlen call, (b, h, s_q) for ``flash_attn_with_kvcache`` without ``cu_seqlens_q``), and, where the
+launch splits requests dynamically, each request's split count from the scheduler metadata (``splits``), which
+the model's scheduler is tested against. Inputs are regenerated, never stored: q from
+:func:`~amla_sim.experiments.inputs.make_inputs` at the case's seed, each request's KV drawn on its own (seed
+``100 * seed + i + 1``), so that a long request costs its own tokens only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .._validate import check_int
+from ..algorithms._common import D_K, D_V
+from ..algorithms.deployed.fa3 import FA3_COMMIT, fa3_mla
+from ..experiments.inputs import make_inputs
+from .files import CaptureError, input_crc
+from .kernel import DeployedKernel, Stage, stage
+
+__all__ = ["FA3_CASES", "FA3_MLA", "fa3_inputs"]
+
+_DS = 0.1352  # DeepSeek-V3's softmax scale (1 / sqrt(192) with its YaRN mscale)
+_192 = 192 ** -0.5
+
+#: (batch, s_q, heads, seqlens, format, dist, seed, scale, page, num_splits); page None: the cache not paged
+#: (flash_attn_with_kvcache, SGLang's form), else vLLM's paged call; num_splits as vLLM passes it (0: FA3's
+#: heuristic, 32: full CUDA graphs, 1: batch-invariant mode)
+FA3_CASES = [
+    (1, 1, 128, (4096,), "bf16", "flashmla", 51, _192, 16, 0),
+    (1, 1, 128, (4096,), "bf16", "normal:1", 52, _DS, 64, 32),
+    (2, 2, 128, (1000, 3001), "fp16", "flashmla", 53, _192, 64, 0),
+    (4, 1, 16, (1, 63, 64, 16000), "bf16", "normal:1", 54, _192, 1, 0),
+    (3, 1, 64, (513, 2048, 129), "fp16", "normal:1", 55, _DS, None, 0),
+    (16, 1, 16, (512, 1, 2048, 777, 64, 1500, 65, 3000, 100, 2500, 63, 1024, 4096, 300, 129, 2000), "bf16",
+     "flashmla", 56, _192, 16, 32),
+    (2, 1, 128, (8192, 77), "fp16", "flashmla", 57, _DS, 16, 1),
+    (1, 2, 64, (2500,), "bf16", "normal:1", 58, _192, 64, 32),
+    (5, 1, 128, (300, 5000, 64, 1, 2049), "bf16", "normal:1", 59, _DS, 1, 1),
+    (2, 2, 16, (700, 9000), "fp16", "normal:1", 60, _192, None, 32),
+    (8, 1, 128, (1, 63, 64, 65, 700, 2500, 4097, 129), "bf16", "flashmla", 61, _192, 64, 0),
+    (1, 1, 16, (16000,), "fp16", "flashmla", 62, _DS, 16, 0),
+    # causal m-blocks cut short: query 0's rows end a block before query 1's (seqlen 64 k + 1)
+    (2, 2, 128, (1025, 4097), "bf16", "normal:1", 63, _192, 64, 0),
+    (1, 2, 64, (129,), "fp16", "flashmla", 64, _DS, 16, 32),
+]
+
+
+def fa3_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
+    """q (b, s_q, h, 576) and kv (b, S_max, 576), zero past each request, from a recipe (checked against its CRC)."""
+    b, sq, H, lens, fmt = case["batch"], case.get("sq", 1), case["heads"], case["seqlens"], case["format"]
+    q, _ = make_inputs(case["dist"], batch=b, heads=H, sq=sq, context=1, seed=case["seed"], fmt=fmt)
+    kv = np.zeros((b, max(lens), D_K), q.dtype)
+    for i, n in enumerate(lens):
+        kv[i, :n] = make_inputs(case["dist"], batch=1, heads=1, context=n, seed=100 * case["seed"] + i + 1,
+                                fmt=fmt)[1][0]
+    if "input_crc" in case and input_crc(q, kv) != case["input_crc"]:
+        raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
+    return q, kv
+
+
+class _Fa3(DeployedKernel):
+    def recipes(self, seed: int) -> list[dict]:
+        return [{"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "format": fmt, "dist": dist,
+                 "seed": s + seed, "scale": scale, "page_size": page, "num_splits": ns, "varlen_q": page is not None,
+                 "causal": True}
+                for b, sq, H, lens, fmt, dist, s, scale, page, ns in FA3_CASES]
+
+    def check(self, case: dict) -> None:
+        if case.get("format") not in ("bf16", "fp16"):
+            raise ValueError(f"format: FA3's MLA path takes bf16 or fp16, got {case.get('format')!r}")
+        check_int(case["num_splits"], "num_splits", lo=0, hi=256)
+        if case["page_size"] is not None:
+            check_int(case["page_size"], "page_size", lo=1)
+        for key in ("varlen_q", "causal"):
+            if case[key] not in (True, False):
+                raise TypeError(f"{key}: expected true or false, got {case[key]!r}")
+
+    def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
+        b, sq, H = case["batch"], case.get("sq", 1), case["heads"]
+        lse = (H, b * sq) if case["varlen_q"] else (b, H, sq)
+        return {"out": ((b * sq, H, D_V), np.uint16, True), "lse": (lse, np.uint32, True),
+                "splits": ((b,), np.int32, False)}
+
+    def label(self, case: dict) -> str:
+        page = "not paged" if case["page_size"] is None else f"page {case['page_size']}"
+        return f" {case['format']} {page} num_splits={case['num_splits']}"
+
+    def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+        q, kv = fa3_inputs(case)
+        res = fa3_mla(q, kv, seqlens=np.array(case["seqlens"]), scale=case["scale"], causal=case["causal"],
+                      page_size=case["page_size"], num_splits=case["num_splits"], varlen_q=case["varlen_q"],
+                      trace=True)
+        out = []
+        if f"c{i}_splits" in arrays:
+            splits = np.array(res.trace["schedule"][0].splits, np.int32)
+            out.append(("splits", arrays[f"c{i}_splits"], splits))
+        fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16
+        b, sq, H = case["batch"], case.get("sq", 1), case["heads"]
+        return out + [stage("lse", arrays[f"c{i}_lse"], res.lse.astype(np.float32), np.float32),
+                      stage("out", arrays[f"c{i}_out"], res.out.reshape(b * sq, H, D_V), fmt)]
+
+    def load(self, source: str | None) -> Any:
+        from ..gpu.adapters.fa3 import load_fa3
+
+        return load_fa3(source)
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        from ..gpu.adapters.fa3 import run_fa3
+
+        q, kv = fa3_inputs(recipe)
+        got = run_fa3(kernel, q, kv, recipe)
+        again = run_fa3(kernel, q, kv, recipe)
+        same = all(np.array_equal(got[k], again[k]) for k in got)
+        return got, {**recipe, "input_crc": input_crc(q, kv), "repeat_identical": same}
+
+
+#: FlashAttention-3's MLA decode as the cross-check drives it.
+FA3_MLA = _Fa3(
+    name="fa3-mla",
+    summary=f"FlashAttention-3's MLA decode (vllm-project/flash-attention {FA3_COMMIT}, vLLM's FLASH_ATTN_MLA and "
+            "SGLang's fa3), BF16 and FP16",
+    version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir",
+    source_help="the folder holding build_fa3_mla.py (which builds the kernel and makes vLLM's call)")
