@@ -1,4 +1,4 @@
-"""ETAP's Table 1 on the authors' kernel, measured on an H100/H200 (issue 20).
+"""ETAP's Table 1 on the authors' kernel and on FA3's MLA decode, measured on an H100/H200.
 
     python scripts/etap_table1.py OUT --etap DIR [--build original|both] [--repeats 5] [--seed 0]
 
@@ -7,8 +7,10 @@ The paper's setup as far as it documents it (Section 4, Table 1): FP16, batch 16
 draws randn) and FA3's outliers (what FA3's 1.9e-4 was measured on), drawn by amla_sim.experiments.inputs with
 `seed`. For every distribution and context the kernel runs `repeats` times on the same inputs: the RMSE of each
 run against attention computed in FP64 on the GPU over the same FP16 inputs. --build both: the same sources with
-the two missing synchronisations of scripts/etap_race.py (the race-free kernel). The first run's output and LSE
-bits up to 4K tokens are kept, for the CPU replay. Writes OUT/etap_table1_BUILD.npz.
+the two missing synchronisations of scripts/etap_race.py (the race-free kernel); --build fa3: FlashAttention-3's
+MLA decode on the same inputs, as vLLM calls it (pages of 16, FA3's own split count; DIR of --fa3 holds
+build_fa3_mla.py). The first run's output and LSE bits up to 4K tokens are kept, for the CPU replay. Writes
+OUT/etap_table1_BUILD.npz.
 
     python scripts/etap_table1.py OUT --pack ORIGINAL.npz BOTH.npz [--keep 512,1024]
 
@@ -73,7 +75,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--etap", default=".third_party/flashmla-etap")
-    p.add_argument("--build", default="original", choices=["original", "both"])
+    p.add_argument("--build", default="original", choices=["original", "both", "fa3"])
+    p.add_argument("--fa3", default=".third_party/fa3-mla", help="--build fa3: the folder of build_fa3_mla.py")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pack", nargs=2, metavar=("ORIGINAL", "BOTH"))
@@ -93,7 +96,12 @@ def main() -> None:
     from amla_sim.gpu.adapters import flashmla as adapters
     from etap_race import patched_build
 
-    mod = adapters.load_etap(a.etap) if a.build == "original" else patched_build(a.etap, a.build)
+    if a.build == "fa3":
+        from amla_sim.gpu.adapters.fa3 import load_fa3, run_fa3
+
+        fa3 = load_fa3(a.fa3)
+    else:
+        mod = adapters.load_etap(a.etap) if a.build == "original" else patched_build(a.etap, a.build)
     rows, arrays = [], {}
     for dist in DISTS:
         for ctx in CONTEXTS:
@@ -104,9 +112,14 @@ def main() -> None:
                                kd[..., :512])
             rmse = []
             for r in range(a.repeats):
-                got = adapters.run_etap(mod, q.view(np.uint16), kv.view(np.uint16), [ctx] * 16, 576**-0.5, False,
-                                        "fp16")
-                o = torch.from_numpy(got["out"].view(np.float16).astype(np.float64)).cuda()[:, 0]
+                if a.build == "fa3":  # vLLM's call: pages of 16, FA3's own split count
+                    got = run_fa3(fa3, q, kv, {"seqlens": [ctx] * 16, "page_size": 16, "format": "fp16",
+                                               "scale": 576**-0.5, "causal": True, "num_splits": 0, "seed": a.seed})
+                    o = torch.from_numpy(got["out"].view(np.float16).astype(np.float64)).cuda()
+                else:
+                    got = adapters.run_etap(mod, q.view(np.uint16), kv.view(np.uint16), [ctx] * 16, 576**-0.5, False,
+                                            "fp16")
+                    o = torch.from_numpy(got["out"].view(np.float16).astype(np.float64)).cuda()[:, 0]
                 rmse.append(float(((o - ref) ** 2).mean().sqrt()))
                 if r == 0 and ctx <= KEEP_BITS_UP_TO:
                     key = f"{dist.split(':')[0]}_{ctx}"

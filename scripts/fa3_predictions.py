@@ -1,7 +1,7 @@
 """FlashAttention-3's MLA decode: the model's predictions for a device run, written before it, and the run's record.
 
     python scripts/fa3_predictions.py predict OUT.json --seeds 0,1000,2000
-    python scripts/fa3_predictions.py record OUT.json --predicted P.json CAPTURE.npz [CAPTURE.npz ...]
+    python scripts/fa3_predictions.py record OUT.json --predicted P.json --captures CAPTURE.npz [CAPTURE.npz ...]
 
 ``predict`` runs no GPU: per seed and case of ``amla_sim.crosscheck.fa3.FA3_CASES`` (seeds shifted by the seed),
 the CRC-32 of the bits fa3_mla predicts for out and lse (the kernel's layouts) and the split counts it predicts.
@@ -49,7 +49,7 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--seeds", default="0")
     p.add_argument("--predicted")
-    p.add_argument("captures", nargs="*")
+    p.add_argument("--captures", nargs="+", default=[])
     a = p.parse_args()
     if a.what == "predict":
         data = {str(s): predict(s) for s in map(int, a.seeds.split(","))}
@@ -61,14 +61,15 @@ def main() -> None:
                 meta = json.loads(str(z["meta"]))
                 seed = meta["cases"][0]["seed"] - FA3_MLA.recipes(0)[0]["seed"]
                 rows = []
-                for i, (case, want) in enumerate(zip(meta["cases"], predicted[str(seed)])):
+                for i, (case, want) in enumerate(zip(meta["cases"], predicted[str(seed)])):  # a capture may
+                    # predate the last cases of the table
                     got = {"out_crc": crc(z[f"c{i}_out"]), "lse_crc": crc(z[f"c{i}_lse"]),
                            "splits": z[f"c{i}_splits"].tolist() if f"c{i}_splits" in z else None}
                     assert case["input_crc"] == want["input_crc"], (path, i)
                     rows.append({"case": i, **got, "repeat_identical": case["repeat_identical"],
                                  "as_predicted": got["out_crc"] == want["out_crc"] and got["lse_crc"] == want["lse_crc"]
                                  and got["splits"] in (None, want["splits"])})
-                data[str(seed)] = {"device": meta["device"], "cases": rows}
+                data[f"{seed} {meta['device']}"] = {"seed": seed, "device": meta["device"], "cases": rows}
                 print(path, meta["device"], sum(r["as_predicted"] for r in rows), "of", len(rows), "as predicted")
     Path(a.out).write_text(json.dumps(data, indent=1) + "\n")
 

@@ -13,6 +13,7 @@ from ._common import (DEEPSEEK_V3_SCALE, DEFAULT_SCALE, AttentionResult, Problem
 from .amla import amla
 from .base import base
 from .etap import etap
+from .deployed.fa3.mla import fa3_mla, fa3_mla_decode
 from .deployed.flashmla.dense import flashmla, flashmla_decode
 from .deployed.flashmla.etap import flashmla_etap, flashmla_etap_decode
 from .deployed.flashmla.fp8_cache import dequantize_kv_cache, quantize_kv_cache
@@ -26,9 +27,10 @@ from .snapmla import snapmla
 #: The built-in algorithms by name, as ``run``, ``sweep`` and ``reproduce`` name them (plugins: :mod:`amla_sim.plugins`).
 ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla,
               "flashmla-etap": flashmla_etap_decode, "flashmla": flashmla_decode,
-              "flashmla-sparse-fp8": flashmla_sparse_fp8_decode}
+              "flashmla-sparse-fp8": flashmla_sparse_fp8_decode, "fa3-mla": fa3_mla_decode}
 
-__all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "flashmla_etap", "flashmla_sparse_fp8", "quantize_kv_cache",
+__all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "flashmla_etap", "flashmla_sparse_fp8", "fa3_mla",
+           "quantize_kv_cache",
            "dequantize_kv_cache", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla",
            "naive", "seesaw", "etap", "snapmla",
            # what an algorithm of one's own is written with (amla_sim.plugins; the tutorial's split_fp16)

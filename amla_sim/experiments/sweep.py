@@ -150,7 +150,8 @@ def plot(summary: dict, path: Path) -> bool:
                 xs.append(i + (j - (len(algs) - 1) / 2) * 0.12)
                 ys.append(r["ours"] / unit)
                 errs.append((r.get("sem") or 0.0) / unit)
-        ax.errorbar(xs, ys, yerr=errs, fmt="o", capsize=3, ms=4, label=alg)
+        if xs:  # a column with no published number has no point, and no legend entry
+            ax.errorbar(xs, ys, yerr=errs, fmt="o", capsize=3, ms=4, label=alg)
     if ratios:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_ylabel(f"{summary['metric']}: ours / paper (± s.e.)", fontsize=8)

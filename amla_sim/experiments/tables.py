@@ -66,10 +66,12 @@ TABLES: dict[str, Table] = {
         heads=16, context=65536, block=64, input_format="fp16", source="arXiv FlashMLA-ETAP, Table 1",
     ),
     "etap-table1-kernel": Table(
-        "etap-table1-kernel", "ETAP Table 1 on the authors' kernel (39e6160): RMSE against FP64, FP16",
+        "etap-table1-kernel", "ETAP Table 1 on the authors' kernel (39e6160) and FA3's MLA decode: RMSE against FP64, "
+        "FP16",
         (("normal:1", "N(0, 1)"), ("fa3-outliers", "N(0,1) + N(0,100) Bernoulli(0.001)")),
-        ("flashmla-etap", "fa3-base", "etap"), "rmse",
-        {("N(0, 1)", "flashmla-etap"): 1.25e-5, ("N(0,1) + N(0,100) Bernoulli(0.001)", "fa3-base"): 1.9e-4},
+        ("flashmla-etap", "fa3-mla", "fa3-base", "etap"), "rmse",
+        {("N(0, 1)", "flashmla-etap"): 1.25e-5, ("N(0,1) + N(0,100) Bernoulli(0.001)", "fa3-mla"): 1.9e-4,
+         ("N(0,1) + N(0,100) Bernoulli(0.001)", "fa3-base"): 1.9e-4},
         heads=16, context=4096, block=64, input_format="fp16",
         source="arXiv FlashMLA-ETAP, Table 1 (setup: Section 4; FP16, 16 heads, contexts 512-64K); FA3's figure "
                "is the FA3 paper's, on its own inputs",
@@ -101,6 +103,7 @@ SPECS: dict[str, str] = {  # the tables' algorithm columns as sweep specs (label
     "fa3-base": "fa3-base=base:p_format=fp16:io_format=fp16",
     "etap": "etap:p_format=fp16:io_format=fp16",
     "flashmla-etap": "flashmla-etap",
+    "fa3-mla": "fa3-mla",
     "flashmla": "flashmla",
     "flashmla-sparse-fp8": "flashmla-sparse-fp8",
     "snapmla": "snapmla",
