@@ -656,7 +656,8 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sq", type=_csv(_int_at_least(1)), default=(1,),
                    help="query rows a request (MTP, speculative verify); the first the reference's")
     p.add_argument("--num-kv-splits", type=_csv(_int_at_least(1)),
-                   help="split counts handed to a kernel whose API takes one (sglang-triton), a launch each")
+                   help="split counts handed to a kernel whose API takes one (sglang-triton's num_kv_splits; fa3-mla's "
+                        "num_splits as vLLM passes it: 32 with full CUDA graphs, 1 batch-invariant), a launch each")
     p.add_argument("--projection", help=".npy of (heads x 512, vocab) floats: report each launch's argmax of the "
                                         "row's logits")
     p.add_argument("--split-tokens", type=_split_tokens, default=False,
@@ -664,7 +665,7 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
                         "split a request")
     p.add_argument("--tokens", type=_int_at_least(1), help="flashmla-sparse-fp8: the tokens of the request's cache "
                                                            "its topk are chosen from (default 4 x --length)")
-    p.add_argument("--format", choices=["bf16", "fp16"], help="flashmla-etap: the inputs' format")
+    p.add_argument("--format", choices=["bf16", "fp16"], help="flashmla-etap, fa3-mla: the inputs' format")
     p.add_argument("--max-context-len", type=_int_at_least(1),
                    help="sglang-triton: the model's context length, which sets max_kv_splits (default 163840)")
     p.add_argument("--replay", help="the device check's capture (tests/data/invariance_h200.npz): each launch's "

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from _timing import median_time  # benchmarks/, the script's own folder
-from amla_sim.algorithms import amla, base, flashmla, flashmla_etap, flashmla_sparse_fp8, splitkv_decode
+from amla_sim.algorithms import amla, base, fa3_mla, flashmla, flashmla_etap, flashmla_sparse_fp8, splitkv_decode
 from amla_sim.algorithms.deployed.flashmla.fp8_cache import pages, quantize_kv_cache
 from amla_sim.engine import ENGINES, numba_available, use_engine
 from amla_sim.experiments.inputs import make_inputs
@@ -50,10 +50,11 @@ def cases(size: str) -> dict[str, tuple[Callable[[], object], tuple]]:
     if size == "small":
         shapes = {"flashmla": (2, 4, 32, [1, 2049]), "splitkv_decode": (2, 1, 32, [1, 2049]),
                   "flashmla_etap": (2, 1, 32, [1, 2049]), "flashmla_sparse_fp8": (2, 1, 64, [1, 2049]),
-                  "base": (2, 1, 32, [2049, 2049]), "amla": (2, 1, 32, [2049, 2049])}
+                  "base": (2, 1, 32, [2049, 2049]), "amla": (2, 1, 32, [2049, 2049]),
+                  "fa3_mla": (2, 1, 32, [1, 2049])}
     else:
         shapes = {m: (4, 1, 128, [4096] * 4) for m in ("flashmla", "splitkv_decode", "flashmla_etap",
-                                                       "flashmla_sparse_fp8", "base", "amla")}
+                                                       "flashmla_sparse_fp8", "base", "amla", "fa3_mla")}
     out = {}
     for model, (b, sq, h, lens) in shapes.items():
         q, kv, lens = _inputs(b, sq, h, lens)
@@ -67,6 +68,8 @@ def cases(size: str) -> dict[str, tuple[Callable[[], object], tuple]]:
             fn = lambda q=q, kv=kv, lens=lens: flashmla_etap(q, kv, seqlens=lens)  # noqa: E731
         elif model == "flashmla_sparse_fp8":
             fn = _sparse(q, kv, lens)
+        elif model == "fa3_mla":  # vLLM's call: FA3's own split count
+            fn = lambda q=q, kv=kv, lens=lens: fa3_mla(q, kv, seqlens=lens)  # noqa: E731
         else:
             alg = {"base": base, "amla": amla}[model]
             fn = lambda q=q, kv=kv, alg=alg: alg(q, kv, machine="sm90-triton", schedule="amla-sim-gpu")  # noqa: E731

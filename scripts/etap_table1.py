@@ -20,6 +20,12 @@ run, and the race-free build's output and LSE bits at the contexts kept.
     python scripts/etap_table1.py OUT --markdown PACKED.npz
 
 writes OUT/device.md, the measured table (medians and ranges of the runs) from a packed file.
+
+    python scripts/etap_table1.py OUT --pack-fa3 FA3.npz [--keep 512]
+    python scripts/etap_table1.py OUT --simulate ETAP_PACKED.npz FA3_PACKED.npz [--contexts 512,...]
+
+pack FA3's run (OUT/etap_table1_fa3.npz), and run both kernels' models on the CPU on the same inputs: their RMSE
+beside the devices' and the ratio FA3 / ETAP, every bit checked where a packed file holds it (OUT/simulated.md).
 """
 
 from __future__ import annotations
@@ -71,6 +77,54 @@ def markdown(out: Path, packed: str) -> None:
     (out / "device.md").write_text("\n".join(lines) + "\n")
 
 
+def pack_fa3(out: Path, fa3: str, keep: list[int]) -> None:
+    """FA3's run (``--build fa3``) packed for the tests and the docs: its RMSE of every run, and its output and LSE
+    bits at the contexts kept."""
+    with np.load(fa3) as z:
+        meta = json.loads(str(z["meta"]))
+        assert meta["build"] == "fa3"
+        arrays = {k: z[k] for k in z.files if k != "meta" and int(k.split("_")[1]) in keep}
+    meta = {k: v for k, v in meta.items() if k != "rows"}
+    meta.update(kept=keep, rmse={"fa3": json.loads(str(np.load(fa3)["meta"]))["rows"]}, script="scripts/etap_table1.py")
+    np.savez_compressed(out / "etap_table1_fa3.npz", meta=np.array(json.dumps(meta)), **arrays)
+
+
+def simulate(out: Path, etap_packed: str, fa3_packed: str, contexts: list[int]) -> None:
+    """Both kernels' models on this CPU, on the device runs' inputs: their RMSE beside the devices', and whether
+    every bit of the output is the device's (where the packed files hold them). Writes OUT/simulated.md."""
+    from amla_sim.algorithms import fa3_mla, flashmla_etap
+    from amla_sim.experiments.inputs import make_inputs
+
+    with np.load(etap_packed) as e, np.load(fa3_packed) as f:
+        me, mf = json.loads(str(e["meta"])), json.loads(str(f["meta"]))
+        bits = {("etap", k): e[k] for k in e.files if k.endswith("_out")}
+        bits.update({("fa3", k): f[k] for k in f.files if k.endswith("_out")})
+    dev = {("etap", r["dist"], r["context"]): r["rmse"][0] for r in me["rmse"]["both"]}
+    dev.update({("fa3", r["dist"], r["context"]): r["rmse"][0] for r in mf["rmse"]["fa3"]})
+    lines = ["| inputs | context | FlashMLA-ETAP (race-free): device | CPU model | FA3's MLA decode: device | CPU model "
+             "| FA3 / ETAP | bits checked |", "|---|---|---|---|---|---|---|---|"]
+    for dist in DISTS:
+        for ctx in contexts:
+            q, kv = make_inputs(dist, batch=16, heads=16, sq=1, context=ctx, seed=0, fmt="fp16")
+            qd, kd = q.astype(np.float64)[:, 0], kv.astype(np.float64)
+            s = np.einsum("bhd,bld->bhl", qd, kd) * 576**-0.5
+            p = np.exp(s - s.max(-1, keepdims=True))
+            ref = np.einsum("bhl,bld->bhd", p / p.sum(-1, keepdims=True), kd[..., :512])
+            outs = {"etap": flashmla_etap(q, kv).out, "fa3": fa3_mla(q, kv, page_size=16, num_splits=0).out}
+            rm = {k: float(np.sqrt(((o.astype(np.float64).reshape(16, 16, 512) - ref) ** 2).mean()))
+                  for k, o in outs.items()}
+            key = f"{dist.split(':')[0]}_{ctx}_out"
+            checked = [k for k in outs if (k, key) in bits]
+            for k in checked:
+                assert np.array_equal(outs[k].reshape(bits[(k, key)].shape).view(np.uint16), bits[(k, key)]), (k, key)
+            label = "N(0, 1)" if dist == "normal:1" else "FA3's outliers"
+            lines.append(f"| {label} | {ctx} | {dev[('etap', dist, ctx)]:.4e} | {rm['etap']:.4e} | "
+                         f"{dev[('fa3', dist, ctx)]:.4e} | {rm['fa3']:.4e} | {rm['fa3'] / rm['etap']:.4f} | "
+                         f"{', '.join(checked) or '-'} |")
+            print(lines[-1], flush=True)
+    (out / "simulated.md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -82,6 +136,10 @@ def main() -> None:
     p.add_argument("--pack", nargs=2, metavar=("ORIGINAL", "BOTH"))
     p.add_argument("--keep", default="512,1024", help="--pack: the contexts whose bits to keep")
     p.add_argument("--markdown", metavar="PACKED")
+    p.add_argument("--pack-fa3", metavar="FA3", help="pack a --build fa3 run into OUT/etap_table1_fa3.npz")
+    p.add_argument("--simulate", nargs=2, metavar=("ETAP_PACKED", "FA3_PACKED"),
+                   help="both models on this CPU beside the devices' RMSE (OUT/simulated.md); --contexts")
+    p.add_argument("--contexts", default="512,1024,2048,4096")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,6 +147,10 @@ def main() -> None:
         return pack(out, *a.pack, [int(c) for c in a.keep.split(",")])
     if a.markdown:
         return markdown(out, a.markdown)
+    if a.pack_fa3:
+        return pack_fa3(out, a.pack_fa3, [int(c) for c in a.keep.split(",")])
+    if a.simulate:
+        return simulate(out, *a.simulate, [int(c) for c in a.contexts.split(",")])
 
     import torch
 

@@ -79,6 +79,23 @@ NUMERICS: dict[str, dict[str, tuple[str, str]]] = {
         "combine": ("flashmla-combine, expf", "expf (exp2 of fl(x log2 e)) weights; 32 lanes and an xor butterfly; "
                                               "lse in natural log"),
     },
+    "fa3-mla": {
+        "keys": ("bf16", "BF16 (or FP16)"),
+        "schedule": ("fa3-prepare-scheduler", "the launch's split bound (num_splits, or FA3's heuristic), each "
+                                              "request cdiv(n_blocks, ceilf(total_blocks 1.1 / SMs)) splits over "
+                                              "the whole batch, cdiv(n_block_max, splits) blocks a split"),
+        "scores": ("wgmma rope + nope", "wgmma: Q_rope K_rope^T (k 512..575), then += Q_nope V^T (k 0..511) in one "
+                                       "accumulator, blocks walked last to first"),
+        "max": ("raw scores", "running max of the raw scores, scaled after"),
+        "exp": ("ex2(fma(S, c, -fl(M c)))", "ex2.approx.ftz of fma(S, c, -fl(M c)), c = fl32(double(scale) log2 e)"),
+        "P": ("bf16", "the input format (BF16 or FP16), rounded once for both warpgroups"),
+        "row sum": ("4 lanes: 16 columns each", "4 lanes a row, 16 columns each in order (2t, 2t + 1, 2t + 8, ...); "
+                                                "fma(l, s, .); the lanes met xor 2, then xor 1"),
+        "normalise": _RCP,
+        "LSE": ("fma(M, fl(c ln 2), __logf L)", "fma(M, fl(c ln 2), fl(lg2(L) ln 2)), natural log"),
+        "combine": ("fa3-combine", "a warp a row: 32 lanes sum expf(lse_s - M), xor butterfly; lse = logf(sum) + M; "
+                                   "out = sum fma(expf(lse_s - M) rcp(sum), O_s, .)"),
+    },
     "sglang-triton": {
         "keys": ("bf16", "BF16"),
         "schedule": ("sglang-num-kv-splits", "SGLang's get_num_kv_splits over the batch; equal splits of a multiple "

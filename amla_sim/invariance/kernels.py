@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .._validate import check_int
+from ..algorithms.deployed.fa3.mla import fa3_mla
+from ..algorithms.deployed.fa3.scheduler import Fa3Schedule, fa3_schedule
 from ..algorithms.deployed.flashmla.dense import flashmla
 from ..algorithms.deployed.flashmla.etap import flashmla_etap
 from ..algorithms.deployed.flashmla.fp8_cache import pages, quantize_kv_cache
@@ -145,6 +147,14 @@ class _FlashMLAFamily(BatchKernel):
 
     fmt = "bf16"
 
+    def _with_format(self, kernel: str, given: dict[str, Any]) -> dict[str, Any]:
+        """The ``format`` option of a kernel that takes BF16 or FP16 inputs; others refused by the base class."""
+        fmt = given.pop("format", "bf16")
+        if fmt not in ("bf16", "fp16"):
+            raise ValueError(f"format: {kernel} takes bf16 or fp16, got {fmt!r}")
+        BatchKernel.options(self, **given)
+        return {"format": fmt}
+
     def request(self, *, dist: str, seed: int, length: int, heads: int, s_q: int, **options: Any) -> Request:
         opts = self.options(**options)
         q, kv = make_inputs(dist, batch=1, heads=heads, sq=s_q, context=length, seed=seed,
@@ -200,11 +210,7 @@ class _Etap(_FlashMLAFamily):
     what_if = _Dense.what_if
 
     def options(self, **given: Any) -> dict[str, Any]:
-        fmt = given.pop("format", "bf16")
-        if fmt not in ("bf16", "fp16"):
-            raise ValueError(f"format: FlashMLA-ETAP takes bf16 or fp16, got {fmt!r}")
-        super().options(**given)
-        return {"format": fmt}
+        return self._with_format("FlashMLA-ETAP", given)
 
     def _parts(self, req: Request, launch: Launch) -> int:
         return etap_num_sm_parts(s_q=launch.s_q, heads_q=req.heads, num_sms=launch.num_sms)
@@ -221,6 +227,63 @@ class _Etap(_FlashMLAFamily):
         res = flashmla_etap(_rows(req, launch.s_q)[None], req.arrays["kv"][None], seqlens=[req.length],
                             num_sms=launch.num_sms, splits=[plan])
         return {"out": res.out[0, -1], "lse": res.lse[0, :, -1]}
+
+
+class _Fa3(_FlashMLAFamily):
+    """FlashAttention-3's MLA decode as vLLM calls it: the launch's split bound (the caller's ``num_splits``, else
+    FA3's heuristic) and each request's count from the whole batch's blocks
+    (:mod:`~amla_sim.algorithms.deployed.fa3.scheduler`)."""
+
+    name = "fa3-mla"
+    summary = "FlashAttention-3's MLA decode (vLLM's FLASH_ATTN_MLA, SGLang's fa3), vLLM's call"
+    row_tile = 64
+    takes_num_kv_splits = True
+    what_if = "vLLM's batch-invariant mode, num_splits = 1: one split a request"
+
+    def options(self, **given: Any) -> dict[str, Any]:
+        return self._with_format("FA3's MLA decode", given)
+
+    def _schedule(self, req: Request, launch: Launch) -> Fa3Schedule:
+        return fa3_schedule(list(launch.lengths), s_q=launch.s_q, heads=req.heads,
+                            num_splits=launch.num_kv_splits or 0, causal=launch.s_q > 1, num_sms=launch.num_sms)
+
+    def _cut(self, req: Request, launch: Launch, sched: Fa3Schedule, i: int, n: int) -> Plan:
+        m = (launch.s_q * req.heads - 1) // 64  # the m-block of the row of interest's last head
+        return [(lo * BLOCK_SIZE_N, min(hi * BLOCK_SIZE_N, n))
+                for lo, hi in sched.blocks(i, n, m, s_q=launch.s_q, heads=req.heads) if hi > lo]  # an empty
+        # split writes O = 0 and LSE = -inf, which the combine skips: it changes no bit
+
+    def plans(self, req: Request, launch: Launch) -> list[Plan]:
+        sched = self._schedule(req, launch)
+        return [self._cut(req, launch, sched, i, n) for i, n in enumerate(launch.lengths)]
+
+    def invariant_plans(self, req: Request, launch: Launch, split_tokens: int | None) -> list[Plan]:
+        if split_tokens is not None:
+            raise ValueError("split_tokens: FA3 takes a split count, not a split size; its batch-invariant mode is "
+                             "one split a request ('one')")
+        return [[(0, n)] for n in launch.lengths]
+
+    def reason(self, req: Request, launch: Launch) -> str:
+        sched = self._schedule(req, launch)
+        blocks = sum(-(-n // BLOCK_SIZE_N) for n in launch.lengths) * -(-(launch.s_q * req.heads) // 64)
+        bound = (f"num_splits = {launch.num_kv_splits} handed to the kernel" if launch.num_kv_splits else
+                 f"FA3's heuristic bound {sched.bound} (the longest request, {max(launch.lengths)} tokens)")
+        return (f"{bound}; {blocks} blocks of 64 rows x 64 keys in {launch.batch} request"
+                f"{'s' * (launch.batch > 1)} on {launch.num_sms} SMs: {sched.splits[launch.position]} split"
+                f"{'s' * (sched.splits[launch.position] > 1)}")
+
+    def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
+        one = Launch("alone", (req.length,), s_q=launch.s_q, num_sms=launch.num_sms)
+        sched = self._schedule(req, one)
+        want = [tuple(r) for r in plan]
+        count = next((n for n in range(len(plan), 257)
+                      if self._cut(req, one, replace(sched, splits=(n,)), 0, req.length) == want), None)
+        if count is None:
+            raise ValueError(f"plan: FA3 cuts a request's blocks into a count of equal splits; {plan} is not such "
+                             "a cut")
+        res = fa3_mla(_rows(req, launch.s_q)[None], req.arrays["kv"][None], seqlens=[req.length],
+                      num_sms=launch.num_sms, splits=[count])
+        return {"out": res.out[0, -1], "lse": res.lse[:, -1]}
 
 
 class _SparseFP8(BatchKernel):
@@ -385,7 +448,7 @@ class _SGLang(BatchKernel):
                 "max_kv_splits": self.max_kv_splits(req, launch)}
 
 
-_FACTORIES: dict[str, Callable[[], BatchKernel]] = {k.name: k for k in (_Dense, _SparseFP8, _Etap, _SGLang)}
+_FACTORIES: dict[str, Callable[[], BatchKernel]] = {k.name: k for k in (_Dense, _SparseFP8, _Etap, _SGLang, _Fa3)}
 #: The kernels whose scheduler amla-sim models: name -> a one-line summary.
 BATCH_KERNELS = {name: f().summary for name, f in _FACTORIES.items()}
 

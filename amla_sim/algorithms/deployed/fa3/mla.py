@@ -3,7 +3,8 @@
 Upstream: vllm-project/flash-attention 617264c (vLLM 0.33 pins b273a02, which is not obtainable here; the kernel
 headers last changed in the fork on 2026-05-05), ``hopper/``: ``mainloop_fwd_sm90_tma_gmma_ws.hpp`` (``mma`` without
 intra-warpgroup overlap, ``mma_pv``), ``softmax.h``, ``epilogue_fwd.hpp``, ``flash_fwd_combine_kernel.h``; the
-schedule is :mod:`.scheduler`. On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit, BF16 and FP16.
+schedule is :mod:`amla_sim.algorithms.deployed.fa3.scheduler`. On ``sm90-cuda`` it predicts the kernel's output
+and LSE bit for bit, BF16 and FP16.
 
 The call puts q_rope (64) in ``q``, k_rope in ``k``, kv_c (512) in ``v`` and q_nope in ``q_v``: the scores of a
 64 x 64 tile are ``S = Q_rope K_rope^T`` (wgmma, k 512..575 of the 576) and then ``+= Q_nope V^T`` (k 0..511) in the
@@ -32,6 +33,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -83,6 +86,7 @@ def fa3_mla(
     pack_gqa: bool | None = None,
     varlen_q: bool = True,
     num_sms: int = 132,
+    splits: Sequence[int] | None = None,
     softcap: float = 0.0,
     window_size: tuple[int, int] = (-1, -1),
     machine: str | Machine = "sm90-cuda",
@@ -96,7 +100,8 @@ def fa3_mla(
     cp.async path, which move the same data. num_splits: what the caller passes (0: FA3's heuristic; vLLM with
     full CUDA graphs passes 32; 1: batch-invariant). pack_gqa: None, the kernel's choice. varlen_q: the call
     passes ``cu_seqlens_q`` (vLLM) rather than only ``cache_seqlens`` (SGLang's ``flash_attn_with_kvcache``).
-    softcap and window_size: refused unless off (vLLM's build has neither). Returns ``.out`` (b, s_q, h, 512) in
+    splits: per request, a split count in place of the prepare kernel's (a what-if; each m-block's blocks are cut
+    into that many as the kernel cuts them). softcap and window_size: refused unless off (vLLM's build has neither). Returns ``.out`` (b, s_q, h, 512) in
     the input format and ``.lse`` in the kernel's layout, natural log: (h, b * s_q) with `varlen_q`, else (b, h,
     s_q); with `trace`, the
     schedule (``schedule``) and per request each m-block's split ranges (``split_blocks``).
@@ -122,6 +127,11 @@ def fa3_mla(
     lens = [int(n) for n in lens]
     sched = fa3_schedule(lens, s_q=s_q, heads=H, num_splits=num_splits, causal=is_causal, pack_gqa=pack_gqa,
                          page_size=page_size, varlen_q=varlen_q, num_sms=num_sms)
+    if splits is not None:
+        given = [check_int(n, "splits", lo=1, hi=256) for n in np.asarray(splits).ravel().tolist()]
+        if len(given) != b:
+            raise ValueError(f"splits: one split count a request ({b}), got {len(given)}")
+        sched = replace(sched, bound=max(given), splits=tuple(given), pack_gqa=sched.pack_gqa or max(given) > 1)
     u = _Units(mc, fmt, sm)
     Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
     out = np.zeros((b, s_q * H, D_V), mc.dtype)

@@ -55,7 +55,9 @@ def should_pack_gqa(varlen_q: bool, s_q: int, heads: int, block_m: int = BLOCK_M
     """``should_pack_gqa`` (heuristics.h): pack the heads into the query rows unless that wastes more of a tile."""
     if varlen_q:
         return True
-    up = lambda a: -(-a // block_m) * block_m  # noqa: E731
+    def up(a: int) -> int:
+        return -(-a // block_m) * block_m
+
     return float(_f32(s_q) / _f32(up(s_q))) < 0.9 * float(_f32(s_q * heads) / _f32(up(s_q * heads)))
 
 
@@ -87,7 +89,7 @@ def request_splits(seqlens: list[int], *, s_q: int, heads: int, bound: int, num_
     n_blocks = [-(-n // BLOCK_N) for n in seqlens]
     total = sum(m_blocks * n for n in n_blocks)
     # float(total_blocks) * 1.1f * float(num_head) / float(num_sm), num_head = h_k = 1 with pack-GQA
-    per_sm = int(math.ceil(_f32(_f32(_f32(total) * _f32(1.1)) * _f32(1)) / _f32(num_sms)))
+    per_sm = math.ceil(_f32(_f32(_f32(total) * _f32(1.1)) * _f32(1)) / _f32(num_sms))
     return [max(min(-(-n // per_sm), bound), 1) for n in n_blocks]
 
 

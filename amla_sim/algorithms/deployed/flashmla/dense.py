@@ -88,7 +88,8 @@ def flashmla(
     (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q) natural log, FlashMLA's layouts; with `trace`, per request
     the splits' token ranges, partial outputs and LSEs (``split_ranges``, ``split_out``, ``split_lse``).
     splits: per request, token ranges to run as its splits in place of the scheduler's (a what-if; the kernel's
-    own plan is :func:`.scheduler.request_splits`; :func:`.scheduler.check_splits` says what a plan may be).
+    own plan is :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.request_splits`;
+    :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` says what a plan may be).
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens)
