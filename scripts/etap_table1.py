@@ -101,7 +101,12 @@ def simulate(out: Path, etap_packed: str, fa3_packed: str, contexts: list[int]) 
         bits.update({("fa3", k): f[k] for k in f.files if k.endswith("_out")})
     dev = {("etap", r["dist"], r["context"]): r["rmse"][0] for r in me["rmse"]["both"]}
     dev.update({("fa3", r["dist"], r["context"]): r["rmse"][0] for r in mf["rmse"]["fa3"]})
-    lines = ["| inputs | context | FlashMLA-ETAP (race-free): device | CPU model | FA3's MLA decode: device | CPU model "
+    lines = ["### ETAP Table 1: both kernels' models on a CPU beside the devices", "",
+             "RMSE against FP64 of the FP16 output; batch 16, 16 heads, s_q 1, scale 576^-0.5, inputs drawn with "
+             f"seed 0; devices: {me['device']} (FlashMLA-ETAP, race-free build), {mf['device']} (FA3's MLA decode, "
+             "vLLM's call, pages of 16). *bits checked*: the models' every output bit against the device's where "
+             "the packed runs hold them.", "",
+             "| inputs | context | FlashMLA-ETAP (race-free): device | CPU model | FA3's MLA decode: device | CPU model "
              "| FA3 / ETAP | bits checked |", "|---|---|---|---|---|---|---|---|"]
     for dist in DISTS:
         for ctx in contexts:
