@@ -112,10 +112,10 @@ def test_num_splits_heuristic(args, want):
 def test_per_request_splits_follow_the_whole_batch():
     """The prepare kernel divides by blocks per SM over the whole batch: a request's split count falls as
     batchmates arrive (the batch dependence of FA3's output)."""
-    alone = scheduler.request_splits([4096], s_q=1, heads=128, bound=32)
-    crowd = scheduler.request_splits([4096] * 8, s_q=1, heads=128, bound=32)
+    alone = scheduler.dynamic_splits([4096], s_q=1, heads=128, bound=32)
+    crowd = scheduler.dynamic_splits([4096] * 8, s_q=1, heads=128, bound=32)
     assert alone == [32] and crowd == [8] * 8  # ceil(1024 * 1.1 / 132) = 9 blocks an SM: cdiv(64, 9)
-    assert scheduler.request_splits([4096] * 993, s_q=1, heads=128, bound=32) == [1] * 993
+    assert scheduler.dynamic_splits([4096] * 993, s_q=1, heads=128, bound=32) == [1] * 993
 
 
 def test_a_causal_m_block_ends_with_its_last_query():
@@ -173,7 +173,7 @@ CHOICES = {  # name: (capture case where it bites, (module, attribute, replaceme
                                                                                 u.mc.f(M * u.c_ln2)))),
     "combine-lse-unfused": (1, (mla, "_combine_lse", lambda u, total, M: u.mc.f(u.logf(total) + M))),
     "combine-weights-from-lse": (1, (mla, "_combine_weights", _weights_from_lse)),
-    "every-request-the-bound": (5, (scheduler, "request_splits",
+    "every-request-the-bound": (5, (scheduler, "dynamic_splits",
                                     lambda lens, *, s_q, heads, bound, num_sms=132: [min(bound, -(-n // 64))
                                                                                      for n in lens])),
     "causal-m-blocks-not-cut": (14, (scheduler, "n_block_max",

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from amla_sim.algorithms import flashmla_etap, golden
+from amla_sim.algorithms import fa3_mla, flashmla_etap, golden
 from amla_sim.algorithms.deployed.flashmla.scheduler import etap_num_sm_parts, etap_schedule
 from amla_sim.crosscheck import replay
 from amla_sim.crosscheck.flashmla import ETAP_CASES
@@ -309,9 +309,11 @@ def test_the_kernel_table_runs_through_reproduce(tmp_path):
                  "--out", str(tmp_path), "--quiet"]) == 0
     with open(tmp_path / "etap-table1-kernel" / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert sorted({r["algorithm"] for r in rows}) == ["etap", "fa3-base", "flashmla-etap"] and len(rows) == 6
+    assert sorted({r["algorithm"] for r in rows}) == ["etap", "fa3-base", "fa3-mla", "flashmla-etap"]
+    assert len(rows) == 8
     q, kv = make_inputs("normal:1", heads=16, sq=1, context=128, fmt="fp16",
                         seed=derive_seed(0, "etap-table1-kernel", "normal:1", 0))
-    want = np.sqrt(np.mean((flashmla_etap(q, kv).out.astype(np.float64) - golden(q, kv).out) ** 2))
-    got = next(float(r["rmse"]) for r in rows if r["algorithm"] == "flashmla-etap" and r["distribution"] == "normal:1")
-    assert got == pytest.approx(want, rel=1e-12)
+    for alg, model in (("flashmla-etap", flashmla_etap), ("fa3-mla", fa3_mla)):
+        want = np.sqrt(np.mean((model(q, kv).out.astype(np.float64) - golden(q, kv).out) ** 2))
+        got = next(float(r["rmse"]) for r in rows if r["algorithm"] == alg and r["distribution"] == "normal:1")
+        assert got == pytest.approx(want, rel=1e-12), alg

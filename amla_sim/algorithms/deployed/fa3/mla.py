@@ -45,7 +45,7 @@ from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from ..flashmla.combine import combine_sum
-from .scheduler import BLOCK_M, BLOCK_N, Fa3Schedule, fa3_schedule
+from .scheduler import KBLOCK_M, KBLOCK_N, Fa3Schedule, fa3_schedule
 
 __all__ = ["fa3_mla", "fa3_mla_decode", "FA3_COMMIT"]
 
@@ -109,18 +109,8 @@ def fa3_mla(
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
     sm = check_scale(scale)
-    check_int(num_sms, "num_sms", lo=1)
-    check_int(num_splits, "num_splits", lo=0, hi=256)
-    if page_size is not None:
-        check_int(page_size, "page_size", lo=1)
-    for name, v in (("causal", causal), ("pack_gqa", pack_gqa)):
-        if v is not None and not isinstance(v, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected True, False or None, got {v!r}")
-    if softcap != 0.0:
-        raise ValueError(f"softcap: vLLM's FA3 build has no softcapping (FLASHATTENTION_DISABLE_SOFTCAP), got {softcap}")
-    if tuple(window_size) != (-1, -1):
-        raise ValueError(f"window_size: vLLM's FA3 build has no local attention (FLASHATTENTION_DISABLE_LOCAL), got "
-                         f"{window_size}")
+    _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=page_size, causal=causal, pack_gqa=pack_gqa,
+                  softcap=softcap, window_size=window_size)
     fmt = get_format(qa.dtype).name
     b, s_q, H, _ = qa.shape
     is_causal = s_q > 1 and (causal is None or bool(causal))  # mha_fwd: causal is no mask when s_q = 1
@@ -159,13 +149,30 @@ def fa3_mla(
     return AttentionResult(out, np.ascontiguousarray(lse), tr, hazards)
 
 
+def _check_launch(*, num_sms: int, num_splits: int, page_size: int | None, causal: object, pack_gqa: object,
+                  softcap: float, window_size: tuple[int, int]) -> None:
+    """The call's settings, or an error naming the one the kernel does not take."""
+    check_int(num_sms, "num_sms", lo=1)
+    check_int(num_splits, "num_splits", lo=0, hi=256)
+    if page_size is not None:
+        check_int(page_size, "page_size", lo=1)
+    for name, v in (("causal", causal), ("pack_gqa", pack_gqa)):
+        if v is not None and not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True, False or None, got {v!r}")
+    if softcap != 0.0:
+        raise ValueError(f"softcap: vLLM's FA3 build has no softcapping (FLASHATTENTION_DISABLE_SOFTCAP), got {softcap}")
+    if tuple(window_size) != (-1, -1):
+        raise ValueError(f"window_size: vLLM's FA3 build has no local attention (FLASHATTENTION_DISABLE_LOCAL), got "
+                         f"{window_size}")
+
+
 def fa3_mla_decode(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,
     *,
     machine: str | Machine = "sm90-cuda",
     schedule: str | Schedule = "reference",
-    block: int = BLOCK_N,
+    block: int = KBLOCK_N,
     scale: float | None = None,
     num_sms: int = 132,
     trace: bool = False,
@@ -173,7 +180,7 @@ def fa3_mla_decode(
     """:func:`fa3_mla` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): every request the
     whole of kv, pages of 16 and FA3's split heuristic, the LSE as (b, s_q, h). The kernel lays its
     work out itself: `block` must be its 64 and `schedule` is checked, not used."""
-    check_kernel_layout(schedule, block, BLOCK_N)
+    check_kernel_layout(schedule, block, KBLOCK_N)
     res = fa3_mla(q, kv, scale=scale, num_sms=num_sms, machine=machine, varlen_q=False, trace=trace)
     return AttentionResult(res.out, np.swapaxes(res.lse, 1, 2), res.trace, res.hazards)
 
@@ -182,9 +189,9 @@ def _row_groups(sched: Fa3Schedule, i: int, seqlen: int, s_q: int, H: int) -> li
     """The request's rows grouped by their m-block's split ranges (one group unless causal cuts m-blocks short)."""
     R = s_q * H
     if sched.pack_gqa:
-        m_of_row = np.arange(R) // BLOCK_M
+        m_of_row = np.arange(R) // KBLOCK_M
     else:  # an m-block holds one head's query positions
-        m_of_row = np.tile(np.arange(s_q) // BLOCK_M, H) .reshape(H, s_q).T.ravel()
+        m_of_row = np.tile(np.arange(s_q) // KBLOCK_M, H).reshape(H, s_q).T.ravel()
     groups: dict[tuple, np.ndarray] = {}
     for m in np.unique(m_of_row):
         key = tuple(sched.blocks(i, seqlen, int(m), s_q=s_q, heads=H))
@@ -208,7 +215,7 @@ def _scores(u: _Units, Q: np.ndarray, Ks: np.ndarray) -> np.ndarray:
         kt = mc.operand(kt)
         return mc.matmul(Qm[:, :D_V], kt[:D_V], mc.matmul(Qm[:, D_V:], kt[D_V:]))
 
-    return mc.f(mc.by_blocks(product, KT, rows=Q.shape[0], block=BLOCK_N))
+    return mc.f(mc.by_blocks(product, KT, rows=Q.shape[0], block=KBLOCK_N))
 
 
 def _lane_sum(mc: Machine, part: np.ndarray | None, s: np.ndarray | None, P: np.ndarray) -> np.ndarray:
@@ -229,15 +236,15 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
     R = Q.shape[0]
     if hi <= lo:  # a split with no blocks: store_zero
         return np.zeros((R, D_V), dt), np.full(R, -np.inf, dt)
-    keys = np.arange(lo * BLOCK_N, hi * BLOCK_N)
+    keys = np.arange(lo * KBLOCK_N, hi * KBLOCK_N)
     Ks = np.where((keys < seqlen)[:, None], K[np.minimum(keys, seqlen - 1)], 0).astype(K.dtype)
     Ss = _scores(u, Q, Ks)
     O = np.zeros((R, D_V), dt)
     M = np.full(R, -np.inf, dt)
     part = None
     for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
-        cols = slice((blk - lo) * BLOCK_N, (blk - lo + 1) * BLOCK_N)
-        t = blk * BLOCK_N + np.arange(BLOCK_N)
+        cols = slice((blk - lo) * KBLOCK_N, (blk - lo + 1) * KBLOCK_N)
+        t = blk * KBLOCK_N + np.arange(KBLOCK_N)
         S = np.where((t[None, :] < seqlen) & (t[None, :] <= limit[:, None]), Ss[:, cols], -np.inf).astype(dt)
         M_new = S.max(axis=1) if step == 0 else np.maximum(M, S.max(axis=1))
         s = None

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BLOCK_M", "BLOCK_N", "MAX_SPLIT_BATCH", "num_splits_heuristic", "launch_splits", "request_splits",
+__all__ = ["KBLOCK_M", "KBLOCK_N", "MAX_SPLIT_BATCH", "num_splits_heuristic", "launch_splits", "dynamic_splits",
            "should_pack_gqa", "pagedkv_tma", "n_block_max", "split_blocks", "Fa3Schedule", "fa3_schedule"]
 
-BLOCK_M = 64  # kBlockM: query rows a tile
-BLOCK_N = 64  # kBlockN: keys a block
+KBLOCK_M = 64  # kBlockM: query rows a tile
+KBLOCK_N = 64  # kBlockN: keys a block
 MAX_SPLIT_BATCH = 992  # PREPARE_VARLEN_MAX_BATCHES_1CTA: more requests than this are never split
 _L2 = 50 * 1024 * 1024  # num_splits_heuristic's L2 size
 _f32 = np.float32
@@ -51,7 +51,7 @@ def num_splits_heuristic(total_mblocks: int, num_sms: int, num_n_blocks: int, nu
     return next((n for n, e in enumerate(eff, 1) if float(e) >= 0.85 * float(best)), 1)
 
 
-def should_pack_gqa(varlen_q: bool, s_q: int, heads: int, block_m: int = BLOCK_M) -> bool:
+def should_pack_gqa(varlen_q: bool, s_q: int, heads: int, block_m: int = KBLOCK_M) -> bool:
     """``should_pack_gqa`` (heuristics.h): pack the heads into the query rows unless that wastes more of a tile."""
     if varlen_q:
         return True
@@ -64,7 +64,7 @@ def should_pack_gqa(varlen_q: bool, s_q: int, heads: int, block_m: int = BLOCK_M
 def pagedkv_tma(page_size: int | None, s_q: int, heads: int) -> bool:
     """``get_pagedkv_tma``: a paged cache goes through TMA when its pages hold whole blocks and a request has more
     query rows than a tile; otherwise a cp.async gather (``PagedKVNonTMA``). The two move the same data."""
-    return page_size is not None and page_size % BLOCK_N == 0 and s_q * heads > BLOCK_M
+    return page_size is not None and page_size % KBLOCK_N == 0 and s_q * heads > KBLOCK_M
 
 
 def launch_splits(max_seqlen_k: int, *, s_q: int, heads: int, num_splits: int, causal: bool, batch: int,
@@ -75,18 +75,18 @@ def launch_splits(max_seqlen_k: int, *, s_q: int, heads: int, num_splits: int, c
         return 1
     if num_splits > 0:
         return num_splits
-    n_blocks = -(-max_seqlen_k // BLOCK_N)
-    m_blocks = -(-(s_q * heads) // BLOCK_M)
+    n_blocks = -(-max_seqlen_k // KBLOCK_N)
+    m_blocks = -(-(s_q * heads) // KBLOCK_M)
     size_one_kv_head = max_seqlen_k * (64 + 512) * 2
     return num_splits_heuristic(m_blocks, num_sms, n_blocks, m_blocks, size_one_kv_head, causal)
 
 
-def request_splits(seqlens: list[int], *, s_q: int, heads: int, bound: int, num_sms: int = 132) -> list[int]:
+def dynamic_splits(seqlens: list[int], *, s_q: int, heads: int, bound: int, num_sms: int = 132) -> list[int]:
     """Each request's split count as ``prepare_varlen_num_blocks_kernel`` writes it (``num_splits_dynamic``)."""
     if bound == 1 or len(seqlens) > MAX_SPLIT_BATCH:
         return [1] * len(seqlens)
-    m_blocks = -(-(s_q * heads) // BLOCK_M)
-    n_blocks = [-(-n // BLOCK_N) for n in seqlens]
+    m_blocks = -(-(s_q * heads) // KBLOCK_M)
+    n_blocks = [-(-n // KBLOCK_N) for n in seqlens]
     total = sum(m_blocks * n for n in n_blocks)
     # float(total_blocks) * 1.1f * float(num_head) / float(num_sm), num_head = h_k = 1 with pack-GQA
     per_sm = math.ceil(_f32(_f32(_f32(total) * _f32(1.1)) * _f32(1)) / _f32(num_sms))
@@ -96,11 +96,11 @@ def request_splits(seqlens: list[int], *, s_q: int, heads: int, bound: int, num_
 def n_block_max(seqlen: int, m_block: int, *, s_q: int, heads: int, causal: bool, pack_gqa: bool = True) -> int:
     """``get_n_block_min_max``'s end for an m-block: the request's blocks, cut where the m-block's last query
     row's causal window ends (bottom-right aligned: query s sees keys up to seqlen - s_q + s)."""
-    end = -(-seqlen // BLOCK_N)
+    end = -(-seqlen // KBLOCK_N)
     if causal:
-        rows_end = (m_block + 1) * BLOCK_M
+        rows_end = (m_block + 1) * KBLOCK_M
         last_q = (rows_end - 1) // heads + 1 if pack_gqa else rows_end
-        end = min(end, -(-(last_q + seqlen - s_q) // BLOCK_N))
+        end = min(end, -(-(last_q + seqlen - s_q) // KBLOCK_N))
     return end
 
 
@@ -137,5 +137,5 @@ def fa3_schedule(seqlens: list[int], *, s_q: int, heads: int, num_splits: int = 
                           batch=len(seqlens), num_sms=num_sms)
     pack = should_pack_gqa(varlen_q, s_q, heads) if pack_gqa is None else bool(pack_gqa)
     pack = pack or bound > 1 or (page_size is not None and not tma)
-    return Fa3Schedule(bound, tuple(request_splits(seqlens, s_q=s_q, heads=heads, bound=bound, num_sms=num_sms)),
+    return Fa3Schedule(bound, tuple(dynamic_splits(seqlens, s_q=s_q, heads=heads, bound=bound, num_sms=num_sms)),
                        pack, causal, tma)
