@@ -164,11 +164,13 @@ def _weights_from_lse(u, lse_s, M0, total, lse):  # FlashMLA's combine: exp(lse_
 CHOICES = {  # name: (capture case where it bites, (module, attribute, replacement) or machine units)
     "nope-first": (1, (mla, "_scores", _scores_nope_first)),
     "one-product-in-order": (1, (mla, "_scores", _scores_in_order)),
-    "scale-not-rounded-first": (1, (mla, "_scale_log2", lambda mc, s: mc.f(np.float64(s) * math.log2(math.e)))),
+    "scale-not-rounded-first": (1, (mla, "scale_log2", lambda mc, s: mc.f(np.float64(s) * math.log2(math.e)))),
     "pairs-then-groups": (1, (mla, "_lane_sum", _pairs_then_groups)),
     "row-sum-unfused": (1, (mla, "_lane_sum", _lane_sum_unfused)),
     "row-total-in-order": (1, (mla, "_row_total", lambda mc, p: mc.f(mc.f(mc.f(p[:, 0] + p[:, 1]) + p[:, 2])
                                                                      + p[:, 3]))),
+    "row-total-adjacent-pairs": (1, (mla, "_row_total", lambda mc, p: mc.f(mc.f(p[:, 0] + p[:, 1])
+                                                                          + mc.f(p[:, 2] + p[:, 3])))),
     "lse-other-contraction": (7, (mla, "_split_lse", lambda u, M, L: u.mc.mul_add(u.mc.log2(L), u.ln2,
                                                                                 u.mc.f(M * u.c_ln2)))),
     "combine-lse-unfused": (1, (mla, "_combine_lse", lambda u, total, M: u.mc.f(u.logf(total) + M))),
@@ -205,10 +207,13 @@ def test_each_fa3_choice_matters(change, monkeypatch, capture):
 # --- other machines, the sweep entry, bad input -----------------------------------------------------------
 
 
+@pytest.mark.parametrize("pack_gqa", [None, False])
 @pytest.mark.parametrize("machine", ["golden", "ieee32", "sm90-cuda"])
-def test_fa3_mla_on_other_machines(machine):
+def test_fa3_mla_on_other_machines(machine, pack_gqa):
+    """Causal (as golden's s_q = 2), split, and with the heads packed into the rows or not."""
     q, kv = make_inputs("normal:1", batch=2, sq=2, heads=16, context=700, seed=9, fmt="fp16")
-    res = fa3_mla(q, kv, seqlens=[700, 130], machine=machine, num_splits=3)  # causal, as golden's s_q = 2
+    res = fa3_mla(q, kv, seqlens=[700, 130], machine=machine, num_splits=1 if pack_gqa is False else 3,
+                  page_size=None if pack_gqa is False else 16, pack_gqa=pack_gqa)
     assert res.out.dtype == (np.float64 if machine == "golden" else q.dtype) and res.lse.shape == (16, 4)
     for i, n in enumerate((700, 130)):
         ref = golden(q[i:i + 1], kv[i:i + 1, :n])
@@ -232,7 +237,8 @@ def test_the_sweep_entry():
     ({"seqlens": [0]}, "seqlens"), ({"scale": -1.0}, "scale"), ({"num_splits": 300}, "num_splits"),
     ({"page_size": 0}, "page_size"), ({"causal": "yes"}, "causal"), ({"pack_gqa": 1}, "pack_gqa"),
     ({"softcap": 30.0}, "softcap"), ({"window_size": (128, 0)}, "window_size"), ({"num_sms": 0}, "num_sms"),
-    ({"machine": "b200"}, "machine"),
+    ({"machine": "b200"}, "machine"), ({"splits": [0]}, "splits"), ({"splits": [2, 2]}, "splits"),
+    ({"splits": [1.5]}, "splits"), ({"varlen_q": "yes"}, "varlen_q"),
 ])
 def test_fa3_mla_bad_input_names_the_argument(kwargs, name):
     q, kv = make_inputs("normal:1", heads=16, context=64)

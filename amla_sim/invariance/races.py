@@ -100,27 +100,28 @@ class RaceExposure:
             lines.append(f"  {race.name}: {race.where}; missing: {race.missing}")
         for e in self.requests:
             lines.append(f"  request {e.request}: {len(e.rows)} of {e.total_rows} rows exposed "
-                         f"({_ranges(e.rows, self.heads)}), {e.splits} split(s), {e.tiles} tile(s)")
+                         f"({_ranges(e.rows, self.s_q)}), {e.splits} split(s), {e.tiles} tile(s)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.format()
 
 
-def _ranges(rows: tuple[tuple[int, int], ...], heads: int) -> str:
-    """(s, h) pairs as 's0 h8-15, ...' runs of consecutive heads."""
-    out, run = [], []
-    for s, h in rows:
-        if run and run[-1] == (s, h - 1):
-            run.append((s, h))
-            continue
-        if run:
-            out.append(run)
-        run = [(s, h)]
-    if run:
-        out.append(run)
-    text = [f"s{r[0][0]} h{r[0][1]}" + (f"-{r[-1][1]}" if len(r) > 1 else "") for r in out]
-    return ", ".join(text[:6]) + (f", ... ({len(text)} runs)" if len(text) > 6 else "")
+def runs(values: list[int]) -> str:
+    """Sorted ints as runs, '8-15, 24-31'."""
+    out: list[list[int]] = []
+    for v in values:
+        if out and out[-1][1] == v - 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
+
+
+def _ranges(rows: tuple[tuple[int, int], ...], s_q: int) -> str:
+    """(s, h) pairs as 's0 h8-15, 24-31; s1 h...'."""
+    return "; ".join(f"s{s} h{runs([h for t, h in rows if t == s])}" for s in range(s_q)
+                     if any(t == s for t, _ in rows))
 
 
 def etap_race_exposure(seqlens: npt.ArrayLike, *, s_q: int = 1, heads: int = 128,

@@ -21,6 +21,7 @@ from ..algorithms._common import check_kernel_inputs
 from ..comparison import ComparisonReport, compare
 from .kernels import BatchKernel, Plan, Request, describe_plan, get_batch_kernel
 from .launches import Launch, variations
+from .races import runs
 
 __all__ = ["invariance", "InvarianceReport", "LaunchResult", "WhatIf", "project"]
 
@@ -265,18 +266,7 @@ def _races(k: BatchKernel, req: Request, launch: Launch) -> dict[str, Any]:
     mine = exp.requests[launch.position]
     heads = [h for s, h in mine.rows if s == launch.s_q - 1]
     return {"races": [r.name for r in exp.races], "exposed_heads": heads, "tiles": mine.tiles,
-            "exposed_text": _runs(heads)}
-
-
-def _runs(values: list[int]) -> str:
-    """Sorted ints as '8-15, 24-31'."""
-    out: list[list[int]] = []
-    for v in values:
-        if out and out[-1][1] == v - 1:
-            out[-1][1] = v
-        else:
-            out.append([v, v])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
+            "exposed_text": runs(heads)}
 
 
 def _request(k: BatchKernel, inputs: dict[str, np.ndarray] | None, **kw: Any) -> Request:

@@ -3,7 +3,10 @@
 - :mod:`~amla_sim.algorithms.deployed.flashmla`: deepseek-ai/FlashMLA's sm90 decodes and the kernels derived
   from it (the split scheduler in both generations, the combine, the FP8 cache, the dense, sparse FP8 and ETAP
   decodes);
-- :mod:`~amla_sim.algorithms.deployed.sglang`: SGLang's Triton split/merge decode.
+- :mod:`~amla_sim.algorithms.deployed.sglang`: SGLang's Triton split/merge decode;
+- :mod:`~amla_sim.algorithms.deployed.fa3`: FlashAttention-3's MLA decode (vLLM's fork), its split choice;
+- :mod:`~amla_sim.algorithms.deployed.fast_math`: what the FlashAttention-derived CUDA decodes compute alike under
+  ``--use_fast_math`` (the scale in log2 units, ``__logf``).
 
 Each model runs on a machine like the papers' algorithms and follows its kernel's main loop, with the upstream
 file it reads named at the top of its module. The entry points are re-exported by :mod:`amla_sim.algorithms`.

@@ -31,7 +31,6 @@ max lse_s``, ``sum = sum expf(lse_s - M)`` (an xor butterfly over the lanes), ``
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -44,6 +43,7 @@ from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
+from ..fast_math import ln2, logf, scale_log2
 from ..flashmla.combine import combine_sum
 from .scheduler import KBLOCK_M, KBLOCK_N, Fa3Schedule, fa3_schedule
 
@@ -62,15 +62,13 @@ class _Units:
         self.mc = mc
         self.dt = mc.dtype
         self.fmt = fmt
-        self.ln2 = mc.f(math.log(2.0))
-        self.c = _scale_log2(mc, scale)
+        self.ln2 = ln2(mc)
+        self.c = scale_log2(mc, scale)
         self.c_ln2 = mc.f(self.c * self.ln2)  # softmax_scale_log2 * float(M_LN2)
 
     def logf(self, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
-        """``__logf(x)`` (lg2.approx times fl32(ln 2)), or ``__logf(x) + plus`` with the multiply contracted."""
-        if plus is None:
-            return self.mc.f(self.mc.log2(x) * self.ln2)
-        return self.mc.mul_add(self.mc.log2(x), self.ln2, plus)
+        """``__logf(x)``, or ``__logf(x) + plus`` with the multiply by ln 2 contracted into the add."""
+        return logf(self.mc, x, plus)
 
 
 @quiet_fp
@@ -110,7 +108,7 @@ def fa3_mla(
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
     sm = check_scale(scale)
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=page_size, causal=causal, pack_gqa=pack_gqa,
-                  softcap=softcap, window_size=window_size)
+                  varlen_q=varlen_q, softcap=softcap, window_size=window_size)
     fmt = get_format(qa.dtype).name
     b, s_q, H, _ = qa.shape
     is_causal = s_q > 1 and (causal is None or bool(causal))  # mha_fwd: causal is no mask when s_q = 1
@@ -150,7 +148,7 @@ def fa3_mla(
 
 
 def _check_launch(*, num_sms: int, num_splits: int, page_size: int | None, causal: object, pack_gqa: object,
-                  softcap: float, window_size: tuple[int, int]) -> None:
+                  varlen_q: object, softcap: float, window_size: tuple[int, int]) -> None:
     """The call's settings, or an error naming the one the kernel does not take."""
     check_int(num_sms, "num_sms", lo=1)
     check_int(num_splits, "num_splits", lo=0, hi=256)
@@ -159,6 +157,8 @@ def _check_launch(*, num_sms: int, num_splits: int, page_size: int | None, causa
     for name, v in (("causal", causal), ("pack_gqa", pack_gqa)):
         if v is not None and not isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{name}: expected True, False or None, got {v!r}")
+    if not isinstance(varlen_q, (bool, np.bool_)):
+        raise TypeError(f"varlen_q: expected True or False, got {varlen_q!r}")
     if softcap != 0.0:
         raise ValueError(f"softcap: vLLM's FA3 build has no softcapping (FLASHATTENTION_DISABLE_SOFTCAP), got {softcap}")
     if tuple(window_size) != (-1, -1):
@@ -191,17 +191,12 @@ def _row_groups(sched: Fa3Schedule, i: int, seqlen: int, s_q: int, H: int) -> li
     if sched.pack_gqa:
         m_of_row = np.arange(R) // KBLOCK_M
     else:  # an m-block holds one head's query positions
-        m_of_row = np.tile(np.arange(s_q) // KBLOCK_M, H).reshape(H, s_q).T.ravel()
+        m_of_row = np.repeat(np.arange(s_q) // KBLOCK_M, H)
     groups: dict[tuple, np.ndarray] = {}
     for m in np.unique(m_of_row):
         key = tuple(sched.blocks(i, seqlen, int(m), s_q=s_q, heads=H))
         groups[key] = groups.get(key, np.zeros(R, bool)) | (m_of_row == m)
     return [(list(k), sel) for k, sel in groups.items()]
-
-
-def _scale_log2(mc: Machine, scale: float) -> np.ndarray:
-    """``float(args.softmax_scale * M_LOG2E)``: the API's float scale times log2 e in double, rounded once."""
-    return mc.f(np.float64(mc.f(scale)) * math.log2(math.e))
 
 
 def _scores(u: _Units, Q: np.ndarray, Ks: np.ndarray) -> np.ndarray:

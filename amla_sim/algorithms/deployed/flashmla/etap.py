@@ -27,7 +27,6 @@ order, an xor butterfly over 32 lanes, ``g = fma(lg2(sum), ln 2, M)`` (+inf wher
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -39,6 +38,7 @@ from ....arith.reductions import _xor_tree
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
+from ..fast_math import ln2, logf, scale_log2
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_sum, combine_width
 from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
@@ -57,13 +57,11 @@ class _Units:
         self.mc = mc
         self.dt = mc.dtype
         self.fmt = fmt
-        self.ln2 = mc.f(math.log(2.0))  # __logf: lg2.approx.ftz times fl32(ln 2)
+        self.ln2 = ln2(mc)
 
     def logf(self, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
         """``__logf(x)``, or ``__logf(x) + plus`` with the multiply by ln 2 contracted into the add."""
-        if plus is None:
-            return self.mc.f(self.mc.log2(x) * self.ln2)
-        return self.mc.mul_add(self.mc.log2(x), self.ln2, plus)
+        return logf(self.mc, x, plus)
 
 
 @quiet_fp
@@ -134,8 +132,7 @@ def flashmla_etap(
 def _scales(mc: Machine, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """The API's ``float softmax_scale`` and ``params.scale_softmax_log2 = float(softmax_scale * M_LOG2E)``, the
     product taken in double from the float."""
-    sm = mc.f(scale)
-    return sm, mc.f(np.float64(sm) * math.log2(math.e))
+    return mc.f(scale), scale_log2(mc, scale)
 
 
 def _walk(lo: int, hi: int) -> range:

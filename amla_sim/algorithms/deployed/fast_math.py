@@ -1,0 +1,32 @@
+"""What the FlashAttention-derived CUDA decodes compute the same way under ``--use_fast_math``: the softmax scale in
+log2 units, and ``__logf``. FlashMLA-ETAP (:mod:`.flashmla.etap`) and FlashAttention-3's MLA decode
+(:mod:`.fa3.mla`) share them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...machines import Machine
+
+__all__ = ["ln2", "logf", "scale_log2"]
+
+
+def ln2(mc: Machine) -> np.ndarray:
+    """``float(M_LN2)``: fl32(ln 2) on FP32 machines."""
+    return mc.f(math.log(2.0))
+
+
+def logf(mc: Machine, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
+    """``__logf(x)`` (``lg2.approx.ftz`` times fl32(ln 2)), or ``__logf(x) + plus`` with the multiply by ln 2
+    contracted into the add."""
+    if plus is None:
+        return mc.f(mc.log2(x) * ln2(mc))
+    return mc.mul_add(mc.log2(x), ln2(mc), plus)
+
+
+def scale_log2(mc: Machine, scale: float) -> np.ndarray:
+    """``float(softmax_scale * M_LOG2E)`` with the API's ``float softmax_scale``: the scale rounded to the
+    machine's float, times log2 e in double, rounded once."""
+    return mc.f(np.float64(mc.f(scale)) * math.log2(math.e))
