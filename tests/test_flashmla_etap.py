@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from amla_sim.algorithms import fa3_mla, flashmla_etap, golden
+from amla_sim.algorithms.deployed.fast_math import logf
 from amla_sim.algorithms.deployed.flashmla.scheduler import etap_num_sm_parts, etap_schedule
 from amla_sim.crosscheck import replay
 from amla_sim.crosscheck.flashmla import ETAP_CASES
@@ -23,6 +24,7 @@ from amla_sim.machines import get_machine
 from amla_sim.units import DivUnit, ExpUnit, FMAUnit, LogUnit
 
 etap_module = importlib.import_module("amla_sim.algorithms.deployed.flashmla.etap")  # the module, not the function
+combine_module = importlib.import_module("amla_sim.algorithms.deployed.flashmla.combine")
 DATA = "tests/data/"
 CAPTURES = ["flashmla_etap_decode.npz", "flashmla_etap_h100_fresh.npz", "flashmla_etap_h200_fresh.npz"]
 
@@ -146,7 +148,7 @@ CHOICES = {  # name: (capture case where it bites, module function replaced, or 
     "row-total-in-order": (6, ("_row_total", _row_total_sequential)),
     "lse-other-contraction": (6, ("_split_lse", lambda u, M, sm, L: u.mc.mul_add(u.mc.log2(L), u.ln2,
                                                                                u.mc.f(M * sm)))),
-    "combine-unfused": (6, ("_combine_lse", lambda u, total, M: u.mc.f(u.logf(total) + M))),
+    "combine-unfused": (6, (combine_module, "_combine_lse", lambda mc, total, M: mc.f(logf(mc, total) + M))),
     "no-fma": (6, {"fma": FMAUnit(contract=False)}),
     "ieee-exp2": (6, {"exponential": ExpUnit("correctly-rounded")}),
     "ieee-log2": (6, {"logarithm": LogUnit(ln=None, lg2="correctly-rounded")}),
@@ -160,7 +162,7 @@ def test_each_etap_choice_matters(change, monkeypatch):
     case, swap = CHOICES[change]
     units = swap if isinstance(swap, dict) else {}
     if not units:
-        monkeypatch.setattr(etap_module, *swap)
+        monkeypatch.setattr(*((etap_module,) if len(swap) == 2 else ()), *swap)
     meta, arrays = _meta(CAPTURES[0])
     c = meta["cases"][case]
     q, kv = case_inputs(c)

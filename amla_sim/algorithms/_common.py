@@ -140,13 +140,16 @@ def check_scale(scale: float | None) -> float:
 
 
 def check_kernel_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayLike | None, *,
-                        one_query: bool = False, formats: tuple[str, ...] = ("bf16",)
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        one_query: bool = False, formats: tuple[str, ...] = ("bf16",),
+                        kv_formats: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What a deployed kernel takes: q (b, s_q, h_q, 576) (s_q = 1 when `one_query`) and kv (b, S_max, 576), both
-    in one of `formats` (BF16 unless the kernel takes others; the same for both), and per-request lengths in
-    1..S_max (None: S_max); errors name the argument."""
+    in one of `formats` (BF16 unless the kernel takes others; the same for both, unless `kv_formats` says which
+    the cache may be), and per-request lengths in 1..S_max (None: S_max); errors name the argument."""
     qa = _check_storage(q, "q", formats)
-    kva = _check_storage(kv, "kv", (get_format(qa.dtype).name,), mixed=len(formats) > 1)
+    if kv_formats is None:
+        kva = _check_storage(kv, "kv", (get_format(qa.dtype).name,), mixed=len(formats) > 1)
+    else:
+        kva = _check_storage(kv, "kv", kv_formats)
     if qa.ndim != 4 or qa.shape[-1] != D_K or min(qa.shape) < 1 or (one_query and qa.shape[1] != 1):
         want = "(b, 1, heads, 576) (one query a request)" if one_query else "(b, s_q, h_q, 576)"
         raise ValueError(f"q: expected shape {want}, got {qa.shape}")

@@ -23,12 +23,13 @@ from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8
 from .kernel import DeployedKernel, check_recipe
 from .report import ReplayReport
 from .sglang import SGLANG
+from .vllm import FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA
 
 __all__ = ["KERNELS", "kernel_of", "replay_deployed", "capture"]
 
 #: The deployed kernels the cross-check covers, by the name ``crosscheck --kernel`` takes.
 KERNELS: dict[str, DeployedKernel] = {k.name: k for k in (SGLANG, FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8,
-                                                          FA3_MLA)}
+                                                          FA3_MLA, FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA)}
 _LEGACY = {"sglang": "sglang-triton", "flashmla_commit": "flashmla"}  # captures written before meta named a kernel
 
 

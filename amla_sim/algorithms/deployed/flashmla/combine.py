@@ -1,8 +1,10 @@
 """FlashMLA's combine kernel, the part its decodes share: the first warp's sum over the splits' LSEs.
 
 Upstream: deepseek-ai/FlashMLA 9241ae3 ``csrc/smxx/decode/combine/combine.cu`` (the dense and sparse FP8 decodes);
-pengcuo/FlashMLA-ETAP 39e6160 ``csrc/flash_fwd_mla_kernel.h`` (``combine_attn_seqk_parallel``). What each decode
-does with the sum (log2 or natural log, the sink, the weights) stays with its decode.
+pengcuo/FlashMLA-ETAP 39e6160 ``csrc/flash_fwd_mla_kernel.h`` (``combine_attn_seqk_parallel``) and vllm-project/
+FlashMLA 46d64a8 ``csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h`` (``flash_fwd_splitkv_mla_combine_kernel``),
+the older generation, whose whole combine :func:`splitkv_combine` is. What the newer decodes do with the sum
+(log2 or natural log, the sink, the weights) stays with each decode.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import numpy as np
 
 from ....arith.reductions import _xor_tree
 from ....machines import Machine
+from ..fast_math import logf
 
-__all__ = ["combine_sum", "MAX_SPLITS", "combine_width"]
+__all__ = ["combine_sum", "MAX_SPLITS", "combine_width", "splitkv_combine"]
 
 #: The combine kernel's instantiations (``MLA_NUM_SPLITS_SWITCH``): it holds up to 160 splits of a request.
 MAX_SPLITS = (32, 64, 96, 128, 160)
@@ -49,3 +52,26 @@ def combine_sum(mc: Machine, lse_s: np.ndarray, max_splits: int,
             acc = mc.f(acc + exp(mc.f(pad[:, k] - M)))
         lanes.append(acc)
     return M, _xor_tree(lanes)
+
+
+def splitkv_combine(mc: Machine, res: list[tuple[np.ndarray, np.ndarray]], max_splits: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The older generation's combine kernel over one request's splits, each (O (R, 512) FP32, lse (R,)): ``M = max
+    lse_s`` and the lanes' sum (:func:`combine_sum`, ``expf``), ``g = logf(sum) + M`` (``__logf``, its multiply by
+    ln 2 contracted into the add; +inf where the sum is 0 or NaN), and ``sum_s fma(expf(lse_s - g), O_s, .)`` from
+    0 in split order. Returns (O, g), O in FP32."""
+    dt = mc.dtype
+    lse_s = np.stack([r[1] for r in res], axis=1)  # (R, n)
+    M, total = combine_sum(mc, lse_s, max_splits, mc.exp)  # expf: exp2(fl(x log2 e))
+    bad = (total == 0) | np.isnan(total)
+    g = np.where(bad, np.inf, _combine_lse(mc, total, M)).astype(dt)
+    acc = np.zeros((lse_s.shape[0], res[0][0].shape[1]), dt)
+    for s in range(len(res)):
+        w = mc.exp(mc.f(lse_s[:, s] - g))
+        acc = mc.mul_add(w[:, None], res[s][0], acc)
+    return acc, g
+
+
+def _combine_lse(mc: Machine, total: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """``logf(sum_lse) + max_lse``: ``__logf``'s multiply by ln 2 contracted into the add."""
+    return logf(mc, total, M)

@@ -40,10 +40,11 @@ from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..fast_math import ln2, logf, scale_log2
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
-from .combine import combine_sum, combine_width
+from .combine import combine_width, splitkv_combine
 from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
 
-__all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT"]
+__all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT",
+           "check_causal"]
 
 #: The FlashMLA-ETAP commit (pengcuo/FlashMLA-ETAP) the model follows.
 ETAP_COMMIT = "39e6160"
@@ -91,11 +92,9 @@ def flashmla_etap(
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
     sm = check_scale(scale)
     check_int(num_sms, "num_sms", lo=1)
-    if causal is not None and not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal: expected True, False or None, got {causal!r}")
     fmt = get_format(qa.dtype).name
     b, s_q, H, _ = qa.shape
-    causal = s_q > 1 if causal is None else bool(causal) and s_q > 1
+    causal = check_causal(causal, s_q)
     parts = etap_num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
     u = _Units(mc, fmt)
@@ -117,7 +116,7 @@ def flashmla_etap(
         if one:
             out[i], lse[i] = res[0]
         else:
-            out[i], lse[i] = _combine(u, res, max_splits)
+            out[i], lse[i] = splitkv_combine(mc, res, max_splits)
         if trace:
             tr.setdefault("split_blocks", []).append(np.array(blocks))
             tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]))
@@ -127,6 +126,14 @@ def flashmla_etap(
         hazards["nan_outputs"] += int(np.isnan(out).sum())
     out = mc.cast(out.reshape(b, s_q, H, D_V), fmt)
     return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
+
+
+def check_causal(causal: bool | None, s_q: int) -> bool:
+    """The first generation's ``is_causal``: None means causal when s_q > 1 (the callers' choice), and the API
+    drops it for s_q = 1. A TypeError names `causal` if it is not a bool or None."""
+    if causal is not None and not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected True, False or None, got {causal!r}")
+    return s_q > 1 if causal is None else bool(causal) and s_q > 1
 
 
 def _scales(mc: Machine, scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -162,11 +169,6 @@ def _row_total(mc: Machine, part: np.ndarray) -> np.ndarray:
 def _split_lse(u: _Units, M: np.ndarray, sm: np.ndarray, L: np.ndarray) -> np.ndarray:
     """``row_max * softmax_scale + __logf(sum)``: the max's multiply contracted, ``__logf`` rounded first."""
     return u.mc.mul_add(M, sm, u.logf(L))
-
-
-def _combine_lse(u: _Units, total: np.ndarray, M: np.ndarray) -> np.ndarray:
-    """``logf(sum_lse) + max_lse``: ``__logf``'s multiply by ln 2 contracted into the add."""
-    return u.logf(total, M)
 
 
 def flashmla_etap_decode(
@@ -225,16 +227,3 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
     inv = np.where(empty, 1, mc.div(mc.f(1), L)).astype(dt)
     lse = np.where(empty, np.inf if alone else -np.inf, _split_lse(u, M, sm, L)).astype(dt)
     return mc.f(O * inv[:, None]), lse
-
-
-def _combine(u: _Units, res: list, max_splits: int) -> tuple[np.ndarray, np.ndarray]:
-    mc, dt = u.mc, u.dt
-    lse_s = np.stack([r[1] for r in res], axis=1)  # (R, n)
-    M, total = combine_sum(mc, lse_s, max_splits, mc.exp)  # expf: exp2(fl(x log2 e))
-    bad = (total == 0) | np.isnan(total)
-    g = np.where(bad, np.inf, _combine_lse(u, total, M)).astype(dt)
-    acc = np.zeros((lse_s.shape[0], D_V), dt)
-    for s in range(len(res)):
-        w = mc.exp(mc.f(lse_s[:, s] - g))
-        acc = mc.mul_add(w[:, None], res[s][0], acc)
-    return acc, g

@@ -128,7 +128,7 @@ def flashmla_sparse_fp8(
     counted as 1; :func:`.scheduler.check_splits` says what a plan may be).
     """
     mc = get_machine(machine)
-    qa, cache, lay, idx, lengths, has_len, sink, sm = _check(q, kv_cache, indices, topk_length, attn_sink, scale,
+    qa, cache, _lay, idx, lengths, has_len, sink, sm = _check(q, kv_cache, indices, topk_length, attn_sink, scale,
                                                              num_sms)
     b, s_q, H, _ = qa.shape
     keys = mc.cast(_keys(cache), "bf16")  # the kernel's BF16 keys, on every machine: the cache is the input

@@ -1,0 +1,224 @@
+"""vLLM's dense FP8 FlashMLA decode (the FLASHMLA backend with ``--kv-cache-dtype fp8`` on Hopper), written against a
+machine. On ``sm90-cuda`` it predicts the kernel's output and LSE bit for bit.
+
+Upstream: vllm-project/FlashMLA 46d64a8 (vLLM 0.33 pins e2afa5fd, which is not obtainable here),
+``csrc/extension/sm90/dense_fp8/``: ``flash_fwd_mla_kernel.h`` (``compute_attn_1rowblock_splitkv_mla``, ``store``,
+``flash_fwd_splitkv_mla_combine_kernel``), ``softmax.h``, ``fp8_transpose_v.h``, ``flash_fwd_mla_metadata.cu`` and
+``pybind.cpp``: FlashMLA's first generation (``Flash_fwd_kernel_traits_mla<576, 64, 64, 8>``) with E4M3 operands.
+
+Q (E4M3, ``descale_q``) and the paged cache (E4M3, ``descale_k``) enter the tensor cores as they are; the descales
+go into the constants: ``sm = fl(fl(scale dq) dk)`` and ``c = fl(fl(fl32(scale log2 e) dq) dk)`` (the scale
+rounded to float first, its product with log2 e taken in double). The rows are a request's (query position,
+head) pairs, 64 to an m-block, all independent; the scheduler (:func:`.scheduler.etap_schedule`, the same
+``get_mla_metadata``) cuts each request's 64-token blocks into splits. A split walks its blocks from the last;
+per block, with the running max ``M`` of the raw scores:
+
+- ``S = Q K^T``: FP8 wgmma m64n64k32, k in order 0..575, every instruction issued with its accumulator (the
+  ``sm90-fp8-fused`` row: the 18 k32 steps chained through the 14-bit truncated sum);
+- masked keys (past the request on the first block walked; after the row's query, causal, on the first two)
+  get -inf; ``M' = max(M, rowmax(S))``; ``s = exp2(fl(fl(M - M') c))`` (none on the first block: O and the
+  sums start from it); ``P = exp2(fma(S, c, -fl(M' c)))``;
+- each of the four lanes of a row sums its 16 columns ``8j + 2t + e`` in (j, e) order, the first onto ``fma(l,
+  s, .)``; ``P`` rounded to E4M3 (``cvt.rn.satfinite``), ``O = fl(O s)`` and then ``O += P8 V8`` on the tensor
+  cores (V transposed in shared memory; the same fused FP8 chain over the block's 64 keys, two k32 steps).
+
+At the end the lanes meet (xor 2, then xor 1), ``O = O fl(dk / L)`` (``dk * rcp(L)``: descale_k is V's
+descale) and ``lse = fma(M, sm, __logf(L))``; L = 0 or NaN leaves O unscaled with lse +inf (-inf in a split). A
+request of one split writes ``bf16(O)``; otherwise the splits' FP32 O and lse go through the combine kernel of
+this generation (:func:`.combine.splitkv_combine`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ...._validate import quiet_fp
+from ....machines import Machine, get_machine
+from ....schedules import Schedule
+from ....units import MatrixUnit
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
+from ..fast_math import logf, scale_log2
+from ..vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
+from .combine import combine_width, splitkv_combine
+from .etap import check_causal
+from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
+
+__all__ = ["flashmla_dense_fp8", "flashmla_dense_fp8_decode", "DENSE_FP8_COMMIT"]
+
+#: The vllm-project/FlashMLA commit the model follows.
+DENSE_FP8_COMMIT = "46d64a8"
+
+
+def fp8_wgmma(mc: Machine) -> Machine:
+    """`mc` with its tensor cores as a CUDA kernel issues FP8 wgmma: the accumulator fused into every instruction
+    (``sm90-fp8-fused``) where `mc` has Hopper's; other machines as they are."""
+    if getattr(mc.matrix, "model", None) != "sm90":
+        return mc
+    return get_machine(mc, matrix=MatrixUnit("sm90-fp8-fused"), name=mc.name, verified=mc.verified)
+
+
+@quiet_fp
+def flashmla_dense_fp8(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    seqlens: npt.ArrayLike | None = None,
+    descale_q: float = 1.0,
+    descale_k: float = 1.0,
+    scale: float | None = None,
+    causal: bool | None = None,
+    num_sms: int = 132,
+    splits: Sequence[Sequence[tuple[int, int]]] | None = None,
+    machine: str | Machine = "sm90-cuda",
+    trace: bool = False,
+) -> AttentionResult:
+    """vLLM's dense FP8 FlashMLA decode on `machine` (see the module docstring).
+
+    q: (b, s_q, h_q, 576) and kv: (b, S_max, 576), both E4M3 (``float8_e4m3fn``, as vLLM quantizes them:
+    :func:`~amla_sim.algorithms.deployed.vllm.fp8.quantize_query_fp8`, :func:`~amla_sim.algorithms.deployed.vllm.
+    fp8.quantize_cache_fp8`); rows of kv past ``seqlens[i]`` ignored, V its first 512 columns. descale_q,
+    descale_k: the per-tensor descales (vLLM's ``q_scale`` and ``k_scale``). causal: the MTP mask (query s sees
+    keys up to ``seqlen - s_q + s``); None: causal when s_q > 1 (vLLM's call; the kernel ignores it for s_q = 1).
+    Returns ``.out`` (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q), the kernel's layouts; with `trace`, per
+    request the splits' block ranges, partial outputs and LSEs. splits: per request, token ranges to run as its
+    splits in place of the scheduler's (a what-if, as :func:`.scheduler.check_splits` allows).
+    """
+    mc = fp8_wgmma(get_machine(machine))
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("e4m3",))
+    scale = check_scale(scale)
+    dq, dk = _descale(descale_q, "descale_q"), _descale(descale_k, "descale_k")
+    if not isinstance(num_sms, (int, np.integer)) or isinstance(num_sms, bool) or num_sms < 1:
+        raise ValueError(f"num_sms: expected an int >= 1, got {num_sms!r}")
+    b, s_q, H, _ = qa.shape
+    causal = check_causal(causal, s_q)
+    parts = etap_num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
+    max_splits = combine_width(parts, num_sms)
+    lengths = [int(n) for n in lens]
+    if splits is None:
+        plan = metadata_splits(etap_schedule(lens, parts)[0], lengths)
+    else:
+        plan = block_ranges(check_splits(splits, lengths, max_splits))
+    sm, c = _constants(mc, scale, dq, dk)
+    Q, K = mc.operand(qa), mc.operand(kva)
+    shift = np.repeat(s_q - 1 - np.arange(s_q), H) if causal else None  # row r = s h_q + head
+    out = np.zeros((b, s_q * H, D_V), mc.dtype)
+    lse = np.zeros((b, s_q * H), mc.dtype)
+    tr: dict[str, list] = {}
+    for i, blocks in enumerate(plan):
+        rows = Q[i].reshape(s_q * H, D_K)
+        one = len(blocks) == 1
+        res = [_split(mc, rows, K[i], lengths[i], lo, hi, c, sm, mc.f(dk), shift, one) for lo, hi in blocks]
+        out[i], lse[i] = res[0] if one else splitkv_combine(mc, res, max_splits)
+        if trace:
+            tr.setdefault("split_blocks", []).append(np.array(blocks))
+            tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]))
+            tr.setdefault("split_lse", []).append(np.stack([r[1] for r in res]))
+    hazards = Counter()
+    if np.isnan(out).any():
+        hazards["nan_outputs"] += int(np.isnan(out).sum())
+    out = mc.cast(out.reshape(b, s_q, H, D_V), "bf16")
+    return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
+
+
+def _descale(x: float, name: str) -> float:
+    v = np.float32(x) if not isinstance(x, bool) and isinstance(x, (int, float, np.floating)) else np.float32(np.nan)
+    if not np.isfinite(v) or v <= 0:
+        raise ValueError(f"{name}: expected a positive finite float32 descale, got {x!r}")
+    return float(v)
+
+
+def _constants(mc: Machine, scale: float, dq: float, dk: float) -> tuple[np.ndarray, np.ndarray]:
+    """``scale_softmax = scale * descale_q * descale_k`` and ``scale_softmax_log2 = float(scale * M_LOG2E) *
+    descale_q * descale_k``, each product rounded to float in that order (``flash_fwd_splitkv_mla_kernel``)."""
+    sm = mc.f(mc.f(mc.f(scale) * mc.f(dq)) * mc.f(dk))
+    c = mc.f(mc.f(scale_log2(mc, scale) * mc.f(dq)) * mc.f(dk))
+    return sm, c
+
+
+def _lane_sum(mc: Machine, part: np.ndarray | None, s: np.ndarray | None, P: np.ndarray) -> np.ndarray:
+    """The four lanes' partial row sums after a block, P (R, 64) -> (R, 4): lane t adds its columns 8j + 2t + e in
+    (j, e) order (``thread_reduce_``), from the first (first block) or onto ``fma(l, s, .)`` (``row_sum *=
+    scores_scale`` contracted into the first add)."""
+    Pl = P.reshape(P.shape[0], 8, 4, 2)  # column 8j + 2t + e -> (j, t, e)
+    terms = [Pl[:, j, :, e] for j in range(8) for e in range(2)]
+    acc = terms[0] if part is None else mc.mul_add(part, s[:, None], terms[0])
+    for x in terms[1:]:
+        acc = mc.f(acc + x)
+    return acc
+
+
+def _row_total(mc: Machine, part: np.ndarray) -> np.ndarray:
+    """``quad_allreduce_``: the four lanes' sums in a butterfly, xor 2 and then xor 1."""
+    return mc.f(mc.f(part[:, 0] + part[:, 2]) + mc.f(part[:, 1] + part[:, 3]))
+
+
+def _split_lse(mc: Machine, M: np.ndarray, sm: np.ndarray, L: np.ndarray) -> np.ndarray:
+    """``row_max * softmax_scale + __logf(sum)``: the max's multiply contracted, ``__logf`` rounded first."""
+    return mc.mul_add(M, sm, logf(mc, L))
+
+
+def _split(mc: Machine, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, c: np.ndarray,
+           sm: np.ndarray, dk: np.ndarray, shift: np.ndarray | None, alone: bool) -> tuple[np.ndarray, np.ndarray]:
+    """One split over blocks [lo, hi), walked from hi - 1 down: (O, lse) per row, O normalised."""
+    dt = mc.dtype
+    R = Q.shape[0]
+    O = np.zeros((R, D_V), dt)
+    M = np.full(R, -np.inf, dt)
+    part = None
+    masking_steps = 2 if shift is not None else 1  # n_masking_steps = causal ? cdiv(64, 64) + 1 : 1
+    keys = np.arange(lo * BLOCK_SIZE_N, hi * BLOCK_SIZE_N)
+    Ks = np.where((keys < seqlen)[:, None], K[np.minimum(keys, seqlen - 1)], 0).astype(K.dtype)  # OOB rows cleared
+    Ss = mc.f(mc.matmul_blocks(Q, mc.operand(np.ascontiguousarray(Ks.T)), block=BLOCK_SIZE_N))  # (R, 64 n)
+    for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
+        t = blk * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)
+        cols = slice((blk - lo) * BLOCK_SIZE_N, (blk - lo + 1) * BLOCK_SIZE_N)
+        S = Ss[:, cols]
+        if step < masking_steps:
+            limit = seqlen - 1 - (shift[:, None] if shift is not None else 0)  # the last key a row sees
+            S = np.where(t[None, :] <= limit, S, -np.inf).astype(dt)
+        M_new = np.maximum(M, S.max(axis=1)) if step else S.max(axis=1)
+        s = None
+        if step:
+            check_inf = shift is not None and step < masking_steps
+            cur = np.where(check_inf & np.isneginf(M_new), 0, M_new).astype(dt)
+            s = mc.exp2(mc.f(mc.f(M - cur) * c))
+        M = M_new
+        max_scaled = np.where(np.isneginf(M), 0, mc.f(M * c)).astype(dt)
+        P = mc.exp2(mc.mul_add(S, c, -max_scaled[:, None]))
+        part = _lane_sum(mc, part, s, P)
+        P8 = mc.operand(mc.cast(P, "e4m3", overflow="satfinite"))
+        V8 = mc.operand(Ks[cols, :D_V])
+        O = mc.matmul(P8, V8) if s is None else mc.matmul(P8, V8, mc.f(O * s[:, None]))
+    L = _row_total(mc, part)
+    empty = (L == 0) | np.isnan(L)
+    inv = np.where(empty, 1, mc.div(dk, L)).astype(dt)
+    lse = np.where(empty, np.inf if alone else -np.inf, _split_lse(mc, M, sm, L)).astype(dt)
+    return mc.f(O * inv[:, None]), lse
+
+
+def flashmla_dense_fp8_decode(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine = "sm90-cuda",
+    schedule: str | Schedule = "reference",
+    block: int = BLOCK_SIZE_N,
+    scale: float | None = None,
+    q_scale: float = 1.0,
+    k_scale: float = 1.0,
+    num_sms: int = 132,
+    trace: bool = False,
+) -> AttentionResult:
+    """:func:`flashmla_dense_fp8` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): q and kv
+    in BF16 (or any float format), quantized as vLLM does with `q_scale` and `k_scale` (1: a checkpoint without
+    scales), every request the whole of kv, causal when s_q > 1; the LSE as (b, s_q, h). The kernel lays its work
+    out itself: `block` must be its 64 and `schedule` is checked, not used."""
+    check_kernel_layout(schedule, block, BLOCK_SIZE_N)
+    q8, kv8 = quantize_query_fp8(q, q_scale), quantize_cache_fp8(kv, k_scale)
+    res = flashmla_dense_fp8(q8, kv8, descale_q=q_scale, descale_k=k_scale, scale=scale, num_sms=num_sms,
+                             machine=machine, trace=trace)
+    return AttentionResult(res.out, np.swapaxes(res.lse, 1, 2), res.trace, res.hazards)

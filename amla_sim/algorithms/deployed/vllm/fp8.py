@@ -1,0 +1,55 @@
+"""vLLM's per-tensor FP8 quantization of an MLA decode's inputs: the query (FLASHMLA's dense FP8 decode reads it in
+E4M3) and the KV cache (``--kv-cache-dtype fp8``: E4M3, one scale per layer).
+
+Upstream: vllm-project/vllm 0.33, ``vllm/model_executor/layers/quantization/input_quant_fp8.py`` (``QuantFP8.
+forward_native``, which ``_DecodeConcatQuantFP8`` in ``mla_attention.py`` compiles for the query: static, per
+tensor) and ``csrc/cache_kernels.cu`` with ``csrc/quantization/w8a8/fp8/nvidia/quant_utils.cuh`` (``concat_and_cache_mla``
+writes each element through ``scaled_vec_conversion``). A scale of 1 (vLLM's when a checkpoint carries none) makes
+both a plain cast.
+
+- the query: ``e4m3(clamp(fl32(q) * fl32(1 / q_scale), -448, 448))`` (the reciprocal correctly rounded, then a
+  multiply: "reciprocal performs slightly better than division");
+- the cache: ``cvt.rn.satfinite.e4m3(fl32(x) / k_scale)`` (an IEEE division, then a saturating cast).
+
+Both round to nearest even; a NaN stays NaN. The functions take any float array (BF16 as vLLM holds it) and return
+``float8_e4m3fn``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ....formats import as_native, round_to
+
+__all__ = ["quantize_query_fp8", "quantize_cache_fp8", "E4M3_MAX"]
+
+#: The largest finite E4M3 (``torch.finfo(torch.float8_e4m3fn).max``).
+E4M3_MAX = 448.0
+
+
+def _scale(scale: float, name: str) -> np.float32:
+    s = np.float32(scale)
+    if isinstance(scale, bool) or not np.isfinite(s) or s <= 0:
+        raise ValueError(f"{name}: expected a positive finite float32 scale, got {scale!r}")
+    return s
+
+
+def quantize_query_fp8(q: npt.ArrayLike, q_scale: float = 1.0) -> np.ndarray:
+    """The query as vLLM quantizes it for an FP8 attention kernel (``QuantFP8``, static per-tensor): ``x *
+    reciprocal(q_scale)`` in FP32, clamped to +-448, rounded to E4M3."""
+    s = _scale(q_scale, "q_scale")
+    inv = np.float32(np.float64(1.0) / np.float64(s))  # one rounding of the exact quotient
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = as_native(q).astype(np.float32) * inv
+        x = np.where(np.isnan(x), x, np.clip(x, -E4M3_MAX, E4M3_MAX)).astype(np.float32)
+    return round_to(x, "e4m3")
+
+
+def quantize_cache_fp8(kv: npt.ArrayLike, k_scale: float = 1.0) -> np.ndarray:
+    """A KV cache entry as ``concat_and_cache_mla`` writes it with an FP8 cache: ``x / k_scale`` in FP32 (IEEE),
+    rounded to E4M3 with saturation (``__NV_SATFINITE``)."""
+    s = _scale(k_scale, "k_scale")
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        x = (as_native(kv).astype(np.float32) / s).astype(np.float32)
+    return round_to(x, "e4m3", overflow="satfinite")
