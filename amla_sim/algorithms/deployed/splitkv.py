@@ -64,10 +64,12 @@ def split_ranges(seqlens: npt.ArrayLike, num_kv_splits: npt.ArrayLike, max_kv_sp
 
 
 def stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: np.ndarray, block_n: int,
-           num_warps: int, trace: dict | None) -> tuple[np.ndarray, np.ndarray]:
+           num_warps: int, trace: dict | None, k_order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Stage 1 for Q (b, H, 576), K (b, S_max, 576) (BF16, V its first 512 columns) and the (b, S, 2) token ranges
     of the splits: (mid (b, H, S, 512), lse (b, H, S)), NaN for an empty split. Every (row, split) at once,
-    block by block; a split's state changes only inside its range."""
+    block by block; a split's state changes only inside its range. k_order: the order in which the tensor cores
+    take k in each chunk of len(k_order), for both dots (None: in order), where the kernel's dot operands are laid
+    out so (:data:`.vllm.triton_mla.FP8_CACHE_K_ORDER`)."""
     b, H, _ = Q.shape
     S = ranges.shape[1]
     start, end = ranges[..., 0], ranges[..., 1]  # (b, S)
@@ -77,12 +79,16 @@ def stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: np
     m = np.full((b, S, H), -np.inf, dt)
     l = np.zeros((b, S, H), dt)
     acc = np.zeros((b, S, H, D_V), dt)
+    Ks, kp = K, slice(None)
+    if k_order is not None:  # the dots' k in the order the tensor cores take it: both operands permuted alike
+        cols = _permuted(Q.shape[-1], k_order)
+        Q, Ks, kp = Q[..., cols], K[..., cols], _permuted(block_n, k_order)
     Qn, Qr = mc.operand(Q[:, None, :, :D_V]), mc.operand(Q[:, None, :, D_V:])  # (b, 1, H, .)
     every = None
     if mc.block_width(b * H, block_n) > block_n:  # a key's scores do not depend on its block: every key's at once
         every = mc.by_blocks(lambda kt: mc.matmul(Qr, mc.operand(kt[..., D_V:, :]),
                                                   mc.matmul(Qn, mc.operand(kt[..., :D_V, :])))[:, 0],
-                             np.ascontiguousarray(np.swapaxes(K, -1, -2))[:, None],  # K^T laid out once
+                             np.ascontiguousarray(np.swapaxes(Ks, -1, -2))[:, None],  # K^T laid out once
                              rows=b * H, block=block_n)  # (b, H, L)
     bi, hi = np.arange(b)[:, None, None, None], np.arange(H)[None, None, :, None]
     Kg = K if every is None else K[..., :D_V]  # with every key's scores made, a block needs only its V
@@ -97,7 +103,10 @@ def stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: np
         if every is not None:
             qk = every[bi, hi, np.minimum(t, K.shape[1] - 1)[:, :, None, :]]  # (b, S, H, n)
         else:
-            KT = np.swapaxes(Kb, -1, -2)  # (b, S, 576, n)
+            Kc = Kb if k_order is None else Ks[np.arange(b)[:, None, None], np.minimum(t, K.shape[1] - 1)]
+            if not everywhere and k_order is not None:
+                Kc = np.where(valid[..., None], Kc, 0).astype(K.dtype)
+            KT = np.swapaxes(Kc, -1, -2)  # (b, S, 576, n)
             qk = mc.matmul(Qr, mc.operand(KT[..., D_V:, :]), mc.matmul(Qn, mc.operand(KT[..., :D_V, :])))
         qk = mc.f(mc.f(qk) * sm)
         if not everywhere:
@@ -112,7 +121,7 @@ def stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: np
             # that they do not send the whole product down the tensor-core model's path for non-finite operands
             rows = keep[..., None]
             p_kept, scaled = np.where(rows, p, 0), np.where(rows, scaled, 0)
-        acc_new = mc.matmul(mc.operand(mc.cast(p_kept, "bf16")), mc.operand(Kb[..., :D_V]), scaled)
+        acc_new = mc.matmul(mc.operand(mc.cast(p_kept, "bf16")[..., kp]), mc.operand(Kb[..., kp, :D_V]), scaled)
         l_new = mc.mul_add(l, alpha, mc.rowsum(p, layout=layout))
         if everywhere:
             m, l, acc = m_new, l_new, acc_new
@@ -126,6 +135,12 @@ def stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: np
     mid = np.where(ran[..., None], mc.div(acc, l[..., None]), np.nan).astype(dt)
     lse = np.where(ran, (m + mc.log(l)).astype(dt), np.nan).astype(dt)
     return np.swapaxes(mid, 1, 2), np.swapaxes(lse, 1, 2)  # (b, H, S, 512), (b, H, S)
+
+
+def _permuted(n: int, k_order: np.ndarray) -> np.ndarray:
+    """The indices 0..n-1 with each chunk of len(k_order) taken in `k_order`."""
+    w = len(k_order)
+    return (np.arange(n) // w * w + np.asarray(k_order)[np.arange(n) % w]).astype(np.int64)
 
 
 def stage2(mc: Machine, mid: np.ndarray, lse: np.ndarray, ranges: np.ndarray,

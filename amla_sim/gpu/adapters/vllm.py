@@ -104,7 +104,7 @@ def run_dense_fp8(mod, q_bits: np.ndarray, kv_bits: np.ndarray, recipe: dict) ->
     kv8 = quantize_like_vllm(torch, kv_bits, recipe["k_scale"], query=False)
     cache, table = _pages(torch, [kv8[i, :n] for i, n in enumerate(lens)], 64, recipe["seed"], torch.float8_e4m3fn)
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    b, s_q, h, _ = q_bits.shape
+    _, s_q, h, _ = q_bits.shape
     dq = torch.tensor([recipe["q_scale"]], dtype=torch.float32, device="cuda")
     dk = torch.tensor([recipe["k_scale"]], dtype=torch.float32, device="cuda")
     meta, num_splits = mod.get_mla_decoding_metadata_dense_fp8(sl, s_q * h, 1)

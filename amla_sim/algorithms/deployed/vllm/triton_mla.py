@@ -12,7 +12,8 @@ triton_mla.py`` (``forward_mqa``, ``_compute_num_kv_splits``). What vLLM's diffe
 - an MTP step of s_q query tokens is b s_q rows, row t of a request with its own extent ``L - s_q + 1 + t``
   (causal; ``L`` when not) and so its own split boundaries;
 - an FP8 (E4M3) cache is dequantized in stage 1, ``bf16(fl32(x) * k_scale)`` for K and K_rope alike, and V is that
-  dequantized K (vLLM passes ``k_scale`` as ``v_scale`` too; stage 2 does not scale);
+  dequantized K (vLLM passes ``k_scale`` as ``v_scale`` too; stage 2 does not scale); the upcast operands take the
+  tensor cores in another k order (:data:`FP8_CACHE_K_ORDER`), so both dots group their products differently;
 - stage 2 writes the output and the LSE ``m + tl.log(l)`` in q's format (BF16).
 """
 
@@ -32,12 +33,17 @@ from ..._common import D_K, AttentionResult, check_kernel_inputs, check_kernel_l
 from ..splitkv import split_ranges, stage1, stage2
 from .fp8 import quantize_cache_fp8
 
-__all__ = ["vllm_triton_mla", "vllm_triton_mla_decode", "vllm_num_kv_splits", "VLLM_VERSION"]
+__all__ = ["vllm_triton_mla", "vllm_triton_mla_decode", "vllm_num_kv_splits", "VLLM_VERSION", "FP8_CACHE_K_ORDER"]
 
 #: The vLLM release whose kernel file and backend the model follows.
 VLLM_VERSION = "0.33.0"
 BLOCK_N, BLOCK_H, NUM_WARPS = 32, 16, 4  # _decode_grouped_att_m_fwd on NVIDIA
 _MIN_WORK_PER_SPLIT, _SPLIT_OCCUPANCY_MULTIPLIER = 512, 2
+#: The order of k in each 32 as the tensor cores take it when the dots' operands are upcast from an FP8 cache in
+#: registers: Triton lays those out with kWidth = 4 (four consecutive k a thread, for the 8-bit source), so the first
+#: mma.sync.m16n8k16 of a 32 sums k 4t, 4t + 1 (t < 8) and the second 4t + 2, 4t + 3; a BF16 cache keeps kWidth = 2,
+#: k in order. Read off the kernel's TTGIR and PTX (Triton 3.6) and measured: 100% of the FP8 captures' bits with it.
+FP8_CACHE_K_ORDER = tuple(4 * t + e for t in range(8) for e in (0, 1)) + tuple(4 * t + e for t in range(8) for e in (2, 3))
 _BYTES_PER_SPLIT = 3 * 8 * (512 + 1)  # per row and split: mid and lse in float64, and the copies made of them
 
 
@@ -107,7 +113,8 @@ def vllm_triton_mla(
     K = _dequantized(mc, kva, ks)
     K = np.repeat(K, s_q, axis=0) if s_q > 1 else K
     tr: dict[str, list[np.ndarray]] = {}
-    mid, lse_s = stage1(mc, Q, K, ranges, mc.f(sm), BLOCK_N, NUM_WARPS, None)
+    k_order = np.array(FP8_CACHE_K_ORDER) if get_format(kva.dtype).name == "e4m3" else None
+    mid, lse_s = stage1(mc, Q, K, ranges, mc.f(sm), BLOCK_N, NUM_WARPS, None, k_order=k_order)
     out, lse = stage2(mc, mid, lse_s, ranges, mc.f(1.0))
     if trace:
         tr = {"splits": [ranges], "mid": [mid], "split_lse": [lse_s]}
