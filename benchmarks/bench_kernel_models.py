@@ -8,8 +8,10 @@ that compiles), its ratio to the yardstick, and the peak of NumPy's allocations 
 The yardstick is what the decode would cost as plain float32 BLAS: per request, Q K^T ((s_q h) x 576 by 576 x L)
 and P V ((s_q h) x L by L x 512), timed in the same run. Every engine's output is checked bit-identical.
 
-Sizes: ``small`` the issue's small cases (2 requests, 32 heads (64 for the sparse FP8 decode: its least), seqlens
-1 and 2049; FlashMLA with s_q 4, SGLang with 1 and 4 splits), ``large`` batch 4 x 128 heads x 4096 tokens.
+Sizes: ``small``: 2 requests, 32 heads (64 for the sparse FP8 decode: its least), seqlens 1 and 2049; FlashMLA with
+s_q 4, SGLang with 1 and 4 splits. ``large``: batch 4 x 128 heads x 4096 tokens; vLLM's FP8 decodes (the dense FP8
+FlashMLA decode, the Triton decode with an FP8 cache and its 8 splits) with the mixed lengths 4096, 3000, 4096,
+1234.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from collections.abc import Callable
 import numpy as np
 
 from _timing import median_time  # benchmarks/, the script's own folder
-from amla_sim.algorithms import amla, base, fa3_mla, flashmla, flashmla_etap, flashmla_sparse_fp8, splitkv_decode
+from amla_sim.algorithms import (amla, base, fa3_mla, flashmla, flashmla_dense_fp8, flashmla_etap, flashmla_sparse_fp8,
+                                 quantize_cache_fp8, quantize_query_fp8, splitkv_decode, vllm_triton_mla)
 from amla_sim.algorithms.deployed.flashmla.fp8_cache import pages, quantize_kv_cache
 from amla_sim.engine import ENGINES, numba_available, use_engine
 from amla_sim.experiments.inputs import make_inputs
@@ -51,10 +54,13 @@ def cases(size: str) -> dict[str, tuple[Callable[[], object], tuple]]:
         shapes = {"flashmla": (2, 4, 32, [1, 2049]), "splitkv_decode": (2, 1, 32, [1, 2049]),
                   "flashmla_etap": (2, 1, 32, [1, 2049]), "flashmla_sparse_fp8": (2, 1, 64, [1, 2049]),
                   "base": (2, 1, 32, [2049, 2049]), "amla": (2, 1, 32, [2049, 2049]),
-                  "fa3_mla": (2, 1, 32, [1, 2049])}
+                  "fa3_mla": (2, 1, 32, [1, 2049]), "flashmla_dense_fp8": (2, 1, 32, [1, 2049]),
+                  "vllm_triton_mla": (2, 1, 32, [1, 2049])}
     else:
         shapes = {m: (4, 1, 128, [4096] * 4) for m in ("flashmla", "splitkv_decode", "flashmla_etap",
                                                        "flashmla_sparse_fp8", "base", "amla", "fa3_mla")}
+        # vLLM's FP8 decodes: mixed lengths (vLLM's Triton split count for them: 8)
+        shapes.update({m: (4, 1, 128, [4096, 3000, 4096, 1234]) for m in ("flashmla_dense_fp8", "vllm_triton_mla")})
     out = {}
     for model, (b, sq, h, lens) in shapes.items():
         q, kv, lens = _inputs(b, sq, h, lens)
@@ -68,6 +74,12 @@ def cases(size: str) -> dict[str, tuple[Callable[[], object], tuple]]:
             fn = lambda q=q, kv=kv, lens=lens: flashmla_etap(q, kv, seqlens=lens)  # noqa: E731
         elif model == "flashmla_sparse_fp8":
             fn = _sparse(q, kv, lens)
+        elif model == "flashmla_dense_fp8":  # E4M3 q and cache as vLLM quantizes them (scales 1)
+            q8, kv8 = quantize_query_fp8(q), quantize_cache_fp8(kv)
+            fn = lambda q8=q8, kv8=kv8, lens=lens: flashmla_dense_fp8(q8, kv8, seqlens=lens)  # noqa: E731
+        elif model == "vllm_triton_mla":  # vLLM's call with an FP8 cache: vLLM's split count over the batch
+            kv8 = quantize_cache_fp8(kv)
+            fn = lambda q=q, kv8=kv8, lens=lens: vllm_triton_mla(q, kv8, seqlens=lens)  # noqa: E731
         elif model == "fa3_mla":  # vLLM's call: FA3's own split count
             fn = lambda q=q, kv=kv, lens=lens: fa3_mla(q, kv, seqlens=lens)  # noqa: E731
         else:

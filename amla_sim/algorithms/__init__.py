@@ -15,10 +15,13 @@ from .base import base
 from .etap import etap
 from .deployed.fa3.mla import fa3_mla, fa3_mla_decode
 from .deployed.flashmla.dense import flashmla, flashmla_decode
+from .deployed.flashmla.dense_fp8 import flashmla_dense_fp8, flashmla_dense_fp8_decode
 from .deployed.flashmla.etap import flashmla_etap, flashmla_etap_decode
 from .deployed.flashmla.fp8_cache import dequantize_kv_cache, quantize_kv_cache
 from .deployed.flashmla.sparse_fp8 import flashmla_sparse_fp8, flashmla_sparse_fp8_decode
 from .deployed.sglang.decode import splitkv_decode
+from .deployed.vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
+from .deployed.vllm.triton_mla import vllm_triton_mla, vllm_triton_mla_decode
 from .golden import golden
 from .naive import naive
 from .seesaw import seesaw
@@ -27,10 +30,11 @@ from .snapmla import snapmla
 #: The built-in algorithms by name, as ``run``, ``sweep`` and ``reproduce`` name them (plugins: :mod:`amla_sim.plugins`).
 ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla,
               "flashmla-etap": flashmla_etap_decode, "flashmla": flashmla_decode,
-              "flashmla-sparse-fp8": flashmla_sparse_fp8_decode, "fa3-mla": fa3_mla_decode}
+              "flashmla-sparse-fp8": flashmla_sparse_fp8_decode, "fa3-mla": fa3_mla_decode,
+              "flashmla-dense-fp8": flashmla_dense_fp8_decode, "vllm-triton-mla": vllm_triton_mla_decode}
 
 __all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "flashmla_etap", "flashmla_sparse_fp8", "fa3_mla",
-           "quantize_kv_cache",
+           "flashmla_dense_fp8", "vllm_triton_mla", "quantize_query_fp8", "quantize_cache_fp8", "quantize_kv_cache",
            "dequantize_kv_cache", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla",
            "naive", "seesaw", "etap", "snapmla",
            # what an algorithm of one's own is written with (amla_sim.plugins; the tutorial's split_fp16)

@@ -82,14 +82,11 @@ def stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: np
     Ks, kp = K, slice(None)
     if k_order is not None:  # the dots' k in the order the tensor cores take it: both operands permuted alike
         cols = _permuted(Q.shape[-1], k_order)
-        Q, Ks, kp = Q[..., cols], K[..., cols], _permuted(block_n, k_order)
+        Q, Ks, kp = _columns(Q, cols), _columns(K, cols), _permuted(block_n, k_order)
     Qn, Qr = mc.operand(Q[:, None, :, :D_V]), mc.operand(Q[:, None, :, D_V:])  # (b, 1, H, .)
     every = None
     if mc.block_width(b * H, block_n) > block_n:  # a key's scores do not depend on its block: every key's at once
-        every = mc.by_blocks(lambda kt: mc.matmul(Qr, mc.operand(kt[..., D_V:, :]),
-                                                  mc.matmul(Qn, mc.operand(kt[..., :D_V, :])))[:, 0],
-                             np.ascontiguousarray(np.swapaxes(Ks, -1, -2))[:, None],  # K^T laid out once
-                             rows=b * H, block=block_n)  # (b, H, L)
+        every = _every_score(mc, Qn, Qr, Ks, end.max(axis=1), block_n)  # (b, H, L)
     bi, hi = np.arange(b)[:, None, None, None], np.arange(H)[None, None, :, None]
     Kg = K if every is None else K[..., :D_V]  # with every key's scores made, a block needs only its V
     for j in range(n_blocks):
@@ -135,6 +132,33 @@ def stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: np
     mid = np.where(ran[..., None], mc.div(acc, l[..., None]), np.nan).astype(dt)
     lse = np.where(ran, (m + mc.log(l)).astype(dt), np.nan).astype(dt)
     return np.swapaxes(mid, 1, 2), np.swapaxes(lse, 1, 2)  # (b, H, S, 512), (b, H, S)
+
+
+def _every_score(mc: Machine, Qn: np.ndarray, Qr: np.ndarray, K: np.ndarray, ends: np.ndarray,
+                 block_n: int) -> np.ndarray:
+    """Every key's scores, (b, H, S_max): the rope product chained onto the nope product, on as many blocks at a time
+    as the machine allows; with requests of different lengths, each up to its last split's end (0 past it)."""
+    b, H = Qn.shape[0], Qn.shape[2]
+
+    def scores(rows: slice, n: int) -> np.ndarray:
+        kt = np.ascontiguousarray(np.swapaxes(K[rows, :n], -1, -2))[:, None]  # K^T laid out once
+        return mc.by_blocks(lambda k: mc.matmul(Qr[rows], mc.operand(k[..., D_V:, :]),
+                                                mc.matmul(Qn[rows], mc.operand(k[..., :D_V, :])))[:, 0],
+                            kt, rows=kt.shape[0] * H, block=block_n)
+
+    if (ends == ends[0]).all():
+        return scores(slice(None), K.shape[1])
+    out = np.zeros((b, H, K.shape[1]), mc.dtype)
+    for i in range(b):
+        n = -(-int(ends[i]) // block_n) * block_n  # whole blocks: the same products
+        out[i, :, :n] = scores(slice(i, i + 1), min(n, K.shape[1]))[0]
+    return out
+
+
+def _columns(x: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``x[..., cols]``, moved as raw bits (several times faster than NumPy's gather of ml_dtypes' types)."""
+    x = np.ascontiguousarray(x)
+    return np.take(x.view(f"u{x.dtype.itemsize}"), cols, axis=-1).view(x.dtype)
 
 
 def _permuted(n: int, k_order: np.ndarray) -> np.ndarray:

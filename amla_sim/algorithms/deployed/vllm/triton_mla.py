@@ -33,7 +33,8 @@ from ..._common import D_K, AttentionResult, check_kernel_inputs, check_kernel_l
 from ..splitkv import split_ranges, stage1, stage2
 from .fp8 import quantize_cache_fp8
 
-__all__ = ["vllm_triton_mla", "vllm_triton_mla_decode", "vllm_num_kv_splits", "VLLM_VERSION", "FP8_CACHE_K_ORDER"]
+__all__ = ["vllm_triton_mla", "vllm_triton_mla_decode", "vllm_num_kv_splits", "VLLM_VERSION", "FP8_CACHE_K_ORDER",
+           "as_triton"]
 
 #: The vLLM release whose kernel file and backend the model follows.
 VLLM_VERSION = "0.33.0"
@@ -56,6 +57,12 @@ def vllm_num_kv_splits(max_seq_len: int, sms: int = 132, *, batch_invariant: boo
         return 1
     ideal = 1 << (max(1, max_seq_len // _MIN_WORK_PER_SPLIT) - 1).bit_length()
     return min(ideal, sms * _SPLIT_OCCUPANCY_MULTIPLIER)
+
+
+def as_triton(mc: Machine) -> Machine:
+    """The machine a Triton kernel runs on: Hopper under CUDA C++ (``sm90-cuda``, as a table of CUDA kernels names
+    the GPU) is Hopper under Triton (``sm90-triton``: libdevice's ``logf``, Triton's lowering); others as they are."""
+    return get_machine("sm90-triton") if mc.name == "sm90-cuda" else mc
 
 
 def row_extents(seqlens: np.ndarray, s_q: int, causal: bool) -> np.ndarray:
@@ -82,7 +89,8 @@ def vllm_triton_mla(
     machine: str | Machine = "sm90-triton",
     trace: bool = False,
 ) -> AttentionResult:
-    """vLLM's Triton MLA decode on `machine` (see the module docstring).
+    """vLLM's Triton MLA decode on `machine` (see the module docstring; ``sm90-cuda`` is taken as ``sm90-triton``,
+    :func:`as_triton`).
 
     q: (b, s_q, h, 576) BF16. kv: (b, S_max, 576), the cache as stored: BF16, or E4M3 with its scale `k_scale`
     (:func:`.fp8.quantize_cache_fp8` writes it); rows past ``seqlens[i]`` ignored, V its first 512 columns.
@@ -92,7 +100,7 @@ def vllm_triton_mla(
     as the kernel stores them (the LSE buffer is (b s_q, h)); with `trace`, ``splits`` (b s_q, n, 2) every
     split's token range, ``mid`` and ``split_lse`` stage 1's partial outputs and LSEs.
     """
-    mc = get_machine(machine)
+    mc = as_triton(get_machine(machine))
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, kv_formats=("bf16", "e4m3"))
     sm = check_scale(scale)
     ks = np.float32(k_scale)
@@ -126,10 +134,13 @@ def vllm_triton_mla(
 
 
 def _dequantized(mc: Machine, kv: np.ndarray, k_scale: np.float32) -> np.ndarray:
-    """The cache as stage 1 reads it: BF16 as stored; E4M3 as ``(k.to(tl.float32) * ks).to(q.dtype)``."""
+    """The cache as stage 1 reads it: BF16 as stored; E4M3 as ``(k.to(tl.float32) * ks).to(q.dtype)``, a function
+    of the byte alone, so made once for the 256 of them and looked up."""
     if get_format(kv.dtype).name == "bf16":
         return mc.cast(kv, "bf16")
-    return mc.cast(mc.f(mc.f(kv) * mc.f(k_scale)), "bf16")
+    every = np.arange(256, dtype=np.uint8).view(kv.dtype)
+    table = mc.cast(mc.f(mc.f(every) * mc.f(k_scale)), "bf16")
+    return table[np.ascontiguousarray(kv).view(np.uint8)]
 
 
 def vllm_triton_mla_decode(
