@@ -190,14 +190,15 @@ MACHINES: dict[str, Machine] = {
     ),
     "sm90-cuda": Machine(
         "sm90-cuda",
-        matrix=MatrixUnit("sm90"),
+        matrix=MatrixUnit("sm90-wgmma"),  # CUTLASS issues every wgmma with its accumulator: FP8 fused, 16-bit as sm90
         exponential=ExpUnit("sm90"),  # exp2f under --use_fast_math: ex2.approx.ftz
         division=DivUnit("sm90"),  # '/' under fast math: x * MUFU.RCP(y), the same bits as div.full for normal y
         logarithm=LogUnit(ln=None, lg2="sm90"),  # log2f under --use_fast_math: lg2.approx.ftz
         fma=FMAUnit(contract=True),
-        source="CUDA C++ built with nvcc --use_fast_math for sm_90a (FlashMLA): wgmma as the sm90 row, MUFU exp2, "
-               "log2 and reciprocal, FMA contraction; 100% of FlashMLA's out and LSE bits "
-               "(tests/data/flashmla_decode.npz)",
+        source="CUDA C++ built with nvcc --use_fast_math for sm_90a (FlashMLA): wgmma as the sm90 row (FP8 with "
+               "its accumulator fused), MUFU exp2, log2 and reciprocal, FMA contraction; 100% of FlashMLA's out and "
+               "LSE bits (tests/data/flashmla_decode.npz), of vLLM's dense FP8 decode's "
+               "(tests/data/flashmla_dense_fp8_h100.npz)",
     ),
     "ascend910": Machine(
         "ascend910", matrix=MatrixUnit("ascend910"), verified=False,

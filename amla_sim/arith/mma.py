@@ -110,6 +110,19 @@ MODEL_TABLE: dict[str, MMAModel] = {
         doc="FP8 wgmma issued with the accumulator (CUDA/CUTLASS kernels): C fused into the 14-bit truncated sum, "
             "chained through it; Triton's tl.dot computes sm90's fp32-add row instead, mma.sync neither",
     ),
+    "sm90-wgmma": MMAModel(
+        "sm90-wgmma",
+        {
+            "bf16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
+            "fp16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
+            "tf32": TFDPA(8, 25, "fp32-rz", "fused", -133, _SM90),
+            "e4m3": TFDPA(32, 13, "e8m13-rz", "fused", -133, _SM90_FP8_FUSED),
+            "e5m2": TFDPA(32, 13, "e8m13-rz", "fused", -133, _SM90_FP8_FUSED),
+        },
+        doc="Hopper wgmma as CUDA C++ kernels issue it (CUTLASS's gemm: the accumulator in every instruction): "
+            "sm90's 16-bit rows, and FP8 chained through the 14-bit truncated sum (sm90-fp8-fused)",
+        nan_bits=0x7FFFFFFF,
+    ),
     "sm90-fp16": MMAModel(
         "sm90-fp16",
         {"fp16": TFDPA(16, 25, "fp16-rne", "fused", -21, _SM90)},

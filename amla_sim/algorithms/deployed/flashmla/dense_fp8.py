@@ -13,8 +13,8 @@ head) pairs, 64 to an m-block, all independent; the scheduler (:func:`.scheduler
 ``get_mla_metadata``) cuts each request's 64-token blocks into splits. A split walks its blocks from the last;
 per block, with the running max ``M`` of the raw scores:
 
-- ``S = Q K^T``: FP8 wgmma m64n64k32, k in order 0..575, every instruction issued with its accumulator (the
-  ``sm90-fp8-fused`` row: the 18 k32 steps chained through the 14-bit truncated sum);
+- ``S = Q K^T``: FP8 wgmma m64n64k32, k in order 0..575, every instruction issued with its accumulator
+  (``sm90-cuda``'s tensor cores, ``sm90-wgmma``: the 18 k32 steps chained through the 14-bit truncated sum);
 - masked keys (past the request on the first block walked; after the row's query, causal, on the first two)
   get -inf; ``M' = max(M, rowmax(S))``; ``s = exp2(fl(fl(M - M') c))`` (none on the first block: O and the
   sums start from it); ``P = exp2(fma(S, c, -fl(M' c)))``;
@@ -39,7 +39,6 @@ import numpy.typing as npt
 from ...._validate import quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ....units import MatrixUnit
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from ..fast_math import logf, scale_log2
 from ..vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
@@ -51,14 +50,6 @@ __all__ = ["flashmla_dense_fp8", "flashmla_dense_fp8_decode", "DENSE_FP8_COMMIT"
 
 #: The vllm-project/FlashMLA commit the model follows.
 DENSE_FP8_COMMIT = "46d64a8"
-
-
-def fp8_wgmma(mc: Machine) -> Machine:
-    """`mc` with its tensor cores as a CUDA kernel issues FP8 wgmma: the accumulator fused into every instruction
-    (``sm90-fp8-fused``) where `mc` has Hopper's; other machines as they are."""
-    if getattr(mc.matrix, "model", None) != "sm90":
-        return mc
-    return get_machine(mc, matrix=MatrixUnit("sm90-fp8-fused"), name=mc.name, verified=mc.verified)
 
 
 @quiet_fp
@@ -87,7 +78,7 @@ def flashmla_dense_fp8(
     request the splits' block ranges, partial outputs and LSEs. splits: per request, token ranges to run as its
     splits in place of the scheduler's (a what-if, as :func:`.scheduler.check_splits` allows).
     """
-    mc = fp8_wgmma(get_machine(machine))
+    mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("e4m3",))
     scale = check_scale(scale)
     dq, dk = _descale(descale_q, "descale_q"), _descale(descale_k, "descale_k")

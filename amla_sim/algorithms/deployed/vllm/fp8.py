@@ -11,8 +11,9 @@ both a plain cast.
   multiply: "reciprocal performs slightly better than division");
 - the cache: ``cvt.rn.satfinite.e4m3(fl32(x) / k_scale)`` (an IEEE division, then a saturating cast).
 
-Both round to nearest even; a NaN stays NaN. The functions take any float array (BF16 as vLLM holds it) and return
-``float8_e4m3fn``.
+Both round to nearest even; a NaN of either sign becomes 0x7F, the one NaN the GPU's casts write. The functions take
+any float array (BF16 as vLLM holds it) and return ``float8_e4m3fn``, byte for byte the GPU's (every BF16 value,
+eight scales: ``tests/data/vllm_fp8_quant.npz``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ....formats import as_native, round_to
+from ...quantizers import E4M3_MAX
 
-__all__ = ["quantize_query_fp8", "quantize_cache_fp8", "E4M3_MAX"]
-
-#: The largest finite E4M3 (``torch.finfo(torch.float8_e4m3fn).max``).
-E4M3_MAX = 448.0
-
+__all__ = ["quantize_query_fp8", "quantize_cache_fp8"]
 
 def _scale(scale: float, name: str) -> np.float32:
     s = np.float32(scale)
@@ -43,7 +41,13 @@ def quantize_query_fp8(q: npt.ArrayLike, q_scale: float = 1.0) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         x = as_native(q).astype(np.float32) * inv
         x = np.where(np.isnan(x), x, np.clip(x, -E4M3_MAX, E4M3_MAX)).astype(np.float32)
-    return round_to(x, "e4m3")
+    return _canonical_nan(round_to(x, "e4m3"))
+
+
+def _canonical_nan(x8: np.ndarray) -> np.ndarray:
+    """Every NaN as 0x7F (the GPU drops a NaN's sign)."""
+    bits = x8.view(np.uint8)
+    return np.where((bits & 0x7F) == 0x7F, np.uint8(0x7F), bits).view(x8.dtype)
 
 
 def quantize_cache_fp8(kv: npt.ArrayLike, k_scale: float = 1.0) -> np.ndarray:
@@ -52,4 +56,4 @@ def quantize_cache_fp8(kv: npt.ArrayLike, k_scale: float = 1.0) -> np.ndarray:
     s = _scale(k_scale, "k_scale")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         x = (as_native(kv).astype(np.float32) / s).astype(np.float32)
-    return round_to(x, "e4m3", overflow="satfinite")
+    return _canonical_nan(round_to(x, "e4m3", overflow="satfinite"))

@@ -33,8 +33,7 @@ from ..._common import D_K, AttentionResult, check_kernel_inputs, check_kernel_l
 from ..splitkv import split_ranges, stage1, stage2
 from .fp8 import quantize_cache_fp8
 
-__all__ = ["vllm_triton_mla", "vllm_triton_mla_decode", "vllm_num_kv_splits", "VLLM_VERSION", "FP8_CACHE_K_ORDER",
-           "as_triton"]
+__all__ = ["vllm_triton_mla", "vllm_triton_mla_decode", "vllm_num_kv_splits", "VLLM_VERSION", "FP8_CACHE_K_ORDER"]
 
 #: The vLLM release whose kernel file and backend the model follows.
 VLLM_VERSION = "0.33.0"
@@ -57,12 +56,6 @@ def vllm_num_kv_splits(max_seq_len: int, sms: int = 132, *, batch_invariant: boo
         return 1
     ideal = 1 << (max(1, max_seq_len // _MIN_WORK_PER_SPLIT) - 1).bit_length()
     return min(ideal, sms * _SPLIT_OCCUPANCY_MULTIPLIER)
-
-
-def as_triton(mc: Machine) -> Machine:
-    """The machine a Triton kernel runs on: Hopper under CUDA C++ (``sm90-cuda``, as a table of CUDA kernels names
-    the GPU) is Hopper under Triton (``sm90-triton``: libdevice's ``logf``, Triton's lowering); others as they are."""
-    return get_machine("sm90-triton") if mc.name == "sm90-cuda" else mc
 
 
 def row_extents(seqlens: np.ndarray, s_q: int, causal: bool) -> np.ndarray:
@@ -89,8 +82,7 @@ def vllm_triton_mla(
     machine: str | Machine = "sm90-triton",
     trace: bool = False,
 ) -> AttentionResult:
-    """vLLM's Triton MLA decode on `machine` (see the module docstring; ``sm90-cuda`` is taken as ``sm90-triton``,
-    :func:`as_triton`).
+    """vLLM's Triton MLA decode on `machine` (see the module docstring).
 
     q: (b, s_q, h, 576) BF16. kv: (b, S_max, 576), the cache as stored: BF16, or E4M3 with its scale `k_scale`
     (:func:`.fp8.quantize_cache_fp8` writes it); rows past ``seqlens[i]`` ignored, V its first 512 columns.
@@ -100,7 +92,7 @@ def vllm_triton_mla(
     as the kernel stores them (the LSE buffer is (b s_q, h)); with `trace`, ``splits`` (b s_q, n, 2) every
     split's token range, ``mid`` and ``split_lse`` stage 1's partial outputs and LSEs.
     """
-    mc = as_triton(get_machine(machine))
+    mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, kv_formats=("bf16", "e4m3"))
     sm = check_scale(scale)
     ks = np.float32(k_scale)
@@ -153,16 +145,18 @@ def vllm_triton_mla_decode(
     scale: float | None = None,
     kv_cache: str = "bf16",
     k_scale: float = 1.0,
+    run_on: str | None = None,
     num_sms: int = 132,
     trace: bool = False,
 ) -> AttentionResult:
     """:func:`vllm_triton_mla` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): BF16 q and
     kv, the cache stored as `kv_cache` (``bf16``, or ``fp8``: quantized as vLLM writes it, with `k_scale`), every
-    request the whole of kv, vLLM's split count. The kernel lays its work out itself: `block` must be its 32 and
-    `schedule` is checked, not used."""
+    request the whole of kv, vLLM's split count. run_on: a machine to run on in place of the sweep's (a table of CUDA
+    kernels on ``sm90-cuda`` runs this Triton kernel on ``sm90-triton``, the same GPU under Triton). The kernel lays
+    its work out itself: `block` must be its 32 and `schedule` is checked, not used."""
     check_kernel_layout(schedule, block, BLOCK_N)
     if kv_cache not in ("bf16", "fp8"):
         raise ValueError(f"kv_cache: expected 'bf16' or 'fp8', got {kv_cache!r}")
     cache = quantize_cache_fp8(kv, k_scale) if kv_cache == "fp8" else kv
     return vllm_triton_mla(q, cache, scale=scale, k_scale=k_scale if kv_cache == "fp8" else 1.0, sms=num_sms,
-                           machine=machine, trace=trace)
+                           machine=machine if run_on is None else run_on, trace=trace)
