@@ -265,13 +265,13 @@ def test_sparse_fp8_matches_golden_on_fp8_keys_within_bf16():
 
 
 def test_the_fp8_table_runs_through_reproduce(tmp_path):
-    """`reproduce fp8-mla`: on sm90-cuda unless told, FlashMLA's dense and sparse decodes as sweep algorithms; their
-    rows are their errors on the same draw, computed here directly (the sparse one from a cache and indices built
-    here)."""
+    """`reproduce fp8-mla`: on sm90-cuda unless told, FlashMLA's dense and sparse decodes and vLLM's FP8 decodes as
+    sweep algorithms (the Triton one on sm90-triton); their rows are their errors on the same draw, computed here
+    directly (the sparse one from a cache and indices built here, vLLM's from inputs quantized here)."""
     import csv
 
     from amla_sim._seeds import derive_seed
-    from amla_sim.algorithms import flashmla
+    from amla_sim.algorithms import flashmla, flashmla_dense_fp8, quantize_cache_fp8, quantize_query_fp8, vllm_triton_mla
     from amla_sim.cli import main
 
     assert main(["reproduce", "fp8-mla", "--samples", "1", "--context", "100", "--heads", "64", "--out",
@@ -279,7 +279,7 @@ def test_the_fp8_table_runs_through_reproduce(tmp_path):
     with open(tmp_path / "fp8-mla" / "results.csv") as f:
         rows = list(csv.DictReader(f))
     summary = json.loads((tmp_path / "fp8-mla" / "summary.json").read_text())
-    assert summary["machine"] == "sm90-cuda" and len(rows) == 3 * 7
+    assert summary["machine"] == "sm90-cuda" and len(rows) == 3 * 9
     assert "| rel. Frobenius | RMSE | cos diff |" in (tmp_path / "fp8-mla" / "table.md").read_text()
     q, kv = make_inputs("rope-outliers", heads=64, context=100, seed=derive_seed(0, "fp8-mla", "rope-outliers", 0))
     ref = golden(q, kv).out
@@ -287,7 +287,9 @@ def test_the_fp8_table_runs_through_reproduce(tmp_path):
     idx = np.full((1, 1, 128), -1, np.int32)
     idx[0, 0, :100] = np.arange(100)
     for alg, out in (("flashmla", flashmla(q, kv, seqlens=None).out),
-                     ("flashmla-sparse-fp8", flashmla_sparse_fp8(q, quantize_kv_cache(pg), idx).out)):
+                     ("flashmla-sparse-fp8", flashmla_sparse_fp8(q, quantize_kv_cache(pg), idx).out),
+                     ("flashmla-dense-fp8", flashmla_dense_fp8(quantize_query_fp8(q), quantize_cache_fp8(kv)).out),
+                     ("vllm-triton-fp8", vllm_triton_mla(q, quantize_cache_fp8(kv), machine="sm90-triton").out)):
         want = np.sqrt(np.mean((out.astype(np.float64) - ref) ** 2))
         got = next(float(r["rmse"]) for r in rows if r["algorithm"] == alg and r["distribution"] == "rope-outliers")
         assert got == pytest.approx(want, rel=1e-12), alg

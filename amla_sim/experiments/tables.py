@@ -78,13 +78,15 @@ TABLES: dict[str, Table] = {
     ),
     "fp8-mla": Table(
         "fp8-mla", "FP8 MLA side by side: FlashMLA's BF16 dense and FP8 sparse decodes (V3.2 cache, every token "
-        "selected) and SnapMLA's configs, against FP64 over the BF16 inputs",
+        "selected), vLLM's FP8 decodes (dense FP8 FlashMLA, Triton with an FP8 cache; scales 1) and SnapMLA's "
+        "configs, against FP64 over the BF16 inputs",
         (("flashmla", "FlashMLA test inputs"), ("normal:1", "N(0, 1)"),
          ("rope-outliers", "RoPE outliers ~1e3, content within +-10")),
-        ("flashmla", "flashmla-sparse-fp8", "snapmla", "A", "B", "C", "D"), "rmse", {}, heads=128, context=4096,
-        block=64, machine="sm90-cuda",
-        source="issue 21: FlashMLA 9241ae3's decodes (bit-exact models on sm90-cuda) and SnapMLA (arXiv SnapMLA, "
-               "Section 4.3) on the same BF16 inputs",
+        ("flashmla", "flashmla-sparse-fp8", "flashmla-dense-fp8", "vllm-triton-fp8", "snapmla", "A", "B", "C", "D"),
+        "rmse", {}, heads=128, context=4096, block=64, machine="sm90-cuda",
+        source="FlashMLA 9241ae3's decodes, vLLM's dense FP8 FlashMLA decode and vLLM's Triton decode with an FP8 "
+               "cache (bit-exact models; the Triton kernel on sm90-triton) and SnapMLA (arXiv SnapMLA, Section 4.3) on "
+               "the same BF16 inputs",
     ),
     "snapmla-configs": Table(
         "snapmla-configs", "SnapMLA paper, Table 2 configs: errors against the BF16 golden (the paper plots them)",
@@ -106,6 +108,8 @@ SPECS: dict[str, str] = {  # the tables' algorithm columns as sweep specs (label
     "fa3-mla": "fa3-mla",
     "flashmla": "flashmla",
     "flashmla-sparse-fp8": "flashmla-sparse-fp8",
+    "flashmla-dense-fp8": "flashmla-dense-fp8",
+    "vllm-triton-fp8": "vllm-triton-fp8=vllm-triton-mla:kv_cache=fp8:run_on=sm90-triton",
     "snapmla": "snapmla",
     **{cfg: f"{cfg}=snapmla:config={cfg}" for cfg in ("A", "B", "C", "D")},
 }

@@ -153,8 +153,10 @@ def vllm_triton_mla_decode(
     kv, the cache stored as `kv_cache` (``bf16``, or ``fp8``: quantized as vLLM writes it, with `k_scale`), every
     request the whole of kv, vLLM's split count. run_on: a machine to run on in place of the sweep's (a table of CUDA
     kernels on ``sm90-cuda`` runs this Triton kernel on ``sm90-triton``, the same GPU under Triton). The kernel lays
-    its work out itself: `block` must be its 32 and `schedule` is checked, not used."""
-    check_kernel_layout(schedule, block, BLOCK_N)
+    its work out itself, in blocks of its own 32 keys: `schedule` and `block` (the sweep's, a table's 64 included)
+    are checked, not used."""
+    check_kernel_layout(schedule, BLOCK_N, BLOCK_N)
+    check_int(block, "block", lo=1)
     if kv_cache not in ("bf16", "fp8"):
         raise ValueError(f"kv_cache: expected 'bf16' or 'fp8', got {kv_cache!r}")
     cache = quantize_cache_fp8(kv, k_scale) if kv_cache == "fp8" else kv
