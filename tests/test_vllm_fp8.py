@@ -150,7 +150,8 @@ def test_quantization_refuses_bad_scales(fn, name, bad):
 
 @pytest.mark.parametrize("max_len, sms, inv, want", [
     (1, 132, False, 1), (511, 132, False, 1), (1024, 132, False, 2), (3001, 132, False, 8), (4096, 132, False, 8),
-    (20000, 132, False, 64), (65536, 132, False, 128), (163840, 132, False, 264), (10**6, 114, False, 228), (10**6, 132, True, 1),
+    (20000, 132, False, 64), (65536, 132, False, 128), (163840, 132, False, 264), (10**6, 114, False, 228),
+    (10**6, 132, True, 1),
 ])
 def test_vllm_split_count(max_len, sms, inv, want):
     """``_compute_num_kv_splits``: next_pow2(max(1, L // 512)), at most 2 x SMs; 1 when batch-invariant."""

@@ -418,8 +418,8 @@ def matmul(
 
     def operands(dtype: type) -> tuple[np.ndarray, np.ndarray]:  # a and b broadcast to the batch, widened
         with np.errstate(invalid="ignore"):
-            return (np.broadcast_to(a_arr, (*out_shape[:-2], out_shape[-2], K)).astype(dtype),
-                    np.broadcast_to(b_arr, (*out_shape[:-2], K, out_shape[-1])).astype(dtype))
+            return (_widen(np.broadcast_to(a_arr, (*out_shape[:-2], out_shape[-2], K)), dtype),
+                    _widen(np.broadcast_to(b_arr, (*out_shape[:-2], K, out_shape[-1])), dtype))
 
     if m.kind == "exact":
         if fmt.name == "fp64":
@@ -455,6 +455,15 @@ def matmul(
     if nan is not None:
         out = np.where(np.isnan(out), nan, out)
     return out
+
+
+def _widen(x: np.ndarray, dtype: type) -> np.ndarray:
+    """`x` as `dtype` (exact for every input format); an 8-bit format through a table of its 256 values, several
+    times faster than ml_dtypes' cast and the same values."""
+    if not (x.dtype.itemsize == 1 and x.dtype.name.startswith("float8")):
+        return x.astype(dtype)
+    table = np.arange(256, dtype=np.uint8).view(x.dtype).astype(dtype)
+    return table[np.ascontiguousarray(x).view(np.uint8)]
 
 
 def _chain(

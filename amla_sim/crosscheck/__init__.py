@@ -3,7 +3,8 @@
 - :mod:`.files`: the capture file, one format for every kernel (raw bits, a JSON meta, the inputs' CRC);
 - :mod:`.own`: this project's Triton kernels, every per-block stage;
 - :mod:`.kernel`, :mod:`.deployed`: the kernels people deploy, each described by a case table module
-  (:mod:`~amla_sim.crosscheck.flashmla`, :mod:`~amla_sim.crosscheck.sglang`);
+  (:mod:`~amla_sim.crosscheck.flashmla`, :mod:`~amla_sim.crosscheck.sglang`, :mod:`~amla_sim.crosscheck.fa3`,
+  :mod:`~amla_sim.crosscheck.vllm`);
 - :mod:`.report`: what a replay says (:class:`ReplayReport`, per case :class:`amla_sim.ComparisonReport`);
 - :mod:`.tensor_cores`: the inputs of the tensor-core captures.
 

@@ -3,7 +3,8 @@ kernel's case table on a GPU and writes a capture; :func:`replay_deployed` simul
 compares bit for bit.
 
 A kernel comes in as a :class:`.kernel.DeployedKernel` made by its family's case table module
-(:mod:`~amla_sim.crosscheck.flashmla`, :mod:`~amla_sim.crosscheck.sglang`, :mod:`~amla_sim.crosscheck.fa3`) and one
+(:mod:`~amla_sim.crosscheck.flashmla`, :mod:`~amla_sim.crosscheck.sglang`, :mod:`~amla_sim.crosscheck.fa3`,
+:mod:`~amla_sim.crosscheck.vllm`) and one
 entry in :data:`KERNELS`; nothing here knows one kernel from another.
 """
 

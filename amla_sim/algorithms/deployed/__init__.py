@@ -2,8 +2,10 @@
 
 - :mod:`~amla_sim.algorithms.deployed.flashmla`: deepseek-ai/FlashMLA's sm90 decodes and the kernels derived
   from it (the split scheduler in both generations, the combine, the FP8 cache, the dense, sparse FP8 and ETAP
-  decodes);
-- :mod:`~amla_sim.algorithms.deployed.sglang`: SGLang's Triton split/merge decode;
+  decodes, vLLM's dense FP8 decode);
+- :mod:`~amla_sim.algorithms.deployed.splitkv`: the split/merge Triton decode's two stages, the family that
+  SGLang's (:mod:`~amla_sim.algorithms.deployed.sglang`) and vLLM's (:mod:`~amla_sim.algorithms.deployed.vllm`, with
+  vLLM's FP8 quantization) models share;
 - :mod:`~amla_sim.algorithms.deployed.fa3`: FlashAttention-3's MLA decode (vLLM's fork), its split choice;
 - :mod:`~amla_sim.algorithms.deployed.fast_math`: what the FlashAttention-derived CUDA decodes compute alike under
   ``--use_fast_math`` (the scale in log2 units, ``__logf``).

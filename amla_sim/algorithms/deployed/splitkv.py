@@ -1,6 +1,7 @@
 """The split/merge Triton MLA decode that LightLLM wrote and SGLang and vLLM carry (``decode_attention.py``,
 ``triton_decode_attention.py``): stage 1 and stage 2 as every member computes them, each member's parameters
-(its split boundaries and count, what it stores) with its own model (:mod:`.sglang.decode`, :mod:`.vllm.triton_mla`).
+(its split boundaries and count, what it stores) with its own model
+(:mod:`amla_sim.algorithms.deployed.sglang.decode`, :mod:`amla_sim.algorithms.deployed.vllm.triton_mla`).
 
 Stage 1, one program per (row, head tile of BLOCK_H, KV split): a split walks its tokens in blocks of BLOCK_N.
 Per block:
@@ -67,13 +68,21 @@ def stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: np
            num_warps: int, trace: dict | None, k_order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Stage 1 for Q (b, H, 576), K (b, S_max, 576) (BF16, V its first 512 columns) and the (b, S, 2) token ranges
     of the splits: (mid (b, H, S, 512), lse (b, H, S)), NaN for an empty split. Every (row, split) at once,
-    block by block; a split's state changes only inside its range. k_order: the order in which the tensor cores
+    block by block, rows that run as many blocks together; a split's state changes only inside its range. k_order: the order in which the tensor cores
     take k in each chunk of len(k_order), for both dots (None: in order), where the kernel's dot operands are laid
-    out so (:data:`.vllm.triton_mla.FP8_CACHE_K_ORDER`)."""
+    out so (:data:`amla_sim.algorithms.deployed.vllm.triton_mla.FP8_CACHE_K_ORDER`)."""
+    blocks = np.maximum(-(-(ranges[..., 1] - ranges[..., 0]) // block_n), 0).max(axis=1)  # (b,) a row's blocks
+    if trace is None and len(set(blocks.tolist())) > 1:  # rows of other lengths: each group runs its own blocks
+        mid = np.empty((Q.shape[0], Q.shape[1], ranges.shape[1], D_V), mc.dtype)
+        lse = np.empty(mid.shape[:3], mc.dtype)
+        for n in set(blocks.tolist()):
+            g = np.flatnonzero(blocks == n)
+            mid[g], lse[g] = stage1(mc, Q[g], K[g], ranges[g], sm, block_n, num_warps, None, k_order)
+        return mid, lse
     b, H, _ = Q.shape
     S = ranges.shape[1]
     start, end = ranges[..., 0], ranges[..., 1]  # (b, S)
-    n_blocks = int(max(0, (-(-(end - start) // block_n)).max()))
+    n_blocks = int(max(0, blocks.max()))
     layout = (2, 4, min(num_warps, block_n // 8))
     dt = mc.dtype
     m = np.full((b, S, H), -np.inf, dt)

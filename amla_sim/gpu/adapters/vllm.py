@@ -51,7 +51,8 @@ def build_dense_fp8(checkout: str | Path, *, verbose: bool = False):
     # CUDA 13 keeps libcu++ under include/cccl, which the host compiler needs for cutlass/fast_math.h
     includes = [root / "csrc", src, cutlass, Path(CUDA_HOME or "/usr/local/cuda") / "include" / "cccl"]
     return load(name="flashmla_dense_fp8",
-                sources=[str(src / f) for f in ("pybind.cpp", "flash_fwd_mla_fp8_sm90.cu", "flash_fwd_mla_metadata.cu")],
+                sources=[str(src / f) for f in ("pybind.cpp", "flash_fwd_mla_fp8_sm90.cu",
+                                                "flash_fwd_mla_metadata.cu")],
                 extra_include_paths=[str(p) for p in includes], extra_cflags=flags + ["-std=c++20"],
                 extra_cuda_cflags=flags + cuda, verbose=verbose)
 

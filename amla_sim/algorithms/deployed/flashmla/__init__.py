@@ -6,7 +6,9 @@
 - :mod:`.dense`: the dense BF16 decode (FlashMLA 9241ae3);
 - :mod:`.fp8_cache` and :mod:`.sparse_fp8`: the FP8 KV cache (DeepSeek V3.2's and MODEL1's) and the sparse FP8
   decode (FlashMLA 9241ae3);
-- :mod:`.etap`: FlashMLA-ETAP, the ETAP paper's kernel (pengcuo/FlashMLA-ETAP 39e6160, a fork of FlashMLA).
+- :mod:`.etap`: FlashMLA-ETAP, the ETAP paper's kernel (pengcuo/FlashMLA-ETAP 39e6160, a fork of FlashMLA);
+- :mod:`.dense_fp8`: vLLM's dense FP8 decode (vllm-project/FlashMLA 46d64a8, the first generation with E4M3
+  operands).
 """
 
 __all__ = ["FLASHMLA_COMMIT"]

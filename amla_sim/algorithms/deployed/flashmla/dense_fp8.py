@@ -9,8 +9,8 @@ Upstream: vllm-project/FlashMLA 46d64a8 (vLLM 0.33 pins e2afa5fd, which is not o
 Q (E4M3, ``descale_q``) and the paged cache (E4M3, ``descale_k``) enter the tensor cores as they are; the descales
 go into the constants: ``sm = fl(fl(scale dq) dk)`` and ``c = fl(fl(fl32(scale log2 e) dq) dk)`` (the scale
 rounded to float first, its product with log2 e taken in double). The rows are a request's (query position,
-head) pairs, 64 to an m-block, all independent; the scheduler (:func:`.scheduler.etap_schedule`, the same
-``get_mla_metadata``) cuts each request's 64-token blocks into splits. A split walks its blocks from the last;
+head) pairs, 64 to an m-block, all independent; the scheduler
+(:func:`amla_sim.algorithms.deployed.flashmla.scheduler.etap_schedule`, the same ``get_mla_metadata``) cuts each request's 64-token blocks into splits. A split walks its blocks from the last;
 per block, with the running max ``M`` of the raw scores:
 
 - ``S = Q K^T``: FP8 wgmma m64n64k32, k in order 0..575, every instruction issued with its accumulator
@@ -25,7 +25,7 @@ per block, with the running max ``M`` of the raw scores:
 At the end the lanes meet (xor 2, then xor 1), ``O = O fl(dk / L)`` (``dk * rcp(L)``: descale_k is V's
 descale) and ``lse = fma(M, sm, __logf(L))``; L = 0 or NaN leaves O unscaled with lse +inf (-inf in a split). A
 request of one split writes ``bf16(O)``; otherwise the splits' FP32 O and lse go through the combine kernel of
-this generation (:func:`.combine.splitkv_combine`).
+this generation (:func:`amla_sim.algorithms.deployed.flashmla.combine.splitkv_combine`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def flashmla_dense_fp8(
     keys up to ``seqlen - s_q + s``); None: causal when s_q > 1 (vLLM's call; the kernel ignores it for s_q = 1).
     Returns ``.out`` (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q), the kernel's layouts; with `trace`, per
     request the splits' block ranges, partial outputs and LSEs. splits: per request, token ranges to run as its
-    splits in place of the scheduler's (a what-if, as :func:`.scheduler.check_splits` allows).
+    splits in place of the scheduler's (a what-if, as
+    :func:`amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` allows).
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("e4m3",))

@@ -3,9 +3,10 @@ written against a machine.
 
 Upstream: sgl-project/sglang 0.5.23 (the wheel), ``sglang/kernels/ops/attention/decode_attention.py``.
 
-The split/merge decode of :mod:`..splitkv` with SGLang's parameters: the request's L tokens are cut into splits of
-``cdiv(cdiv(L, num_kv_splits), MIN_BLOCK_KV) * MIN_BLOCK_KV`` tokens (per request, the count from
-:mod:`.scheduler`), one query a request, and stage 2's output ``bf16(acc / l * v_scale)``.
+The split/merge decode of :mod:`amla_sim.algorithms.deployed.splitkv` with SGLang's parameters: the request's L
+tokens are cut into splits of ``cdiv(cdiv(L, num_kv_splits), MIN_BLOCK_KV) * MIN_BLOCK_KV`` tokens (per request,
+the count from :mod:`amla_sim.algorithms.deployed.sglang.scheduler`), one query a request, and stage 2's output
+``bf16(acc / l * v_scale)``.
 """
 
 from __future__ import annotations

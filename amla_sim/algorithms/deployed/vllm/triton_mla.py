@@ -1,6 +1,6 @@
 """vLLM's Triton MLA decode (the TRITON_MLA backend), written against a machine: the split/merge decode of
-:mod:`..splitkv` with vLLM's parameters. On ``sm90-triton`` it predicts the kernel's output and LSE bit for bit,
-with a BF16 or an FP8 cache.
+:mod:`amla_sim.algorithms.deployed.splitkv` with vLLM's parameters. On ``sm90-triton`` it predicts the kernel's
+output and LSE bit for bit, with a BF16 or an FP8 cache.
 
 Upstream: vllm-project/vllm 0.33.0, ``vllm/v1/attention/ops/triton_decode_attention.py`` (``decode_attention_fwd``,
 the grouped stage 1 and stage 2; adapted by vLLM from an older SGLang) and ``vllm/v1/attention/backends/mla/
@@ -43,7 +43,7 @@ _MIN_WORK_PER_SPLIT, _SPLIT_OCCUPANCY_MULTIPLIER = 512, 2
 #: registers: Triton lays those out with kWidth = 4 (four consecutive k a thread, for the 8-bit source), so the first
 #: mma.sync.m16n8k16 of a 32 sums k 4t, 4t + 1 (t < 8) and the second 4t + 2, 4t + 3; a BF16 cache keeps kWidth = 2,
 #: k in order. Read off the kernel's TTGIR and PTX (Triton 3.6) and measured: 100% of the FP8 captures' bits with it.
-FP8_CACHE_K_ORDER = tuple(4 * t + e for t in range(8) for e in (0, 1)) + tuple(4 * t + e for t in range(8) for e in (2, 3))
+FP8_CACHE_K_ORDER = tuple(4 * t + e for e2 in (0, 2) for t in range(8) for e in (e2, e2 + 1))
 _BYTES_PER_SPLIT = 3 * 8 * (512 + 1)  # per row and split: mid and lse in float64, and the copies made of them
 
 
@@ -85,7 +85,8 @@ def vllm_triton_mla(
     """vLLM's Triton MLA decode on `machine` (see the module docstring).
 
     q: (b, s_q, h, 576) BF16. kv: (b, S_max, 576), the cache as stored: BF16, or E4M3 with its scale `k_scale`
-    (:func:`.fp8.quantize_cache_fp8` writes it); rows past ``seqlens[i]`` ignored, V its first 512 columns.
+    (:func:`amla_sim.algorithms.deployed.vllm.fp8.quantize_cache_fp8` writes it); rows past ``seqlens[i]``
+    ignored, V its first 512 columns.
     num_kv_splits: None for vLLM's choice over the batch (:func:`vllm_num_kv_splits` of the longest request on
     `sms` SMs, 1 with `batch_invariant`). causal: the MTP rows' extents (vLLM's decode is causal). page_size is
     checked only (paging changes no bits). Returns ``.out`` (b, s_q, h, 512) and ``.lse`` (b, s_q, h), both BF16
