@@ -304,3 +304,18 @@ def test_bad_calls_are_refused_by_name(call, match):
     q, kv = make_inputs("normal:1", batch=1, heads=16, context=100, seed=1)
     with pytest.raises((ValueError, TypeError), match=match):
         call(quantize_query_fp8(q), quantize_cache_fp8(kv), q, kv)
+
+
+def test_invariance_names_the_longest_batchmate():
+    """``amla-sim invariance --kernel vllm-triton-mla``: batchmates of the request's length or shorter leave its
+    bits alone; a longer one raises every request's split count and changes them, and the report says why."""
+    from amla_sim.invariance import invariance
+    from amla_sim.invariance.launches import Launch
+
+    launches = [Launch("alone", (1000,)), Launch("beside a shorter one", (1000, 700)),
+                Launch("beside a 6000-token one", (1000, 6000))]
+    rep = invariance("vllm-triton-mla", length=1000, heads=16, dist="normal:1", launches=launches)
+    alone, shorter, longer = rep.results
+    assert shorter.comparison.bit_exact and not longer.comparison.bit_exact and not rep.invariant
+    assert "longest request (6000 tokens" in longer.reason and "16 splits" in longer.reason
+    assert longer.changed["out"] > 0 and alone.plan == [(0, 1000)]

@@ -113,6 +113,12 @@ NUMERICS: dict[str, dict[str, tuple[str, str]]] = {
                                     "at the end"),
     },
 }
+NUMERICS["vllm-triton-mla"] = {
+    **NUMERICS["sglang-triton"],
+    "schedule": ("vllm-num-kv-splits", "vLLM's _compute_num_kv_splits: one count for the launch, next_pow2(longest "
+                                       "// 512) up to 2 x SMs; splits of cdiv(length, n) tokens"),
+    "LSE": ("m + logf(l), bf16", "m + logf(l) (libdevice) per split; the final LSE stored in BF16"),
+}
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from ..algorithms.deployed.flashmla.sparse_fp8 import flashmla_sparse_fp8
 from ..algorithms.deployed.sglang.decode import splitkv_decode, split_ranges
 from ..algorithms.deployed.sglang.scheduler import (deterministic_kv_splits, mla_max_kv_splits,
                                                     num_kv_splits)
+from ..algorithms.deployed.vllm.triton_mla import VLLM_VERSION, vllm_num_kv_splits, vllm_triton_mla
 from ..experiments.inputs import make_inputs
 from .launches import Launch
 from .races import RaceExposure, etap_race_exposure
@@ -448,7 +449,60 @@ class _SGLang(BatchKernel):
                 "max_kv_splits": self.max_kv_splits(req, launch)}
 
 
-_FACTORIES: dict[str, Callable[[], BatchKernel]] = {k.name: k for k in (_Dense, _SparseFP8, _Etap, _SGLang, _Fa3)}
+class _VllmTriton(_SGLang):
+    """vLLM's Triton MLA decode with its backend's split count (``_compute_num_kv_splits``): one count for the whole
+    launch, from its longest request (:mod:`~amla_sim.algorithms.deployed.vllm.triton_mla`)."""
+
+    name = "vllm-triton-mla"
+    summary = f"vLLM's Triton MLA decode (vLLM {VLLM_VERSION}, TRITON_MLA) with its backend's split count"
+    what_if = "VLLM_BATCH_INVARIANT: one split a request (or, with split_tokens, cdiv(length, split_tokens) splits)"
+
+    def options(self, **given: Any) -> dict[str, Any]:
+        return BatchKernel.options(self, **given)
+
+    def request(self, *, dist: str, seed: int, length: int, heads: int, s_q: int, **options: Any) -> Request:
+        self.options(**options)
+        if s_q != 1:
+            raise ValueError(f"s_q: the study takes one query a request for {self.name}, got {s_q}")
+        q, kv = make_inputs(dist, batch=1, heads=heads, context=length, seed=seed)
+        return Request({"q": q[0], "kv": kv[0]}, heads, length, 1, {"dist": dist, "seed": seed, "heads": heads})
+
+    def max_kv_splits(self, req: Request, launch: Launch) -> int:
+        return int(self.split_counts(req, launch).max())
+
+    def split_counts(self, req: Request, launch: Launch) -> np.ndarray:
+        n = launch.num_kv_splits or vllm_num_kv_splits(max(launch.lengths), launch.num_sms)
+        return np.full(launch.batch, n, np.int64)
+
+    @staticmethod
+    def _ranges(lengths, counts) -> list[Plan]:
+        top = int(np.max(counts))
+        return [[(int(a), int(b)) for a, b in r if b > a] for r in split_ranges(lengths, counts, top, min_block_kv=1)]
+
+    def reason(self, req: Request, launch: Launch) -> str:
+        if launch.num_kv_splits is not None:
+            return f"num_kv_splits = {launch.num_kv_splits} handed to the kernel"
+        n = int(self.split_counts(req, launch)[0])
+        return (f"_compute_num_kv_splits of the launch's longest request ({max(launch.lengths)} tokens, "
+                f"{launch.num_sms} SMs): {n} splits for every request")
+
+    def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
+        n = len(plan)  # empty splits add nothing: n splits cut as the launch's count does
+        if split_ranges([req.length], [n], n, min_block_kv=1)[0].tolist() != [list(r) for r in plan]:
+            raise ValueError(f"plan: vLLM's decode cuts a request into splits of cdiv(length, n) tokens; {plan} is "
+                             "not such a cut")
+        res = vllm_triton_mla(req.arrays["q"][None, -1:], req.arrays["kv"][None], seqlens=[req.length],
+                              num_kv_splits=n)
+        return {"out": res.out[0, 0], "lse": res.lse[0, 0]}
+
+    def batch(self, req: Request, launch: Launch) -> dict[str, Any]:
+        out = super().batch(req, launch)
+        return {"q": out["q"], "kv": out["kv"], "seqlens": out["seqlens"],
+                "num_kv_splits": int(self.split_counts(req, launch)[0])}
+
+
+_FACTORIES: dict[str, Callable[[], BatchKernel]] = {k.name: k for k in (_Dense, _SparseFP8, _Etap, _SGLang, _Fa3,
+                                                                         _VllmTriton)}
 #: The kernels whose scheduler amla-sim models: name -> a one-line summary.
 BATCH_KERNELS = {name: f().summary for name, f in _FACTORIES.items()}
 
