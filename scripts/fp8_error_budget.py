@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from amla_sim._files import atomic_write
 from amla_sim._seeds import derive_seed
 from amla_sim.algorithms import ALGORITHMS, golden
 from amla_sim.experiments.inputs import make_inputs
@@ -92,7 +93,7 @@ def main() -> None:
     p.add_argument("--out", default="docs/reproductions/fp8-mla/error-budget.md")
     a = p.parse_args()
     text = markdown(budget(a.samples), a.samples)
-    Path(a.out).write_text(text)
+    atomic_write(Path(a.out), text)
     print(text)
 
 

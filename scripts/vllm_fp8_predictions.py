@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from amla_sim._files import atomic_write
 from amla_sim.crosscheck.deployed import KERNELS
 from amla_sim.crosscheck.files import input_crc
 from amla_sim.crosscheck.vllm import FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA, fp8_inputs
@@ -77,7 +78,7 @@ def main() -> None:
                                  and got["splits"] in (None, want.get("splits"))})
                 data[f"{seed} {meta['device']}"] = {"seed": seed, "device": meta["device"], "cases": rows}
                 print(path, meta["device"], sum(r["as_predicted"] for r in rows), "of", len(rows), "as predicted")
-    Path(a.out).write_text(json.dumps(data, indent=1) + "\n")
+    atomic_write(Path(a.out), json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":

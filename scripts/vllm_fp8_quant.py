@@ -13,6 +13,8 @@ import sys
 
 import numpy as np
 
+from amla_sim._files import atomic_savez
+
 SCALES = (1.0, 0.5, 2.0, 0.02, 0.0125, 1 / 448, 0.023, 3.7)
 
 
@@ -27,8 +29,7 @@ def main(out: str) -> None:
         c = (x / st).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
         res[f"q{i}"] = q.view(torch.uint8).cpu().numpy()
         res[f"c{i}"] = c.view(torch.uint8).cpu().numpy()
-    np.savez_compressed(out, scales=np.array(SCALES, np.float64), device=np.array(torch.cuda.get_device_name()),
-                        **res)
+    atomic_savez(out, scales=np.array(SCALES, np.float64), device=np.array(torch.cuda.get_device_name()), **res)
     print(f"wrote {out}: {len(SCALES)} scales x 65536 BF16 values")
 
 

@@ -392,3 +392,18 @@ def test_a_batched_product_gives_each_batch_its_own_bits(model, n_batch):
     grouped = n_batch * 64 * mma_impl._MIN_COLUMNS > mma_impl._CHUNK_ELEMENTS // 2
     assert grouped == (n_batch == 40)
     assert_bitwise_equal(whole, alone)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_8_bit_format_widens_through_its_table_as_ml_dtypes_casts(fmt, dtype):
+    """The tensor-core model widens 8-bit operands through a table of their 256 values: every byte, NaN included,
+    gives what ml_dtypes' cast gives, in any shape."""
+    from amla_sim.arith.mma import _widen
+
+    x = np.arange(256, dtype=np.uint8).view(get_format(fmt).dtype).reshape(4, 8, 8)
+    got, want = _widen(x, dtype), x.astype(dtype)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+    strided = np.broadcast_to(x[:, :1], (4, 8, 8))
+    assert np.array_equal(_widen(strided, dtype), strided.astype(dtype), equal_nan=True)

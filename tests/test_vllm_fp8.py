@@ -19,6 +19,7 @@ import pytest
 from amla_sim.algorithms import (ALGORITHMS, flashmla_dense_fp8, golden, quantize_cache_fp8, quantize_query_fp8,
                                  vllm_triton_mla)
 from amla_sim.algorithms.deployed import splitkv
+from amla_sim.algorithms.deployed.fast_math import logf
 from amla_sim.algorithms.deployed.vllm.triton_mla import row_extents, vllm_num_kv_splits
 from amla_sim.crosscheck import replay
 from amla_sim.crosscheck.vllm import DENSE_FP8_CASES, FLASHMLA_DENSE_FP8, TRITON_CASES, VLLM_TRITON_MLA, fp8_inputs
@@ -204,7 +205,7 @@ DENSE_CHOICES = {  # name: (capture case where it bites, (module, attribute, rep
                                                                        + p[:, 3]))),
     "lse-other-contraction": (6, (dense, "_split_lse", lambda mc, M, sm, L: mc.mul_add(mc.log2(L), mc.f(math.log(2.0)),
                                                                                      mc.f(M * sm)))),
-    "combine-lse-unfused": (9, (combine, "_combine_lse", lambda mc, total, M: mc.f(dense.logf(mc, total) + M))),
+    "combine-lse-unfused": (9, (combine, "_combine_lse", lambda mc, total, M: mc.f(logf(mc, total) + M))),
     "no-fma": (6, {"fma": FMAUnit(contract=False)}),
     "ieee-exp2": (6, {"exponential": ExpUnit("correctly-rounded")}),
     "ieee-log2": (6, {"logarithm": LogUnit(ln=None, lg2="correctly-rounded")}),
@@ -319,3 +320,63 @@ def test_invariance_names_the_longest_batchmate():
     assert shorter.comparison.bit_exact and not longer.comparison.bit_exact and not rep.invariant
     assert "longest request (6000 tokens" in longer.reason and "16 splits" in longer.reason
     assert longer.changed["out"] > 0 and alone.plan == [(0, 1000)]
+
+
+def test_the_fp8_k_order_is_what_the_gpu_showed(triton_capture):
+    """``scripts/vllm_triton_kwidth.py`` on an H100: the kernel on an FP8 cache and on a BF16 cache of the same
+    dequantized values differ (so the arithmetic differs, not the values), the FP8 compilation's dots take kWidth 4
+    where the BF16 one's take 2, on the same mma.sync; and the model with k in order (the BF16 path's arithmetic)
+    misses exactly as many of the FP8 capture's elements as the GPU's own BF16 run did."""
+    got = json.loads((DATA / "vllm_triton_kwidth.json").read_text())
+    kinds = {(k["fp8_cache"], tuple(k["dot_kwidth"]), tuple(k["mma"])) for k in got["stage1_compilations"]}
+    mma = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",)
+    assert kinds == {(False, (2,), mma), (True, (4,), mma)}
+    meta, arrays = triton_capture
+    for case, diff in got["cases"].items():
+        c = meta["cases"][int(case)]
+        q, kv = fp8_inputs(c)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(triton, "FP8_CACHE_K_ORDER", tuple(range(32)))
+            res = vllm_triton_mla(q, kv, seqlens=np.array(c["seqlens"]), scale=c["scale"], k_scale=c["k_scale"],
+                                  num_kv_splits=c["num_kv_splits"])
+        out = res.out.reshape(arrays[f"c{case}_out"].shape).view(np.uint16)
+        assert int((out != arrays[f"c{case}_out"]).sum()) == diff["out"] > 0 and diff["lse"] == 0
+
+
+@pytest.mark.parametrize("args, match", [
+    ((-1, 132), "max_seq_len"), ((4096, 0), "sms"), ((4096.0, 132), "max_seq_len"), ((True, 132), "max_seq_len"),
+])
+def test_the_split_count_refuses_bad_input(args, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        vllm_num_kv_splits(*args)
+
+
+def test_the_invariance_study_takes_one_query_row():
+    from amla_sim.invariance import invariance
+
+    with pytest.raises(ValueError, match="s_q"):
+        invariance("vllm-triton-mla", length=100, heads=16, s_q=(2,))
+
+
+@pytest.mark.parametrize("path, edit, match", [
+    (TRITON, {"kv_cache": "fp16"}, "kv_cache"), (TRITON, {"k_scale": 0}, "k_scale"),
+    (TRITON, {"batch_invariant": "yes"}, "batch_invariant"), (TRITON, {"page_size": 0}, "page_size"),
+    (DENSE, {"q_scale": -1.0}, "q_scale"), (DENSE, {"k_scale": float("nan")}, "k_scale"),
+])
+def test_a_corrupted_capture_is_refused_by_name(tmp_path, path, edit, match):
+    """A case whose recipe the models do not cover is refused, naming the field, before any work."""
+    from amla_sim.crosscheck import CaptureError
+
+    meta, arrays = _load(path)
+    meta["cases"][0].update(edit)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, meta=np.array(json.dumps(meta)), **arrays)
+    with pytest.raises(CaptureError, match=match):
+        replay(bad)
+
+
+def test_run_twice_says_whether_the_gpu_repeated_itself():
+    from amla_sim.crosscheck.kernel import run_twice
+
+    runs = iter([{"out": np.arange(3)}, {"out": np.arange(3)}, {"out": np.arange(3)}, {"out": np.ones(3)}])
+    assert run_twice(lambda: next(runs))[1] and not run_twice(lambda: next(runs))[1]

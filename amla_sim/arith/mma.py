@@ -85,43 +85,33 @@ _SM90_FP8_FUSED = (
 )
 _SM80 = "MMA-Sim nv.py (Ampere: F = 24, k16 split into two k8 halves); not verified here (no A100 captures)"
 
+_SM90_16BIT = {  # Hopper's 16- and 19-bit rows, the same under Triton and CUDA
+    "bf16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
+    "fp16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
+    "tf32": TFDPA(8, 25, "fp32-rz", "fused", -133, _SM90),
+}
+_SM90_FP8_ROWS = {f: TFDPA(32, 13, "e8m13-rz", "fp32-add", -133, _SM90_FP8) for f in ("e4m3", "e5m2")}
+_SM90_FP8_FUSED_ROWS = {f: TFDPA(32, 13, "e8m13-rz", "fused", -133, _SM90_FP8_FUSED) for f in ("e4m3", "e5m2")}
+# every NaN is written as 0x7FFFFFFF, whatever the inputs' payloads and signs or an Inf - Inf: measured on an H100,
+# bf16 wgmma (M = 64) and mma.sync (M = 16) and e4m3 tl.dot (tests/data/nan_dot.npz)
+_SM90_NAN = 0x7FFFFFFF
+
 #: Every tensor-core model by name, with its parameters and their sources.
 MODEL_TABLE: dict[str, MMAModel] = {
     "sm90": MMAModel(
-        "sm90",
-        {
-            "bf16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
-            "fp16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
-            "tf32": TFDPA(8, 25, "fp32-rz", "fused", -133, _SM90),
-            "e4m3": TFDPA(32, 13, "e8m13-rz", "fp32-add", -133, _SM90_FP8),
-            "e5m2": TFDPA(32, 13, "e8m13-rz", "fp32-add", -133, _SM90_FP8),
-        },
-        doc="Hopper wgmma as Triton 3.x issues it, FP32 accumulator",
-        # every NaN is written as 0x7FFFFFFF, whatever the inputs' payloads and signs or an Inf - Inf: measured on
-        # an H100, bf16 wgmma (M = 64) and mma.sync (M = 16) and e4m3 tl.dot (tests/data/nan_dot.npz)
-        nan_bits=0x7FFFFFFF,
+        "sm90", {**_SM90_16BIT, **_SM90_FP8_ROWS}, doc="Hopper wgmma as Triton 3.x issues it, FP32 accumulator",
+        nan_bits=_SM90_NAN,
     ),
     "sm90-fp8-fused": MMAModel(
-        "sm90-fp8-fused",
-        {
-            "e4m3": TFDPA(32, 13, "e8m13-rz", "fused", -133, _SM90_FP8_FUSED),
-            "e5m2": TFDPA(32, 13, "e8m13-rz", "fused", -133, _SM90_FP8_FUSED),
-        },
+        "sm90-fp8-fused", _SM90_FP8_FUSED_ROWS,
         doc="FP8 wgmma issued with the accumulator (CUDA/CUTLASS kernels): C fused into the 14-bit truncated sum, "
             "chained through it; Triton's tl.dot computes sm90's fp32-add row instead, mma.sync neither",
     ),
     "sm90-wgmma": MMAModel(
-        "sm90-wgmma",
-        {
-            "bf16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
-            "fp16": TFDPA(16, 25, "fp32-rz", "fused", -133, _SM90),
-            "tf32": TFDPA(8, 25, "fp32-rz", "fused", -133, _SM90),
-            "e4m3": TFDPA(32, 13, "e8m13-rz", "fused", -133, _SM90_FP8_FUSED),
-            "e5m2": TFDPA(32, 13, "e8m13-rz", "fused", -133, _SM90_FP8_FUSED),
-        },
+        "sm90-wgmma", {**_SM90_16BIT, **_SM90_FP8_FUSED_ROWS},
         doc="Hopper wgmma as CUDA C++ kernels issue it (CUTLASS's gemm: the accumulator in every instruction): "
             "sm90's 16-bit rows, and FP8 chained through the 14-bit truncated sum (sm90-fp8-fused)",
-        nan_bits=0x7FFFFFFF,
+        nan_bits=_SM90_NAN,
     ),
     "sm90-fp16": MMAModel(
         "sm90-fp16",

@@ -9,6 +9,7 @@ makes the same stages, and how the kernel is run on a GPU; :mod:`.deployed` driv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from ..experiments.inputs import make_inputs
 from ..resources import check_fits, run_bytes
 from .files import CaptureError, input_crc
 
-__all__ = ["DeployedKernel", "Stage", "stage", "case_inputs", "check_recipe"]
+__all__ = ["DeployedKernel", "Stage", "stage", "case_inputs", "check_recipe", "run_twice"]
 
 #: A stage as :func:`amla_sim.compare` takes it: its name, the device's array and the simulator's, in one format.
 Stage = tuple[str, np.ndarray, np.ndarray]
@@ -70,6 +71,13 @@ class DeployedKernel:
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         """Case `i` on the GPU: its arrays, and the recipe as the capture records it (with the inputs' CRC)."""
         raise NotImplementedError
+
+
+def run_twice(run: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], bool]:
+    """A case run on the GPU and run again: the first run's arrays, and whether the second gave the same bytes in
+    every one of them (a capture records it as ``repeat_identical``)."""
+    got, again = run(), run()
+    return got, got.keys() == again.keys() and all(np.array_equal(got[k], again[k]) for k in got)
 
 
 def stage(name: str, device: np.ndarray, sim: np.ndarray, fmt: type) -> Stage:

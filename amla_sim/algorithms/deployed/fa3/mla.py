@@ -44,6 +44,8 @@ from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from ..fast_math import ln2, logf, scale_log2
+from ..row_sums import lane_sums as _lane_sum
+from ..row_sums import quad_total as _row_total
 from ..flashmla.combine import combine_sum
 from .scheduler import KBLOCK_M, KBLOCK_N, Fa3Schedule, fa3_schedule
 
@@ -213,17 +215,6 @@ def _scores(u: _Units, Q: np.ndarray, Ks: np.ndarray) -> np.ndarray:
     return mc.f(mc.by_blocks(product, KT, rows=Q.shape[0], block=KBLOCK_N))
 
 
-def _lane_sum(mc: Machine, part: np.ndarray | None, s: np.ndarray | None, P: np.ndarray) -> np.ndarray:
-    """The four lanes' partial row sums after a block, P (R, 64) -> (R, 4): lane t adds its columns 8j + 2t + e
-    in (j, e) order (``thread_reduce_``), from the first column (first block) or onto ``fma(l, s, .)``."""
-    Pl = P.reshape(P.shape[0], 8, 4, 2)  # column 8j + 2t + e -> (j, t, e)
-    terms = [Pl[:, j, :, e] for j in range(8) for e in range(2)]
-    acc = terms[0] if part is None else mc.mul_add(part, s[:, None], terms[0])
-    for x in terms[1:]:
-        acc = mc.f(acc + x)
-    return acc
-
-
 def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int,
            limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One split over blocks [lo, hi), walked from hi - 1 down: (O normalised, lse) per row."""
@@ -258,11 +249,6 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
     inv = np.where(empty, 0, mc.div(mc.f(1), L)).astype(dt)
     lse = np.where(empty, -np.inf, _split_lse(u, M, L)).astype(dt)
     return mc.f(O * inv[:, None]), lse
-
-
-def _row_total(mc: Machine, part: np.ndarray) -> np.ndarray:
-    """``quad_allreduce_``: the four lanes' sums in a butterfly, xor 2 and then xor 1."""
-    return mc.f(mc.f(part[:, 0] + part[:, 2]) + mc.f(part[:, 1] + part[:, 3]))
 
 
 def _split_lse(u: _Units, M: np.ndarray, L: np.ndarray) -> np.ndarray:

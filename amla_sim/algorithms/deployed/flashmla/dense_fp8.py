@@ -36,14 +36,18 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ...._validate import quiet_fp
+from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
-from ..fast_math import logf, scale_log2
+from ..fast_math import scale_log2
+from ..row_sums import lane_sums as _lane_sum
+from ..row_sums import quad_total as _row_total
 from ..vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
 from .combine import combine_width, splitkv_combine
 from .etap import check_causal
+from .first_generation import softmax_steps, split_scores, walk
+from .first_generation import split_lse as _split_lse
 from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
 
 __all__ = ["flashmla_dense_fp8", "flashmla_dense_fp8_decode", "DENSE_FP8_COMMIT"]
@@ -83,8 +87,7 @@ def flashmla_dense_fp8(
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("e4m3",))
     scale = check_scale(scale)
     dq, dk = _descale(descale_q, "descale_q"), _descale(descale_k, "descale_k")
-    if not isinstance(num_sms, (int, np.integer)) or isinstance(num_sms, bool) or num_sms < 1:
-        raise ValueError(f"num_sms: expected an int >= 1, got {num_sms!r}")
+    check_int(num_sms, "num_sms", lo=1)
     b, s_q, H, _ = qa.shape
     causal = check_causal(causal, s_q)
     parts = etap_num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
@@ -95,15 +98,14 @@ def flashmla_dense_fp8(
     else:
         plan = block_ranges(check_splits(splits, lengths, max_splits))
     sm, c = _constants(mc, scale, dq, dk)
-    Q, K = mc.operand(qa), mc.operand(kva)
     shift = np.repeat(s_q - 1 - np.arange(s_q), H) if causal else None  # row r = s h_q + head
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.zeros((b, s_q * H), mc.dtype)
     tr: dict[str, list] = {}
     for i, blocks in enumerate(plan):
-        rows = Q[i].reshape(s_q * H, D_K)
+        rows = qa[i].reshape(s_q * H, D_K)
         one = len(blocks) == 1
-        res = [_split(mc, rows, K[i], lengths[i], lo, hi, c, sm, mc.f(dk), shift, one) for lo, hi in blocks]
+        res = [_split(mc, rows, kva[i], lengths[i], lo, hi, c, sm, mc.f(dk), shift, one) for lo, hi in blocks]
         out[i], lse[i] = res[0] if one else splitkv_combine(mc, res, max_splits)
         if trace:
             tr.setdefault("split_blocks", []).append(np.array(blocks))
@@ -131,28 +133,6 @@ def _constants(mc: Machine, scale: float, dq: float, dk: float) -> tuple[np.ndar
     return sm, c
 
 
-def _lane_sum(mc: Machine, part: np.ndarray | None, s: np.ndarray | None, P: np.ndarray) -> np.ndarray:
-    """The four lanes' partial row sums after a block, P (R, 64) -> (R, 4): lane t adds its columns 8j + 2t + e in
-    (j, e) order (``thread_reduce_``), from the first (first block) or onto ``fma(l, s, .)`` (``row_sum *=
-    scores_scale`` contracted into the first add)."""
-    Pl = P.reshape(P.shape[0], 8, 4, 2)  # column 8j + 2t + e -> (j, t, e)
-    terms = [Pl[:, j, :, e] for j in range(8) for e in range(2)]
-    acc = terms[0] if part is None else mc.mul_add(part, s[:, None], terms[0])
-    for x in terms[1:]:
-        acc = mc.f(acc + x)
-    return acc
-
-
-def _row_total(mc: Machine, part: np.ndarray) -> np.ndarray:
-    """``quad_allreduce_``: the four lanes' sums in a butterfly, xor 2 and then xor 1."""
-    return mc.f(mc.f(part[:, 0] + part[:, 2]) + mc.f(part[:, 1] + part[:, 3]))
-
-
-def _split_lse(mc: Machine, M: np.ndarray, sm: np.ndarray, L: np.ndarray) -> np.ndarray:
-    """``row_max * softmax_scale + __logf(sum)``: the max's multiply contracted, ``__logf`` rounded first."""
-    return mc.mul_add(M, sm, logf(mc, L))
-
-
 def _split(mc: Machine, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, c: np.ndarray,
            sm: np.ndarray, dk: np.ndarray, shift: np.ndarray | None, alone: bool) -> tuple[np.ndarray, np.ndarray]:
     """One split over blocks [lo, hi), walked from hi - 1 down: (O, lse) per row, O normalised."""
@@ -161,26 +141,8 @@ def _split(mc: Machine, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: 
     O = np.zeros((R, D_V), dt)
     M = np.full(R, -np.inf, dt)
     part = None
-    masking_steps = 2 if shift is not None else 1  # n_masking_steps = causal ? cdiv(64, 64) + 1 : 1
-    keys = np.arange(lo * BLOCK_SIZE_N, hi * BLOCK_SIZE_N)
-    Ks = np.where((keys < seqlen)[:, None], K[np.minimum(keys, seqlen - 1)], 0).astype(K.dtype)  # OOB rows cleared
-    Ss = mc.f(mc.matmul_blocks(Q, mc.operand(np.ascontiguousarray(Ks.T)), block=BLOCK_SIZE_N))  # (R, 64 n)
-    for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
-        t = blk * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)
-        cols = slice((blk - lo) * BLOCK_SIZE_N, (blk - lo + 1) * BLOCK_SIZE_N)
-        S = Ss[:, cols]
-        if step < masking_steps:
-            limit = seqlen - 1 - (shift[:, None] if shift is not None else 0)  # the last key a row sees
-            S = np.where(t[None, :] <= limit, S, -np.inf).astype(dt)
-        M_new = np.maximum(M, S.max(axis=1)) if step else S.max(axis=1)
-        s = None
-        if step:
-            check_inf = shift is not None and step < masking_steps
-            cur = np.where(check_inf & np.isneginf(M_new), 0, M_new).astype(dt)
-            s = mc.exp2(mc.f(mc.f(M - cur) * c))
-        M = M_new
-        max_scaled = np.where(np.isneginf(M), 0, mc.f(M * c)).astype(dt)
-        P = mc.exp2(mc.mul_add(S, c, -max_scaled[:, None]))
+    Ks, Ss = split_scores(mc, Q, K, seqlen, lo, hi)
+    for cols, s, P, M in softmax_steps(mc, Ss, seqlen, lo, walk(lo, hi), c, shift):
         part = _lane_sum(mc, part, s, P)
         P8 = mc.operand(mc.cast(P, "e4m3", overflow="satfinite"))
         V8 = mc.operand(Ks[cols, :D_V])

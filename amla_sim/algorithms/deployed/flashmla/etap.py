@@ -38,9 +38,12 @@ from ....arith.reductions import _xor_tree
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..fast_math import ln2, logf, scale_log2
+from ..fast_math import scale_log2
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
 from .combine import combine_width, splitkv_combine
+from .first_generation import softmax_steps, split_scores
+from .first_generation import split_lse as _split_lse
+from .first_generation import walk as _walk
 from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
 
 __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_sm_parts", "ETAP_COMMIT",
@@ -49,20 +52,6 @@ __all__ = ["flashmla_etap", "flashmla_etap_decode", "etap_schedule", "etap_num_s
 #: The FlashMLA-ETAP commit (pengcuo/FlashMLA-ETAP) the model follows.
 ETAP_COMMIT = "39e6160"
 WARPS, GROUPS = 4, 8  # the S^T warpgroup: 4 warps of 8 lane groups, each holding keys 16 w + g and 16 w + g + 8
-
-
-class _Units:
-    """The machine's operations as the kernel uses them."""
-
-    def __init__(self, mc: Machine, fmt: str):
-        self.mc = mc
-        self.dt = mc.dtype
-        self.fmt = fmt
-        self.ln2 = ln2(mc)
-
-    def logf(self, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
-        """``__logf(x)``, or ``__logf(x) + plus`` with the multiply by ln 2 contracted into the add."""
-        return logf(self.mc, x, plus)
 
 
 @quiet_fp
@@ -97,7 +86,6 @@ def flashmla_etap(
     causal = check_causal(causal, s_q)
     parts = etap_num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
-    u = _Units(mc, fmt)
     sm, c = _scales(mc, sm)
     if splits is None:
         plan = metadata_splits(etap_schedule(lens, parts)[0], [int(n) for n in lens])
@@ -112,7 +100,7 @@ def flashmla_etap(
     for i, blocks in enumerate(plan):
         rows = Q[i].reshape(s_q * H, D_K)
         one = len(blocks) == 1
-        res = [_split(u, rows, K[i], int(lens[i]), lo, hi, c, sm, shift, one) for lo, hi in blocks]
+        res = [_split(mc, fmt, rows, K[i], int(lens[i]), lo, hi, c, sm, shift, one) for lo, hi in blocks]
         if one:
             out[i], lse[i] = res[0]
         else:
@@ -142,11 +130,6 @@ def _scales(mc: Machine, scale: float) -> tuple[np.ndarray, np.ndarray]:
     return mc.f(scale), scale_log2(mc, scale)
 
 
-def _walk(lo: int, hi: int) -> range:
-    """The blocks of a split in the order the kernel takes them: n_block from n_block_max - 1 down."""
-    return range(hi - 1, lo - 1, -1)
-
-
 def _thread_sum(mc: Machine, part: np.ndarray, s: np.ndarray | None, P: np.ndarray) -> np.ndarray:
     """A thread's partial row sum after a block, P (R, 64) -> its keys (R, warp, 2, group): ``row_sum *= s``, then
     its two keys added in order (``thread_reduce_``), the multiply contracted into the first add."""
@@ -164,11 +147,6 @@ def _row_total(mc: Machine, part: np.ndarray) -> np.ndarray:
     for w in range(WARPS):
         L = mc.f(L + warp[:, w])
     return L
-
-
-def _split_lse(u: _Units, M: np.ndarray, sm: np.ndarray, L: np.ndarray) -> np.ndarray:
-    """``row_max * softmax_scale + __logf(sum)``: the max's multiply contracted, ``__logf`` rounded first."""
-    return u.mc.mul_add(M, sm, u.logf(L))
 
 
 def flashmla_etap_decode(
@@ -189,41 +167,22 @@ def flashmla_etap_decode(
     return flashmla_etap(q, kv, scale=scale, num_sms=num_sms, machine=machine, trace=trace)
 
 
-def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, c: np.ndarray,
+def _split(mc: Machine, fmt: str, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, c: np.ndarray,
            sm: np.ndarray, shift: np.ndarray | None, alone: bool) -> tuple[np.ndarray, np.ndarray]:
     """One split over blocks [lo, hi), walked from hi - 1 down: (O, lse) per row, O normalised."""
-    mc, dt = u.mc, u.dt
+    dt = mc.dtype
     R = Q.shape[0]
-    Qm = mc.operand(Q)
     O = np.zeros((R, D_V), dt)
     M = np.full(R, -np.inf, dt)
     part = np.zeros((R, WARPS, GROUPS), dt)  # a thread's partial row sum: (warp, lane group)
-    masking_steps = 2 if shift is not None else 1  # n_masking_steps = causal ? cdiv(16, 64) + 1 : 1
-    keys = np.arange(lo * BLOCK_SIZE_N, hi * BLOCK_SIZE_N)
-    Ks = np.where((keys < seqlen)[:, None], K[np.minimum(keys, seqlen - 1)], 0).astype(K.dtype)  # OOB rows cleared
-    # the scores do not depend on the softmax state: the split's blocks in few products (the same bits)
-    Ss = mc.f(mc.matmul_blocks(Qm, mc.operand(np.ascontiguousarray(Ks.T)), block=BLOCK_SIZE_N))  # (R, 64 n)
-    for step, blk in enumerate(_walk(lo, hi)):
-        t = blk * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)
-        cols = slice((blk - lo) * BLOCK_SIZE_N, (blk - lo + 1) * BLOCK_SIZE_N)
-        Kb, S = Ks[cols], Ss[:, cols]  # (64, 576), (R, 64)
-        if step < masking_steps:
-            limit = seqlen - 1 - (shift[:, None] if shift is not None else 0)  # the last key a row sees
-            S = np.where(t[None, :] <= limit, S, -np.inf).astype(dt)
-        check_inf = shift is not None and step < masking_steps
-        M_new = np.maximum(M, S.max(axis=1)) if step else S.max(axis=1)
-        s = None  # the rescale factor: none on the first block, whose scale_o is cleared to 0
-        if step:
-            cur = np.where(check_inf & np.isneginf(M_new), 0, M_new).astype(dt)
-            s = mc.exp2(mc.f(mc.f(M - cur) * c))
-        M = M_new
-        max_scaled = np.where(np.isneginf(M), 0, mc.f(M * c)).astype(dt)
-        P = mc.exp2(mc.mul_add(S, c, -max_scaled[:, None]))
+    Ks, Ss = split_scores(mc, Q, K, seqlen, lo, hi)
+    for cols, s, P, M in softmax_steps(mc, Ss, seqlen, lo, _walk(lo, hi), c, shift):
+        Kb = Ks[cols]
         part = _thread_sum(mc, part, s, P)
         O = mc.f(O * (mc.f(0) if s is None else s[:, None]))
-        O = mc.matmul(mc.operand(mc.cast(P, u.fmt)), mc.operand(Kb[:, :D_V]), O)
+        O = mc.matmul(mc.operand(mc.cast(P, fmt)), mc.operand(Kb[:, :D_V]), O)
     L = _row_total(mc, part)
     empty = (L == 0) | np.isnan(L)
     inv = np.where(empty, 1, mc.div(mc.f(1), L)).astype(dt)
-    lse = np.where(empty, np.inf if alone else -np.inf, _split_lse(u, M, sm, L)).astype(dt)
+    lse = np.where(empty, np.inf if alone else -np.inf, _split_lse(mc, M, sm, L)).astype(dt)
     return mc.f(O * inv[:, None]), lse

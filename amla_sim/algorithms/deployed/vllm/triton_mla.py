@@ -42,7 +42,8 @@ _MIN_WORK_PER_SPLIT, _SPLIT_OCCUPANCY_MULTIPLIER = 512, 2
 #: The order of k in each 32 as the tensor cores take it when the dots' operands are upcast from an FP8 cache in
 #: registers: Triton lays those out with kWidth = 4 (four consecutive k a thread, for the 8-bit source), so the first
 #: mma.sync.m16n8k16 of a 32 sums k 4t, 4t + 1 (t < 8) and the second 4t + 2, 4t + 3; a BF16 cache keeps kWidth = 2,
-#: k in order. Read off the kernel's TTGIR and PTX (Triton 3.6) and measured: 100% of the FP8 captures' bits with it.
+#: k in order. Read off the kernel's TTGIR and PTX (Triton 3.6; scripts/vllm_triton_kwidth.py) and measured: 100%
+#: of the FP8 captures' bits with it.
 FP8_CACHE_K_ORDER = tuple(4 * t + e for e2 in (0, 2) for t in range(8) for e in (e2, e2 + 1))
 _BYTES_PER_SPLIT = 3 * 8 * (512 + 1)  # per row and split: mid and lse in float64, and the copies made of them
 

@@ -1,0 +1,72 @@
+"""What FlashMLA's first generation computes alike in the decodes derived from it, FlashMLA-ETAP
+(:mod:`amla_sim.algorithms.deployed.flashmla.etap`) and vLLM's dense FP8 decode
+(:mod:`amla_sim.algorithms.deployed.flashmla.dense_fp8`): a split's keys and scores, and the walk over its blocks
+from the last with FlashAttention-2's online softmax on the raw scores.
+
+Upstream: ``compute_attn_1rowblock_splitkv_mla`` and ``Softmax`` (``softmax.h``) of pengcuo/FlashMLA-ETAP 39e6160 and
+of vllm-project/FlashMLA 46d64a8 (``csrc/extension/sm90/dense_fp8``). Per block walked, with ``c`` the scale in log2
+units and the running max ``M``: masked keys (past the request on the first block walked, after the row's query
+on the first two when causal) get -inf; ``M' = max(M, rowmax(S))``; ``s = exp2(fl(fl(M - M') c))`` (none on the
+first block, whose ``scale_o`` is cleared; ``M'`` read as 0 where it is -inf on a causal masking step); ``P =
+exp2(fma(S, c, -fl(M' c)))`` (0 in place of ``fl(M' c)`` where ``M'`` is -inf). What a thread sums, how P is
+rounded and multiplied, and the epilogue stay with each decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from ....machines import Machine
+from ..fast_math import logf
+from .scheduler import BLOCK_SIZE_N
+
+__all__ = ["walk", "split_scores", "softmax_steps", "split_lse"]
+
+
+def walk(lo: int, hi: int) -> range:
+    """The blocks of a split in the order the kernel takes them: n_block from n_block_max - 1 down."""
+    return range(hi - 1, lo - 1, -1)
+
+
+def split_scores(mc: Machine, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int,
+                 hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """The split's keys (64 (hi - lo), 576), rows past the request cleared as the kernel's loads clear them, and
+    ``S = Q K^T`` for all its blocks (R, 64 (hi - lo)): the scores do not depend on the softmax state, so the
+    blocks go in few products (the same bits, :meth:`Machine.matmul_blocks`)."""
+    keys = np.arange(lo * BLOCK_SIZE_N, hi * BLOCK_SIZE_N)
+    Ks = np.where((keys < seqlen)[:, None], K[np.minimum(keys, seqlen - 1)], 0).astype(K.dtype)
+    Ss = mc.f(mc.matmul_blocks(mc.operand(Q), mc.operand(np.ascontiguousarray(Ks.T)), block=BLOCK_SIZE_N))
+    return Ks, Ss
+
+
+def softmax_steps(mc: Machine, Ss: np.ndarray, seqlen: int, lo: int, blocks: Iterable[int], c: np.ndarray,
+                  shift: np.ndarray | None) -> Iterator[tuple[slice, np.ndarray | None, np.ndarray, np.ndarray]]:
+    """Per block of `blocks` (in the order walked): its columns of `Ss`, the rescale factor ``s`` (None on the
+    first), ``P`` and the running max after it. shift: per row, how many keys before the request's last it stops
+    (causal MTP rows; None: not causal)."""
+    dt = mc.dtype
+    M = np.full(Ss.shape[0], -np.inf, dt)
+    masking_steps = 2 if shift is not None else 1  # n_masking_steps = causal ? cdiv(kBlockM, 64) + 1 : 1
+    for step, blk in enumerate(blocks):
+        t = blk * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)
+        cols = slice((blk - lo) * BLOCK_SIZE_N, (blk - lo + 1) * BLOCK_SIZE_N)
+        S = Ss[:, cols]
+        if step < masking_steps:
+            limit = seqlen - 1 - (shift[:, None] if shift is not None else 0)  # the last key a row sees
+            S = np.where(t[None, :] <= limit, S, -np.inf).astype(dt)
+        M_new = np.maximum(M, S.max(axis=1)) if step else S.max(axis=1)
+        s = None
+        if step:
+            check_inf = shift is not None and step < masking_steps
+            cur = np.where(check_inf & np.isneginf(M_new), 0, M_new).astype(dt)
+            s = mc.exp2(mc.f(mc.f(M - cur) * c))
+        M = M_new
+        max_scaled = np.where(np.isneginf(M), 0, mc.f(M * c)).astype(dt)
+        yield cols, s, mc.exp2(mc.mul_add(S, c, -max_scaled[:, None])), M
+
+
+def split_lse(mc: Machine, M: np.ndarray, sm: np.ndarray, L: np.ndarray) -> np.ndarray:
+    """``row_max * softmax_scale + __logf(sum)``: the max's multiply contracted, ``__logf`` rounded first."""
+    return mc.mul_add(M, sm, logf(mc, L))
