@@ -30,7 +30,6 @@ this generation (:func:`amla_sim.algorithms.deployed.flashmla.combine.splitkv_co
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,9 +43,9 @@ from ..fast_math import scale_log2
 from ..row_sums import lane_sums as _lane_sum
 from ..row_sums import quad_total as _row_total
 from ..vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
-from .combine import combine_width, splitkv_combine
+from .combine import combine_width
 from .etap import check_causal
-from .first_generation import softmax_steps, split_scores, walk
+from .first_generation import run_plan, softmax_steps, split_scores, walk
 from .first_generation import split_lse as _split_lse
 from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
 
@@ -99,23 +98,9 @@ def flashmla_dense_fp8(
         plan = block_ranges(check_splits(splits, lengths, max_splits))
     sm, c = _constants(mc, scale, dq, dk)
     shift = np.repeat(s_q - 1 - np.arange(s_q), H) if causal else None  # row r = s h_q + head
-    out = np.zeros((b, s_q * H, D_V), mc.dtype)
-    lse = np.zeros((b, s_q * H), mc.dtype)
-    tr: dict[str, list] = {}
-    for i, blocks in enumerate(plan):
-        rows = qa[i].reshape(s_q * H, D_K)
-        one = len(blocks) == 1
-        res = [_split(mc, rows, kva[i], lengths[i], lo, hi, c, sm, mc.f(dk), shift, one) for lo, hi in blocks]
-        out[i], lse[i] = res[0] if one else splitkv_combine(mc, res, max_splits)
-        if trace:
-            tr.setdefault("split_blocks", []).append(np.array(blocks))
-            tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]))
-            tr.setdefault("split_lse", []).append(np.stack([r[1] for r in res]))
-    hazards = Counter()
-    if np.isnan(out).any():
-        hazards["nan_outputs"] += int(np.isnan(out).sum())
-    out = mc.cast(out.reshape(b, s_q, H, D_V), "bf16")
-    return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
+    rows = qa.reshape(b, s_q * H, D_K)
+    return run_plan(mc, plan, (b, s_q, H), max_splits, lambda i, lo, hi, one: _split(
+        mc, rows[i], kva[i], lengths[i], lo, hi, c, sm, mc.f(dk), shift, one), "bf16", trace)
 
 
 def _descale(x: float, name: str) -> float:

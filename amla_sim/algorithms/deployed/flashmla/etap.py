@@ -27,7 +27,6 @@ order, an xor butterfly over 32 lanes, ``g = fma(lg2(sum), ln 2, M)`` (+inf wher
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,8 +39,8 @@ from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..fast_math import scale_log2
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
-from .combine import combine_width, splitkv_combine
-from .first_generation import softmax_steps, split_scores
+from .combine import combine_width
+from .first_generation import run_plan, softmax_steps, split_scores
 from .first_generation import split_lse as _split_lse
 from .first_generation import walk as _walk
 from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
@@ -94,26 +93,9 @@ def flashmla_etap(
     Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
     # row r = s h_q + head; query position s sees keys t <= seqlen - s_q + s when causal
     shift = np.repeat(s_q - 1 - np.arange(s_q), H) if causal else None
-    out = np.zeros((b, s_q * H, D_V), mc.dtype)
-    lse = np.zeros((b, s_q * H), mc.dtype)
-    tr: dict[str, list] = {}
-    for i, blocks in enumerate(plan):
-        rows = Q[i].reshape(s_q * H, D_K)
-        one = len(blocks) == 1
-        res = [_split(mc, fmt, rows, K[i], int(lens[i]), lo, hi, c, sm, shift, one) for lo, hi in blocks]
-        if one:
-            out[i], lse[i] = res[0]
-        else:
-            out[i], lse[i] = splitkv_combine(mc, res, max_splits)
-        if trace:
-            tr.setdefault("split_blocks", []).append(np.array(blocks))
-            tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]))
-            tr.setdefault("split_lse", []).append(np.stack([r[1] for r in res]))
-    hazards = Counter()
-    if np.isnan(out).any():
-        hazards["nan_outputs"] += int(np.isnan(out).sum())
-    out = mc.cast(out.reshape(b, s_q, H, D_V), fmt)
-    return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
+    rows = Q.reshape(b, s_q * H, D_K)
+    return run_plan(mc, plan, (b, s_q, H), max_splits, lambda i, lo, hi, one: _split(
+        mc, fmt, rows[i], K[i], int(lens[i]), lo, hi, c, sm, shift, one), fmt, trace)
 
 
 def check_causal(causal: bool | None, s_q: int) -> bool:

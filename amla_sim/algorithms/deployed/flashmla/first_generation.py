@@ -1,7 +1,8 @@
 """What FlashMLA's first generation computes alike in the decodes derived from it, FlashMLA-ETAP
 (:mod:`amla_sim.algorithms.deployed.flashmla.etap`) and vLLM's dense FP8 decode
 (:mod:`amla_sim.algorithms.deployed.flashmla.dense_fp8`): a split's keys and scores, and the walk over its blocks
-from the last with FlashAttention-2's online softmax on the raw scores.
+from the last with FlashAttention-2's online softmax on the raw scores, and a launch's requests through their splits
+and the combine.
 
 Upstream: ``compute_attn_1rowblock_splitkv_mla`` and ``Softmax`` (``softmax.h``) of pengcuo/FlashMLA-ETAP 39e6160 and
 of vllm-project/FlashMLA 46d64a8 (``csrc/extension/sm90/dense_fp8``). Per block walked, with ``c`` the scale in log2
@@ -14,15 +15,18 @@ rounded and multiplied, and the epilogue stay with each decode.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
 from ....machines import Machine
+from ..._common import D_V, AttentionResult
 from ..fast_math import logf
+from .combine import splitkv_combine
 from .scheduler import BLOCK_SIZE_N
 
-__all__ = ["walk", "split_scores", "softmax_steps", "split_lse"]
+__all__ = ["walk", "split_scores", "softmax_steps", "split_lse", "run_plan"]
 
 
 def walk(lo: int, hi: int) -> range:
@@ -70,3 +74,29 @@ def softmax_steps(mc: Machine, Ss: np.ndarray, seqlen: int, lo: int, blocks: Ite
 def split_lse(mc: Machine, M: np.ndarray, sm: np.ndarray, L: np.ndarray) -> np.ndarray:
     """``row_max * softmax_scale + __logf(sum)``: the max's multiply contracted, ``__logf`` rounded first."""
     return mc.mul_add(M, sm, logf(mc, L))
+
+
+def run_plan(mc: Machine, plan: list[list[tuple[int, int]]], shape: tuple[int, int, int], max_splits: int,
+             split: Callable[[int, int, int, bool], tuple[np.ndarray, np.ndarray]], fmt: str,
+             trace: bool) -> AttentionResult:
+    """Every request of a launch (b, s_q, h_q) `shape` through its splits: ``split(i, lo, hi, alone)`` gives a
+    split's (O, lse) over blocks [lo, hi) of request i; a request of one split keeps its own, others go through the
+    combine kernel. ``.out`` (b, s_q, h_q, 512) in `fmt`, ``.lse`` (b, h_q, s_q), the kernel's layouts; with `trace`,
+    per request the splits' block ranges, partial outputs and LSEs."""
+    b, s_q, H = shape
+    out = np.zeros((b, s_q * H, D_V), mc.dtype)
+    lse = np.zeros((b, s_q * H), mc.dtype)
+    tr: dict[str, list] = {}
+    for i, blocks in enumerate(plan):
+        one = len(blocks) == 1
+        res = [split(i, lo, hi, one) for lo, hi in blocks]
+        out[i], lse[i] = res[0] if one else splitkv_combine(mc, res, max_splits)
+        if trace:
+            tr.setdefault("split_blocks", []).append(np.array(blocks))
+            tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]))
+            tr.setdefault("split_lse", []).append(np.stack([r[1] for r in res]))
+    hazards = Counter()
+    if np.isnan(out).any():
+        hazards["nan_outputs"] += int(np.isnan(out).sum())
+    out = mc.cast(out.reshape(b, s_q, H, D_V), fmt)
+    return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
