@@ -606,8 +606,11 @@ def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
                    help="amla-sim (the default): this project's Triton kernels; "
                         + "; ".join(f"{k.name}: {k.summary}" for k in KERNELS.values())
                         + ". With --replay: the kernel the capture must hold (default: whichever it holds)")
+    by_flag: dict[str, list] = {}
     for k in KERNELS.values():
-        p.add_argument(k.source_flag, dest=_dest(k.source_flag), help=f"--kernel {k.name}: {k.source_help}")
+        by_flag.setdefault(k.source_flag, []).append(k)
+    for flag, ks in by_flag.items():  # one flag may serve several kernels of one checkout
+        p.add_argument(flag, dest=_dest(flag), help=f"--kernel {', '.join(k.name for k in ks)}: {ks[0].source_help}")
     p.add_argument("--algorithm", default="amla", choices=["base", "amla", "snapmla", "etap"])
     p.add_argument("--backend", default="triton", choices=["triton", "torch"],
                    help="triton: the kernels against sm90-triton; torch: the algorithm as torch ops against ieee32")

@@ -1,7 +1,7 @@
-"""Device captures for the third-party kernels and the units they use (issue 12). Runs on an H100/H200.
+"""Device captures for the third-party kernels and the units they use. Runs on an H100/H200.
 
     python scripts/capture_thirdparty.py OUT [--sglang FILE] [--flashmla DIR] [--etap DIR] [--seed N]
-                                         [--sparse DIR] [--steps lg2,nan,sglang,flashmla,etap,sparse]
+                                         [--steps lg2,nan,sglang,flashmla,etap,sparse]
 
 lg2:      MUFU.LG2 on every FP32 significand in [1, 2) (delta-coded), and tl.log / tl.log2 / lg2.approx(.ftz) on
           random and edge inputs over every binade; the PTX that tl.log and tl.log2 lower to.
@@ -9,10 +9,10 @@ nan:      tl.dot (bf16; M = 16 takes mma.sync, M = 64 wgmma) with NaN and Inf op
 sglang:   SGLang's Triton MLA decode (the grouped stage 1 + stage 2 path, run from FILE, the kernel module of the
           sglang 0.5.23 wheel: amla_sim.gpu.adapters.sglang) over amla_sim.sglang_cases.SGLANG_CASES: stage 1's partial
           outputs and LSEs and the output (amla_sim.crosscheck.deployed.capture).
-flashmla: FlashMLA's sm90 dense decode, built by DIR/build_flashmla.py; out, lse and the split schedule.
-etap:     FlashMLA-ETAP (the ETAP paper's kernel), built by DIR/build_etap.py, over amla_sim.flashmla_cases.ETAP_CASES
+flashmla: FlashMLA's sm90 dense decode, compiled from the FlashMLA checkout DIR; out, lse and the split schedule.
+etap:     FlashMLA-ETAP (the ETAP paper's kernel), compiled from its checkout DIR, over amla_sim.flashmla_cases.ETAP_CASES
           (seeds + N): out, lse, the tile-scheduler metadata and split counts (etap.npz, or etap_seedN.npz).
-sparse:   FlashMLA's sm90 sparse FP8 decode, built by DIR/build_sparse_fp8.py (DIR/../flashmla beside it), over
+sparse:   FlashMLA's sm90 sparse FP8 decode, compiled from the FlashMLA checkout (--flashmla), over
           amla_sim.flashmla_cases.SPARSE_FP8_CASES (seeds + N), run three times (runs_identical: whether the three
           agree): sparse_fp8.npz (or sparse_fp8_seedN.npz); and FlashMLA's own cache quantizer (tests/quant.py)
           on the GPU over amla_sim.flashmla_cases.QUANT_CASES: flashmla_fp8_quant.npz.
@@ -201,9 +201,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--sglang", default=".third_party/sglang/decode_attention.py")
-    p.add_argument("--flashmla", default=".third_party/flashmla")
-    p.add_argument("--etap", default=".third_party/flashmla-etap")
-    p.add_argument("--sparse", default=".third_party/flashmla-sparse-fp8")
+    p.add_argument("--flashmla", default=".third_party/FlashMLA", help="a FlashMLA checkout")
+    p.add_argument("--etap", default=".third_party/FlashMLA-ETAP", help="a FlashMLA-ETAP checkout")
     p.add_argument("--seed", type=int, default=0, help="added to every case's seed (etap, sparse)")
     p.add_argument("--steps", default="lg2,nan,sglang,flashmla,etap")
     a = p.parse_args()
@@ -214,7 +213,7 @@ def main() -> None:
         try:
             {"lg2": lambda: lg2_step(out), "nan": lambda: nan_step(out), "sglang": lambda: sglang_step(out, a.sglang),
              "flashmla": lambda: flashmla_step(out, a.flashmla), "etap": lambda: etap_step(out, a.etap, a.seed),
-             "sparse": lambda: sparse_step(out, a.sparse, a.seed)}[step]()
+             "sparse": lambda: sparse_step(out, a.flashmla, a.seed)}[step]()
         except Exception as e:  # one step's failure must not lose the others' captures
             import traceback
 

@@ -12,8 +12,8 @@ output, or keys. This script runs every case of ``amla_sim.crosscheck.flashmla.E
 with generic stores and only *arrives* at the named barrier before its own wgmma (and the producer's) reads it,
 with no ``fence.proxy.async`` between the stores and the tensor cores' reads.
 
---patch builds the same sources with the missing synchronisation inserted (in the build folder only: nothing of
-the kernel is kept): ``epilogue``, one ``__syncthreads()`` between the epilogue's write and its read; ``both``,
+--patch builds the same sources with the missing synchronisation inserted (in a copy of the checkout: the checkout
+is left as it is): ``epilogue``, one ``__syncthreads()`` between the epilogue's write and its read; ``both``,
 that and, after the P^T stores, ``fence_view_async_shared()`` and a barrier of the consumer warpgroup's 128
 threads. Writes OUT/etap_race[_PATCH].npz.
 """
@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import tarfile
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -44,28 +42,23 @@ PATCHES = {
 }
 
 
-def patched_build(folder: str, patch: str):
-    """The ETAP extension with the missing synchronisation of `patch` inserted after each anchor line."""
-    sys.path.insert(0, folder)
-    import build_etap
+def patched_build(checkout: str, patch: str):
+    """The ETAP extension with the missing synchronisation of `patch` inserted after each anchor line, compiled from
+    a copy of `checkout` (CUTLASS linked, not copied) under its own extension name."""
+    from amla_sim.gpu.adapters.flashmla import build_etap
 
-    work = f"/tmp/flashmla-etap-build-{patch}"
-    os.environ["TORCH_EXTENSIONS_DIR"] = f"/tmp/torch-ext-{patch}"  # not the unpatched build's cache
-    src = os.path.join(work, "src")  # build() extracts only into an empty folder: extract and patch first
-    if not os.path.isdir(os.path.join(src, "csrc")):
-        os.makedirs(os.path.join(src, "csrc", "cutlass"), exist_ok=True)
-        with tarfile.open(os.path.join(folder, "flashmla-etap-src.tar.xz")) as t:
-            t.extractall(src)
-        with tarfile.open(os.path.join(folder, "cutlass-3.9.0-include.tar.xz")) as t:
-            t.extractall(os.path.join(src, "csrc", "cutlass"))
-    kernel = Path(src, "csrc", "flash_fwd_mla_kernel.h")
+    work = Path(f"/tmp/flashmla-etap-{patch}")
+    if not work.is_dir():
+        shutil.copytree(checkout, work, ignore=shutil.ignore_patterns("cutlass", ".git"))
+        (work / "csrc" / "cutlass").symlink_to(Path(checkout, "csrc", "cutlass").resolve())
+    kernel = work / "csrc" / "flash_fwd_mla_kernel.h"
     text = kernel.read_text()
     if _MARK not in text:
         for anchor, insert in PATCHES[patch]:
             assert text.count(anchor) == 1, f"{anchor.strip()!r} is not where commit 39e6160 has it"
             text = text.replace(anchor, anchor + insert)
         kernel.write_text(text)
-    return build_etap.build(work)
+    return build_etap(work, name=f"amla_flashmla_etap_{patch}")
 
 
 def case_inputs(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -140,7 +133,7 @@ def pack_one_fix(out: Path, source: str, races: Path, cases: list[int]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
-    p.add_argument("--etap", default=".third_party/flashmla-etap")
+    p.add_argument("--etap", default=".third_party/FlashMLA-ETAP", help="a FlashMLA-ETAP checkout")
     p.add_argument("--seeds", default="0,1000")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--patch", choices=sorted(PATCHES))
@@ -160,7 +153,7 @@ def main() -> None:
 
     from amla_sim.gpu.adapters import flashmla as adapters
 
-    mod = patched_build(a.etap, a.patch) if a.patch else adapters.load_etap(a.etap)
+    mod = patched_build(a.etap, a.patch) if a.patch else adapters.build_etap(a.etap)
     arrays, summary = {}, []
     for seed in seeds:
         inputs = case_inputs(seed)

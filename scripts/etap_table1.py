@@ -8,8 +8,8 @@ draws randn) and FA3's outliers (what FA3's 1.9e-4 was measured on), drawn by am
 `seed`. For every distribution and context the kernel runs `repeats` times on the same inputs: the RMSE of each
 run against attention computed in FP64 on the GPU over the same FP16 inputs. --build both: the same sources with
 the two missing synchronisations of scripts/etap_race.py (the race-free kernel); --build fa3: FlashAttention-3's
-MLA decode on the same inputs, as vLLM calls it (pages of 16, FA3's own split count; DIR of --fa3 holds
-build_fa3_mla.py). The first run's output and LSE bits up to 4K tokens are kept, for the CPU replay. Writes
+MLA decode on the same inputs, as vLLM calls it (pages of 16, FA3's own split count; --fa3 names a
+vllm-project/flash-attention checkout). The first run's output and LSE bits up to 4K tokens are kept, for the CPU replay. Writes
 OUT/etap_table1_BUILD.npz.
 
     python scripts/etap_table1.py OUT --pack ORIGINAL.npz BOTH.npz [--keep 512,1024]
@@ -129,9 +129,9 @@ def simulate(out: Path, etap_packed: str, fa3_packed: str, contexts: list[int]) 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
-    p.add_argument("--etap", default=".third_party/flashmla-etap")
+    p.add_argument("--etap", default=".third_party/FlashMLA-ETAP", help="a FlashMLA-ETAP checkout")
     p.add_argument("--build", default="original", choices=["original", "both", "fa3"])
-    p.add_argument("--fa3", default=".third_party/fa3-mla", help="--build fa3: the folder of build_fa3_mla.py")
+    p.add_argument("--fa3", default=".third_party/flash-attention", help="--build fa3: a vllm-project/flash-attention checkout")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pack", nargs=2, metavar=("ORIGINAL", "BOTH"))
@@ -160,11 +160,11 @@ def main() -> None:
     from etap_race import patched_build
 
     if a.build == "fa3":
-        from amla_sim.gpu.adapters.fa3 import load_fa3, run_fa3
+        from amla_sim.gpu.adapters.fa3 import build_fa3, run_fa3
 
-        fa3 = load_fa3(a.fa3)
+        fa3 = build_fa3(a.fa3)
     else:
-        mod = adapters.load_etap(a.etap) if a.build == "original" else patched_build(a.etap, a.build)
+        mod = adapters.build_etap(a.etap) if a.build == "original" else patched_build(a.etap, a.build)
     rows, arrays = [], {}
     for dist in DISTS:
         for ctx in CONTEXTS:

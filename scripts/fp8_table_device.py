@@ -3,7 +3,7 @@ the table's own draw (same seed derivation as `amla-sim reproduce fp8-mla`) quan
 quantizer, every token selected, run through the kernel, and compared bit for bit with the simulator's run of the
 same sweep algorithm. Runs on an H100/H200 from the repository root:
 
-    python scripts/fp8_table_device.py [--sparse .third_party/flashmla-sparse-fp8] [--samples 2]
+    python scripts/fp8_table_device.py [--flashmla .third_party/FlashMLA] [--samples 2]
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from amla_sim.gpu.adapters import flashmla as adapters
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--sparse", default=".third_party/flashmla-sparse-fp8")
+    p.add_argument("--flashmla", default=".third_party/FlashMLA", help="a FlashMLA checkout")
     p.add_argument("--samples", type=int, default=2)
     a = p.parse_args()
     t = TABLES["fp8-mla"]
-    mod = adapters.load_sparse_fp8(a.sparse)
+    mod = adapters.build_sparse_fp8(a.flashmla)
     for dist, label in t.distributions:
         for sample in range(a.samples):
             q, kv = make_inputs(dist, heads=t.heads, sq=t.sq, context=t.context,

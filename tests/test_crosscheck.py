@@ -142,7 +142,7 @@ def test_a_report_of_no_case_is_not_bit_exact():
 
 
 @pytest.mark.parametrize("kernel, words", [("flashmla", "source: flashmla"), ("flashmla-etap", "--etap-dir"),
-                                           ("flashmla-sparse-fp8", "--sparse-dir"), ("tri-dao", "kernel: expected")])
+                                           ("flashmla-sparse-fp8", "--flashmla-dir"), ("tri-dao", "kernel: expected")])
 def test_capture_names_what_is_missing(kernel, words, tmp_path):
     """Before torch or a GPU is needed: an unknown kernel, or a kernel whose build folder is not named."""
     from amla_sim.crosscheck.deployed import capture

@@ -108,9 +108,9 @@ class _Fa3(DeployedKernel):
                       stage("out", arrays[f"c{i}_out"], res.out.reshape(b * sq, H, D_V), fmt)]
 
     def load(self, source: str | None) -> Any:
-        from ..gpu.adapters.fa3 import load_fa3
+        from ..gpu.adapters.fa3 import build_fa3
 
-        return load_fa3(source)
+        return build_fa3(source)
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         from ..gpu.adapters.fa3 import run_fa3
@@ -126,4 +126,5 @@ FA3_MLA = _Fa3(
     summary=f"FlashAttention-3's MLA decode (vllm-project/flash-attention {FA3_COMMIT}, vLLM's FLASH_ATTN_MLA and "
             "SGLang's fa3), BF16 and FP16",
     version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir",
-    source_help="the folder holding build_fa3_mla.py (which builds the kernel and makes vLLM's call)")
+    source_help=f"a vllm-project/flash-attention checkout at {FA3_COMMIT} with CUTLASS at csrc/cutlass (git clone "
+                "--recursive), compiled here")

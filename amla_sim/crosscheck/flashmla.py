@@ -184,9 +184,9 @@ class _Dense(DeployedKernel):
                 stage("out", arrays[f"c{i}_out"], res.out, ml_dtypes.bfloat16)]
 
     def load(self, source: str | None) -> Any:
-        from ..gpu.adapters.flashmla import load_flashmla
+        from ..gpu.adapters.flashmla import build_flashmla
 
-        return load_flashmla(source)
+        return build_flashmla(source)
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         from ..gpu.adapters.flashmla import run_flashmla
@@ -213,9 +213,9 @@ class _Etap(DeployedKernel):
                 stage("out", arrays[f"c{i}_out"], res.out, fmt)]
 
     def load(self, source: str | None) -> Any:
-        from ..gpu.adapters.flashmla import load_etap
+        from ..gpu.adapters.flashmla import build_etap
 
-        return load_etap(source)
+        return build_etap(source)
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         from ..gpu.adapters.flashmla import run_etap
@@ -244,9 +244,9 @@ class _SparseFP8(DeployedKernel):
                 stage("out", arrays[f"c{i}_out"], res.out, ml_dtypes.bfloat16)]
 
     def load(self, source: str | None) -> Any:
-        from ..gpu.adapters.flashmla import load_sparse_fp8
+        from ..gpu.adapters.flashmla import build_sparse_fp8
 
-        return load_sparse_fp8(source)
+        return build_sparse_fp8(source)
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         from ..gpu.adapters.flashmla import run_sparse_fp8
@@ -263,20 +263,21 @@ class _SparseFP8(DeployedKernel):
                                      "input_crc": _sparse_crc(inputs)}
 
 
-_BUILT = "the folder holding {} (which builds the kernel)"
+_CHECKOUT = "a {} checkout at {} with CUTLASS at csrc/cutlass (git clone --recursive), compiled here"
 
 #: FlashMLA's sm90 dense decode as the cross-check drives it.
 FLASHMLA = _Dense(
     name="flashmla", summary=f"FlashMLA's sm90 dense decode (commit {FLASHMLA_COMMIT})", version_key="flashmla_commit",
-    version=FLASHMLA_COMMIT, source_flag="--flashmla-dir", source_help=_BUILT.format("build_flashmla.py"))
+    version=FLASHMLA_COMMIT, source_flag="--flashmla-dir",
+    source_help=_CHECKOUT.format("deepseek-ai/FlashMLA", FLASHMLA_COMMIT))
 #: FlashMLA-ETAP, the ETAP paper's kernel, as the cross-check drives it.
 FLASHMLA_ETAP = _Etap(
     name="flashmla-etap", summary=f"the ETAP paper's kernel (pengcuo/FlashMLA-ETAP {ETAP_COMMIT}), BF16 and FP16",
     version_key="etap_commit", version=ETAP_COMMIT, source_flag="--etap-dir",
-    source_help=_BUILT.format("build_etap.py"))
+    source_help=_CHECKOUT.format("pengcuo/FlashMLA-ETAP", ETAP_COMMIT))
 #: FlashMLA's sm90 sparse FP8 decode as the cross-check drives it.
 FLASHMLA_SPARSE_FP8 = _SparseFP8(
     name="flashmla-sparse-fp8",
     summary=f"FlashMLA's sm90 sparse FP8 decode ({FLASHMLA_COMMIT}), DeepSeek V3.2's and MODEL1's caches",
-    version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--sparse-dir",
-    source_help=_BUILT.format("build_sparse_fp8.py, with ../flashmla beside it,"))
+    version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--flashmla-dir",
+    source_help=_CHECKOUT.format("deepseek-ai/FlashMLA", FLASHMLA_COMMIT))

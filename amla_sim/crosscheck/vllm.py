@@ -189,7 +189,8 @@ FLASHMLA_DENSE_FP8 = _DenseFp8(
     summary=f"vLLM's dense FP8 FlashMLA decode (vllm-project/FlashMLA {DENSE_FP8_COMMIT}, the FLASHMLA backend with an "
             "FP8 KV cache), E4M3 q and cache",
     version_key="flashmla_fp8_commit", version=DENSE_FP8_COMMIT, source_flag="--flashmla-fp8-dir",
-    source_help="a vllm-project/FlashMLA checkout with CUTLASS at csrc/cutlass (git clone --recursive)")
+    source_help=f"a vllm-project/FlashMLA checkout at {DENSE_FP8_COMMIT} with CUTLASS at csrc/cutlass (git clone "
+                "--recursive), compiled here")
 
 #: vLLM's Triton MLA decode as the cross-check drives it.
 VLLM_TRITON_MLA = _VllmTriton(

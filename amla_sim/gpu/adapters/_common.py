@@ -1,17 +1,13 @@
-"""What the adapters share: raw bits as CUDA tensors, a contiguous cache as FlashMLA's pages, an extension built
-by its folder's build script."""
+"""What the adapters share: raw bits as CUDA tensors, a contiguous cache as FlashMLA's pages, requests' rows in
+shuffled pages as vLLM's block tables address them."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import numpy as np
 
-from .. import require_gpu, to_torch
+from .. import to_torch
 
-__all__ = ["bits16", "paged", "load_built"]
+__all__ = ["bits16", "paged", "shuffled_pages"]
 
 
 def bits16(torch, bits: np.ndarray, fmt: str = "bf16"):
@@ -31,15 +27,21 @@ def paged(torch, kv_bits: np.ndarray, fmt: str = "bf16"):
     return kc, torch.arange(b * nblk, dtype=torch.int32, device="cuda").view(b, nblk)
 
 
-def load_built(folder: str | Path, script: str, kernel: str):
-    """The extension that `folder`/`script` builds (its ``build()``)."""
-    require_gpu()
-    folder = Path(folder)
-    if not (folder / script).is_file():
-        raise FileNotFoundError(f"{kernel}: {folder} has no {script}")
-    sys.path.insert(0, str(folder))
-    try:
-        build = importlib.import_module(Path(script).stem).build
-    finally:
-        sys.path.remove(str(folder))
-    return build()
+def shuffled_pages(torch, reqs: list, page: int, seed: int, dtype):
+    """Requests' rows (each (L_i, 576) on the GPU) scattered into a cache of pages in a shuffled order, unused
+    slots holding finite noise of `dtype`: the cache (num_pages, page, 576) and the block table."""
+    rng = np.random.default_rng(seed)
+    counts = [-(-int(r.shape[0]) // page) for r in reqs]
+    total = sum(counts) + 3
+    cache = torch.from_numpy(rng.standard_normal((total, page, reqs[0].shape[1]), dtype=np.float32)).cuda().to(dtype)
+    order = rng.permutation(total)
+    table = np.zeros((len(reqs), max(counts) + 2), np.int32)
+    used = 0
+    for i, r in enumerate(reqs):
+        for j in range(counts[i]):
+            p = int(order[used])
+            used += 1
+            rows = r[j * page:(j + 1) * page]
+            cache[p, :rows.shape[0]] = rows
+            table[i, j] = p
+    return cache, torch.from_numpy(table).cuda()

@@ -1,26 +1,120 @@
-"""FlashAttention-3's MLA decode: the extension that a folder's ``build_fa3_mla.py`` builds (vllm-project/flash-
-attention's ``hopper/`` forward for head dims 64 / 512), called as vLLM calls it (``run_vllm_decode``: the
-scheduler metadata, then ``flash_attn_varlen_func`` with ``q_v`` and a block table over shuffled pages) or, for a
+"""FlashAttention-3's MLA decode (vllm-project/flash-attention's ``hopper/`` forward for head dims 64 / 512),
+compiled from a checkout of that fork by this project's build code with vLLM's switches, and called as vLLM calls
+it (the scheduler metadata, then the varlen forward with ``q_v`` and a block table over shuffled pages) or, for a
 cache that is not paged, as SGLang's ``flash_attn_with_kvcache``."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
-from ._common import bits16, load_built
+from ._build import CUDA_COMMON, SM90A, added_source, checkout_files, compile_extension
+from ._common import bits16, shuffled_pages
 
-__all__ = ["load_fa3", "run_fa3"]
+__all__ = ["build_fa3", "run_fa3"]
+
+_WHAT = "a vllm-project/flash-attention checkout with CUTLASS at csrc/cutlass (git clone --recursive)"
+# The ten instantiations of head dims 64 x 512: {bf16, fp16} x {plain, packgqa, paged (non-TMA), paged + split,
+# split}; with FLASHATTENTION_PACKGQA_ONLY these are every kernel the dispatch can reach for MLA.
+_KERNELS = [f"instantiations/flash_fwd_hdim64_512_{t}_{v}sm90.cu" for t in ("bf16", "fp16")
+            for v in ("", "packgqa_", "paged_", "paged_split_", "split_")]
+# flash_api.cpp's dispatch also names the head-dim-64 kernels with v head dim 256 and 64, which this build leaves
+# out: stand-ins that raise (the 64 x 512 path never reaches them).
+_STAND_INS = r"""#include <stdexcept>
+#include <cutlass/numeric_types.h>
+#include "flash.h"
+template <int Arch, typename T, int kHeadDim, int kHeadDimV, bool Split, bool PagedKVNonTMA, bool Has_softcap,
+          bool PackGQA>
+void run_mha_fwd_(Flash_fwd_params &, cudaStream_t) {
+    throw std::runtime_error("amla-sim builds FA3's head dims 64 x 512 only");
+}
+#define AMLA_NOT_BUILT(T, DV, SPLIT, PAGED, PACK) \
+    template void run_mha_fwd_<90, T, 64, DV, SPLIT, PAGED, false, PACK>(Flash_fwd_params &, cudaStream_t);
+#define AMLA_NOT_BUILT_ALL(T, DV) AMLA_NOT_BUILT(T, DV, false, false, false) AMLA_NOT_BUILT(T, DV, false, false, true) \
+    AMLA_NOT_BUILT(T, DV, false, true, true) AMLA_NOT_BUILT(T, DV, true, false, true) AMLA_NOT_BUILT(T, DV, true, true, true)
+AMLA_NOT_BUILT_ALL(cutlass::bfloat16_t, 256) AMLA_NOT_BUILT_ALL(cutlass::bfloat16_t, 64)
+AMLA_NOT_BUILT_ALL(cutlass::half_t, 256) AMLA_NOT_BUILT_ALL(cutlass::half_t, 64)
+"""
+# vLLM's compile definitions for _vllm_fa3_C (the fork's CMakeLists.txt) ...
+_VLLM_DEFINES = ["FLASHATTENTION_DISABLE_BACKWARD", "FLASHATTENTION_DISABLE_DROPOUT", "FLASHATTENTION_DISABLE_UNEVEN_K",
+                 "FLASHATTENTION_DISABLE_PYBIND", "FLASHATTENTION_VARLEN_ONLY", "FLASHATTENTION_PACKGQA_ONLY",
+                 "FLASHATTENTION_DISABLE_CLUSTER", "FLASHATTENTION_DISABLE_SM8x", "FLASHATTENTION_DISABLE_APPENDKV",
+                 "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED", "CUTLASS_ENABLE_GDC_FOR_SM90",
+                 "TORCH_TARGET_VERSION=0x020A000000000000ULL", "USE_CUDA", "ENABLE_FP8"]
+# ... and this build's: the other head dims, FP8, softcap and local attention left out (none is on the MLA path).
+_ONLY_MLA = ["FLASHATTENTION_DISABLE_HDIM96", "FLASHATTENTION_DISABLE_HDIM128", "FLASHATTENTION_DISABLE_HDIM192",
+             "FLASHATTENTION_DISABLE_HDIM256", "FLASHATTENTION_DISABLE_HDIMDIFF192", "FLASHATTENTION_DISABLE_FP8",
+             "FLASHATTENTION_DISABLE_SOFTCAP", "FLASHATTENTION_DISABLE_LOCAL"]
+_NAME = "amla_fa3_mla"
 
 
-def load_fa3(folder: str | Path):
-    """The build folder's helpers (its ``build_fa3_mla`` module), with the built extension as ``.mod``."""
-    mod = load_built(folder, "build_fa3_mla.py", "fa3-mla")
-    helpers = sys.modules["build_fa3_mla"]
-    helpers.mod = mod
-    return helpers
+def build_fa3(checkout: str | Path, *, verbose: bool = False) -> SimpleNamespace:
+    """The MLA forward compiled from `checkout` (about 150 seconds on 16 cores): its two torch ops, ``fwd`` and
+    ``get_scheduler_metadata`` (vLLM's ``torch.ops._vllm_fa3_C.*``, argument for argument)."""
+    files = ["flash_api.cpp", "flash_api_torch_lib.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu",
+             *_KERNELS]
+    root = checkout_files(checkout, "fa3-mla", ["csrc/common/registration.h", "csrc/cutlass/include/cute/tensor.hpp",
+                                                *("hopper/" + f for f in files)], _WHAT)
+    hopper = root / "hopper"
+    defines = ["-D" + d for d in _VLLM_DEFINES + _ONLY_MLA]
+    stand_ins = added_source(_NAME, "stand_ins.cu", _STAND_INS)
+    cutlass = root / "csrc" / "cutlass"
+    compile_extension(_NAME, [*(hopper / f for f in files), stand_ins],
+                      [hopper, root / "csrc" / "common", cutlass / "include", cutlass / "tools" / "util" / "include"],
+                      ["-O3", "-std=c++20", "-DNDEBUG", *defines],
+                      # vLLM's nvcc flags for the fork (CMake: CUDA >= 12 drops torch's __CUDA_NO_* defines)
+                      ["-std=c++17", *CUDA_COMMON, *SM90A, *defines], verbose=verbose)
+    import torch
+
+    ops = getattr(torch.ops, _NAME)
+    return SimpleNamespace(fwd=ops.fwd, get_scheduler_metadata=ops.get_scheduler_metadata)
+
+
+# fwd's arguments that the MLA decode leaves at their defaults (no new KV, rotary, FP8 descales, softcap, window,
+# sink, context parallelism)
+_FWD_UNUSED = {"k_new": None, "v_new": None, "out": None, "cu_seqlens_k": None, "cu_seqlens_k_new": None,
+               "seqused_q": None, "kv_batch_idx": None, "leftpad_k": None, "rotary_cos": None, "rotary_sin": None,
+               "seqlens_rotary": None, "q_descale": None, "k_descale": None, "v_descale": None,
+               "window_size_left": -1, "window_size_right": -1, "softcap": 0.0, "is_rotary_interleaved": True,
+               "pack_gqa": None, "sm_margin": 0, "s_aux": None, "cp_world_size": 1, "cp_rank": 0,
+               "cp_tot_seqused_k": None}
+
+
+def _vllm_decode(fa3, q, cache, table, seqlens, s_q: int, scale: float, num_splits: int):
+    """vLLM's FLASH_ATTN_MLA decode step (``flashattn_mla.py``: ``get_scheduler_metadata``, then
+    ``flash_attn_varlen_func`` with q = q_rope, k = k_rope, v = kv_c, q_v = q_nope, causal): q (b s_q, h, 576),
+    cache (pages, page, 576). Returns out, lse and the scheduler metadata."""
+    import torch
+
+    b, h, page = len(seqlens), q.shape[1], cache.shape[1]
+    cu_q = torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32, device="cuda")
+    sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    meta = fa3.get_scheduler_metadata(
+        batch_size=b, max_seqlen_q=s_q, max_seqlen_k=max(seqlens), num_heads=h, num_heads_k=1, headdim=64,
+        headdim_v=512, qkv_dtype=q.dtype, seqused_k=sl, cu_seqlens_q=cu_q, cu_seqlens_k=None, cu_seqlens_k_new=None,
+        seqused_q=None, leftpad_k=None, page_size=page, max_seqlen_k_new=0, is_causal=True, window_size_left=-1,
+        window_size_right=-1, has_softcap=False, num_splits=num_splits, pack_gqa=None, sm_margin=0)
+    k_rope, kv_c = cache[..., 512:].unsqueeze(-2), cache[..., :512].unsqueeze(-2)
+    out, lse, *_ = fa3.fwd(**_FWD_UNUSED, q=q[..., 512:], k=k_rope, v=kv_c, q_v=q[..., :512],
+                           cu_seqlens_q=cu_q, seqused_k=sl, max_seqlen_q=s_q, max_seqlen_k=max(seqlens),
+                           page_table=table, softmax_scale=scale, is_causal=True, scheduler_metadata=meta,
+                           num_splits=num_splits)
+    return out, lse, meta
+
+
+def _with_kvcache(fa3, q, cache, seqlens, scale: float, causal: bool, num_splits: int):
+    """FA3's ``flash_attn_with_kvcache`` as SGLang's fa3 backend calls it, on a cache that is not paged: q (b, s_q,
+    h, 576), cache (b, S_max, 576). Returns out and lse."""
+    import torch
+
+    sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    out, lse, *_ = fa3.fwd(**_FWD_UNUSED, q=q[..., 512:], k=cache[..., 512:].unsqueeze(-2),
+                           v=cache[..., :512].unsqueeze(-2), q_v=q[..., :512], cu_seqlens_q=None, seqused_k=sl,
+                           max_seqlen_q=None, max_seqlen_k=None, page_table=None, softmax_scale=scale,
+                           is_causal=causal, scheduler_metadata=None, num_splits=num_splits)
+    return out, lse
 
 
 def run_fa3(fa3, q: np.ndarray, kv: np.ndarray, recipe: dict) -> dict[str, np.ndarray]:
@@ -35,17 +129,12 @@ def run_fa3(fa3, q: np.ndarray, kv: np.ndarray, recipe: dict) -> dict[str, np.nd
     res = {}
     if page is None:
         cache = bits16(torch, kv, fmt)
-        sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        q4 = qt.view(b, sq, H, -1)
-        out, lse = fa3.flash_attn_with_kvcache(fa3.mod, q4[..., 512:], cache[..., 512:].unsqueeze(-2),
-                                               cache[..., :512].unsqueeze(-2), qv=q4[..., :512], cache_seqlens=sl,
-                                               softmax_scale=recipe["scale"], causal=recipe["causal"],
-                                               num_splits=recipe["num_splits"], return_softmax_lse=True)
+        out, lse = _with_kvcache(fa3, qt.view(b, sq, H, -1), cache, list(lens), recipe["scale"], recipe["causal"],
+                                 recipe["num_splits"])
     else:
-        reqs = [bits16(torch, kv[i, :n], fmt).cpu() for i, n in enumerate(lens)]
-        cache, table = fa3.make_paged(reqs, page, seed=recipe["seed"])
-        out, lse, meta = fa3.run_vllm_decode(fa3.mod, qt, cache, table, list(lens), sq, recipe["scale"],
-                                             num_splits=recipe["num_splits"])
+        reqs = [bits16(torch, kv[i, :n], fmt) for i, n in enumerate(lens)]
+        cache, table = shuffled_pages(torch, reqs, page, recipe["seed"], reqs[0].dtype)
+        out, lse, meta = _vllm_decode(fa3, qt, cache, table, list(lens), sq, recipe["scale"], recipe["num_splits"])
         m = meta.cpu().numpy()
         rounded = -(-b // 4) * 4  # vectors of b rounded up to 4: rows, [splits if dynamic], [heads in L2 if causal]
         if (m.size - 1) // rounded - 1 - (sq > 1) == 1:

@@ -1,33 +1,82 @@
-"""deepseek-ai/FlashMLA's decodes and its forks, each the extension its folder's build script makes:
+"""deepseek-ai/FlashMLA's decodes and its forks, compiled from an upstream checkout (``git clone --recursive``, CUTLASS
+at ``csrc/cutlass``) by this project's build code with FlashMLA's setup.py flags:
 
-- the sm90 dense decode: ``flash_mla_dense``, built by ``build_flashmla.py`` (FlashMLA 9241ae3's sources and
-  CUTLASS's headers) in about 2 minutes;
-- the sm90 sparse FP8 decode (DeepSeek V3.2's and MODEL1's caches): ``flash_mla_sparse_fp8``, built by
-  ``build_sparse_fp8.py`` (with ``../flashmla`` beside it for CUTLASS) in about 40 seconds, and FlashMLA's own
-  quantizer (its ``tests/quant.py``) from the same sources;
-- FlashMLA-ETAP (the ETAP paper's kernel, BF16 and FP16): ``flash_mla_etap``, built by ``build_etap.py``
-  (pengcuo/FlashMLA-ETAP 39e6160 and CUTLASS 3.9.0's headers) in about 45 seconds.
+- the sm90 dense decode (FlashMLA 9241ae3): ``build_flashmla``, about 2 minutes on 16 cores;
+- the sm90 sparse FP8 decode (DeepSeek V3.2's and MODEL1's caches, the same checkout): ``build_sparse_fp8``,
+  about 40 seconds, and FlashMLA's own quantizer (its ``tests/quant.py``): ``flashmla_quantize``;
+- FlashMLA-ETAP (the ETAP paper's kernel, pengcuo/FlashMLA-ETAP 39e6160, BF16 and FP16): ``build_etap``, about 45
+  seconds.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
+import importlib.util
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
 from .. import require_gpu, to_torch
-from ._common import bits16, load_built, paged
+from ._build import FLASHMLA_NVCC, added_source, checkout_files, compile_extension
+from ._common import bits16, paged
 
-__all__ = ["load_flashmla", "run_flashmla", "load_etap", "run_etap", "load_sparse_fp8", "run_sparse_fp8",
+__all__ = ["build_flashmla", "run_flashmla", "build_etap", "run_etap", "build_sparse_fp8", "run_sparse_fp8",
            "flashmla_quantize"]
 
 
-def load_flashmla(folder: str | Path):
-    """FlashMLA's dense decode extension, built from `folder` (which holds build_flashmla.py and its archives)."""
-    return load_built(folder, "build_flashmla.py", "flashmla")
+_FLASHMLA = "a deepseek-ai/FlashMLA checkout with CUTLASS at csrc/cutlass (git clone --recursive)"
+_ETAP = "a pengcuo/FlashMLA-ETAP checkout with CUTLASS at csrc/cutlass (git clone --recursive)"
+_CUTLASS = "csrc/cutlass/include/cute/tensor.hpp"
+# FlashMLA 9241ae3's setup.py: the include folders under csrc/ and the host flags
+_FLASHMLA_INCLUDES = ["", "kerutils/include", "sm90", "api", "cutlass/include", "cutlass/tools/util/include"]
+_FLASHMLA_CFLAGS = ["-O3", "-std=c++20", "-DNDEBUG", "-Wno-deprecated-declarations"]
+
+# This project's bindings: FlashMLA's api.cpp binds every kernel of the checkout (sm100 and prefill ones too); a
+# build of one decode binds its interface function alone.
+_DENSE_BINDING = """#include <pybind11/pybind11.h>
+#include "dense_decode.h"
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("dense_decode_fwd", &dense_attn_decode_interface); }
+"""
+# sparse_decode.h dispatches to sm100 kernels too; this build compiles sm90's and defines sm100's as stand-ins that
+# raise (sm90 never reaches them).
+_SPARSE_BINDING = r"""#include <pybind11/pybind11.h>
+#include <stdexcept>
+#include "sparse_decode.h"
+[[noreturn]] static void not_built() { throw std::runtime_error("amla-sim builds FlashMLA's sm90 kernels only"); }
+namespace sm100::decode::head64 {
+template <ModelType M> void run_flash_splitkv_mla_fp8_sparse_kernel(const SparseAttnDecodeParams &) { not_built(); }
+template void run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::V32>(const SparseAttnDecodeParams &);
+template void run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::MODEL1>(const SparseAttnDecodeParams &);
+}
+namespace sm100::fwd_for_small_topk::head128 {
+template <SparseAttnFwdMode F, int D> void run_fwd_for_small_topk_phase1_kernel(const SparseFwdArgT<F> &) {
+    not_built(); }
+template void run_fwd_for_small_topk_phase1_kernel<SparseAttnFwdMode::DecodeWithSplitKV, 512>(
+    const SparseFwdArgT<SparseAttnFwdMode::DecodeWithSplitKV> &);
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("sparse_decode_fwd", &sparse_attn_decode_interface); }
+"""
+_DECODE_COMMON = ["smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu", "smxx/decode/combine/combine.cu"]
+
+
+def _flashmla(checkout: str | Path, kernel: str, name: str, binding: str, sources: list[str], *,
+              verbose: bool, defines: tuple[str, ...] = ()):
+    header = binding.split('#include "')[1].split('"')[0]
+    root = checkout_files(checkout, kernel, [f"csrc/api/{header}", _CUTLASS, *("csrc/" + f for f in sources)],
+                          _FLASHMLA)
+    c = root / "csrc"
+    flags = [*_FLASHMLA_CFLAGS, *defines]
+    return compile_extension(name, [added_source(name, "binding.cpp", binding), *(c / f for f in sources)],
+                             [c / i for i in _FLASHMLA_INCLUDES], flags,
+                             [*flags, *FLASHMLA_NVCC], verbose=verbose)
+
+
+def build_flashmla(checkout: str | Path, *, verbose: bool = False):
+    """FlashMLA's sm90 dense decode (BF16: the FP16 instantiation left out, ``-DFLASH_MLA_DISABLE_FP16``) with the
+    split scheduler and the combine kernel, compiled from `checkout`; its one function is ``dense_decode_fwd``."""
+    return _flashmla(checkout, "flashmla", "amla_flashmla_dense", _DENSE_BINDING,
+                     [*_DECODE_COMMON, "sm90/decode/dense/instantiations/bf16.cu"], verbose=verbose,
+                     defines=("-DFLASH_MLA_DISABLE_FP16",))
 
 
 def run_flashmla(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: float) -> dict[str, np.ndarray]:
@@ -44,10 +93,17 @@ def run_flashmla(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: f
             "sched": sched.cpu().numpy(), "num_splits": num_splits.cpu().numpy()}
 
 
-def load_etap(folder: str | Path):
-    """FlashMLA-ETAP's extension (BF16 and FP16), built from `folder` (which holds build_etap.py and its
-    archives)."""
-    return load_built(folder, "build_etap.py", "flashmla-etap")
+def build_etap(checkout: str | Path, *, name: str = "amla_flashmla_etap", verbose: bool = False):
+    """FlashMLA-ETAP (BF16 and FP16) compiled from `checkout` with the authors' setup.py flags (``--use_fast_math``
+    included: ``exp2f`` and the divisions are the MUFU approximations); its functions are ``get_mla_metadata``
+    and ``fwd_kvcache_mla``, bound by the checkout's own ``flash_api.cpp``. `name`: the extension's (a modified
+    copy of the sources needs its own)."""
+    files = ["flash_api.cpp", "flash_fwd_mla_bf16_sm90.cu", "flash_fwd_mla_fp16_sm90.cu", "flash_fwd_mla_metadata.cu"]
+    root = checkout_files(checkout, "flashmla-etap", [_CUTLASS, *("csrc/" + f for f in files)], _ETAP)
+    c = root / "csrc"
+    flags = ["-O3", "-std=c++17", "-DNDEBUG", "-Wno-deprecated-declarations"]
+    return compile_extension(name, [c / f for f in files], [c, c / "cutlass" / "include"], flags,
+                             [*flags, *FLASHMLA_NVCC, "--ptxas-options=--register-usage-level=10"], verbose=verbose)
 
 
 def run_etap(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: float, causal: bool,
@@ -58,7 +114,7 @@ def run_etap(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: float
     counts."""
     import torch
 
-    b, s_q, H, _ = q_bits.shape
+    _, s_q, H, _ = q_bits.shape
     kc, bt = paged(torch, kv_bits, fmt)
     sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
     meta, num_splits = mod.get_mla_metadata(sl, s_q * H, 1)
@@ -68,10 +124,13 @@ def run_etap(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: float
             "sched": meta.cpu().numpy()[:, :5], "num_splits": num_splits.cpu().numpy()}
 
 
-def load_sparse_fp8(folder: str | Path):
-    """FlashMLA's sparse FP8 decode extension, built from `folder` (which holds build_sparse_fp8.py and its
-    archive; ``folder/../flashmla`` holds the CUTLASS headers)."""
-    return load_built(folder, "build_sparse_fp8.py", "flashmla-sparse-fp8")
+def build_sparse_fp8(checkout: str | Path, *, verbose: bool = False):
+    """FlashMLA's sm90 sparse FP8 decode (V3.2's and MODEL1's layouts, 64 and 128 heads) with the split scheduler
+    and the combine kernel, compiled from `checkout`; its one function is ``sparse_decode_fwd``."""
+    inst = "sm90/decode/sparse_fp8/instantiations/"
+    return _flashmla(checkout, "flashmla-sparse-fp8", "amla_flashmla_sparse_fp8", _SPARSE_BINDING,
+                     [*_DECODE_COMMON, *(inst + f"{m}_persistent_h{h}.cu" for m in ("v32", "model1") for h in (64, 128))],
+                     verbose=verbose)
 
 
 def run_sparse_fp8(mod, q: np.ndarray, kv_cache: np.ndarray, indices: np.ndarray, topk_length: np.ndarray | None,
@@ -110,19 +169,17 @@ def run_sparse_fp8(mod, q: np.ndarray, kv_cache: np.ndarray, indices: np.ndarray
             "num_sms": gpu_sms}
 
 
-def flashmla_quantize(folder: str | Path, kv_pages: np.ndarray, layout: str) -> np.ndarray:
-    """FlashMLA's own quantizer (``tests/quant.py``, run from its sources in `folder`) on BF16 pages
+def flashmla_quantize(checkout: str | Path, kv_pages: np.ndarray, layout: str) -> np.ndarray:
+    """FlashMLA's own quantizer (the checkout's ``tests/quant.py``) on BF16 pages
     (num_blocks, page, 1, d), on the GPU: the cache as (num_blocks, page, 1, bytes) uint8, each page's bytes
     contiguous (FlashMLA's own tensor has padded page strides)."""
     require_gpu()
     import torch
 
-    folder = Path(folder)
-    sys.path.insert(0, str(folder))
-    try:
-        quant = importlib.import_module("build_sparse_fp8").load_quant()
-    finally:
-        sys.path.remove(str(folder))
+    path = checkout_files(checkout, "flashmla-sparse-fp8", ["tests/quant.py"], _FLASHMLA) / "tests" / "quant.py"
+    spec = importlib.util.spec_from_file_location("flashmla_tests_quant", path)
+    quant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quant)
     kind = {"v32": quant.FP8KVCacheLayout.V32_FP8Sparse, "model1": quant.FP8KVCacheLayout.MODEL1_FP8Sparse}[layout]
     got = quant.quantize_k_cache(bits16(torch, np.asarray(kv_pages).astype(ml_dtypes.bfloat16)), kind)  # exact
     return got.view(torch.uint8).contiguous().cpu().numpy()

@@ -15,7 +15,6 @@ outputs so that the capture can check :mod:`amla_sim.algorithms.deployed.vllm.fp
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import types
 from pathlib import Path
@@ -23,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import require_gpu, to_torch
+from ._build import FLASHMLA_NVCC, checkout_files, compile_extension
+from ._common import shuffled_pages
 
 __all__ = ["build_dense_fp8", "run_dense_fp8", "load_vllm_triton", "run_vllm_triton", "quantize_like_vllm"]
 
@@ -34,27 +35,15 @@ def build_dense_fp8(checkout: str | Path, *, verbose: bool = False):
     """The dense FP8 extension compiled from a vllm-project/FlashMLA checkout: ``pybind.cpp`` (its own module,
     ``-DNO_PYBIND11=1`` as FlashMLA's setup.py builds it), the kernel and the metadata kernel, with FlashMLA's
     flags (``-O3 --use_fast_math --expt-relaxed-constexpr --expt-extended-lambda``, sm_90a)."""
-    require_gpu()
-    from torch.utils.cpp_extension import CUDA_HOME, load
-
-    root = Path(checkout)
-    src, cutlass = root.joinpath(*_DENSE_FP8), root / "csrc" / "cutlass" / "include"
-    for need in (src / "flash_fwd_mla_kernel.h", cutlass / "cute" / "tensor.hpp"):
-        if not need.is_file():
-            raise FileNotFoundError(f"flashmla-dense-fp8: {checkout} is not a vllm-project/FlashMLA checkout with "
-                                    f"CUTLASS (no {need.relative_to(root)}; clone with --recursive)")
-    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))
+    files = ["pybind.cpp", "flash_fwd_mla_fp8_sm90.cu", "flash_fwd_mla_metadata.cu"]
+    root = checkout_files(checkout, "flashmla-dense-fp8", ["csrc/cutlass/include/cute/tensor.hpp",
+                                                           *("/".join((*_DENSE_FP8, f)) for f in files)],
+                          "a vllm-project/FlashMLA checkout with CUTLASS at csrc/cutlass (git clone --recursive)")
+    src = root.joinpath(*_DENSE_FP8)
     flags = ["-O3", "-DNDEBUG", "-D_USE_MATH_DEFINES", "-Wno-deprecated-declarations", "-DNO_PYBIND11=1"]
-    cuda = ["-std=c++17", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-            "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "--expt-relaxed-constexpr",
-            "--expt-extended-lambda", "--use_fast_math", "-gencode", "arch=compute_90a,code=sm_90a"]
-    # CUDA 13 keeps libcu++ under include/cccl, which the host compiler needs for cutlass/fast_math.h
-    includes = [root / "csrc", src, cutlass, Path(CUDA_HOME or "/usr/local/cuda") / "include" / "cccl"]
-    return load(name="flashmla_dense_fp8",
-                sources=[str(src / f) for f in ("pybind.cpp", "flash_fwd_mla_fp8_sm90.cu",
-                                                "flash_fwd_mla_metadata.cu")],
-                extra_include_paths=[str(p) for p in includes], extra_cflags=flags + ["-std=c++20"],
-                extra_cuda_cflags=flags + cuda, verbose=verbose)
+    return compile_extension("flashmla_dense_fp8", [src / f for f in files],
+                             [root / "csrc", src, root / "csrc" / "cutlass" / "include"], [*flags, "-std=c++20"],
+                             [*flags, "-std=c++17", *FLASHMLA_NVCC], verbose=verbose)
 
 
 def quantize_like_vllm(torch, x: np.ndarray, scale: float, *, query: bool):
@@ -64,26 +53,6 @@ def quantize_like_vllm(torch, x: np.ndarray, scale: float, *, query: bool):
     s = torch.tensor([scale], dtype=torch.float32, device="cuda")
     y = t * s.reciprocal() if query else t / s
     return y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-
-
-def _pages(torch, reqs: list, page: int, seed: int, dtype):
-    """Requests' rows (each (L_i, 576) on the GPU) scattered into a cache of pages in a shuffled order, unused
-    slots holding finite noise of `dtype`: the cache (num_pages, page, 576) and the block table."""
-    rng = np.random.default_rng(seed)
-    counts = [-(-int(r.shape[0]) // page) for r in reqs]
-    total = sum(counts) + 3
-    cache = torch.from_numpy(rng.standard_normal((total, page, reqs[0].shape[1]), dtype=np.float32)).cuda().to(dtype)
-    order = rng.permutation(total)
-    table = np.zeros((len(reqs), max(counts) + 2), np.int32)
-    used = 0
-    for i, r in enumerate(reqs):
-        for j in range(counts[i]):
-            p = int(order[used])
-            used += 1
-            rows = r[j * page:(j + 1) * page]
-            cache[p, :rows.shape[0]] = rows
-            table[i, j] = p
-    return cache, torch.from_numpy(table).cuda()
 
 
 def _bits(t) -> np.ndarray:
@@ -103,7 +72,7 @@ def run_dense_fp8(mod, q_bits: np.ndarray, kv_bits: np.ndarray, recipe: dict) ->
     lens = recipe["seqlens"]
     q8 = quantize_like_vllm(torch, q_bits, recipe["q_scale"], query=True)
     kv8 = quantize_like_vllm(torch, kv_bits, recipe["k_scale"], query=False)
-    cache, table = _pages(torch, [kv8[i, :n] for i, n in enumerate(lens)], 64, recipe["seed"], torch.float8_e4m3fn)
+    cache, table = shuffled_pages(torch, [kv8[i, :n] for i, n in enumerate(lens)], 64, recipe["seed"], torch.float8_e4m3fn)
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
     _, s_q, h, _ = q_bits.shape
     dq = torch.tensor([recipe["q_scale"]], dtype=torch.float32, device="cuda")
@@ -162,7 +131,7 @@ def run_vllm_triton(mod, q_bits: np.ndarray, kv_bits: np.ndarray, recipe: dict, 
     lens, page = recipe["seqlens"], recipe["page_size"]
     fp8 = recipe["kv_cache"] == "fp8"
     kv = quantize_like_vllm(torch, kv_bits, recipe["k_scale"], query=False) if fp8 else to_torch(kv_bits, "cuda")
-    cache, table = _pages(torch, [kv[i, :n] for i, n in enumerate(lens)], page, recipe["seed"], kv.dtype)
+    cache, table = shuffled_pages(torch, [kv[i, :n] for i, n in enumerate(lens)], page, recipe["seed"], kv.dtype)
     q = to_torch(q_bits, "cuda").reshape(b * s_q, h, -1)
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
     if s_q > 1:
