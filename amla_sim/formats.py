@@ -319,16 +319,28 @@ def _toward_zero_fp32(x: np.ndarray, fmt: Format, overflow: str) -> np.ndarray:
 
 
 def _round_float64_rne(x: np.ndarray, fmt: Format, overflow: str) -> np.ndarray:
-    """Nearest-even on the float64 bits (add half a target ulp minus one, plus the kept lsb, then truncate);
-    exact wherever input and result are normal in `fmt`; every other element takes :func:`_round_float64`."""
+    """Nearest-even on the float64 bits (add half a target ulp minus one, plus the kept lsb, then truncate), in
+    place on one uint64 array; exact wherever input and result are normal in `fmt`; every other element (zero,
+    subnormal, past the largest finite, Inf, NaN) takes :func:`_round_float64`."""
+    x = np.ascontiguousarray(x)
+    u = x.view(np.uint64)
     shift = np.uint64(52 - fmt.mantissa_bits)
-    u = np.ascontiguousarray(x).view(np.uint64)
-    lsb = (u >> shift) & np.uint64(1)
-    half = np.uint64((1 << (52 - fmt.mantissa_bits - 1)) - 1)
-    r = ((u + half + lsb) & ~((np.uint64(1) << shift) - np.uint64(1))).view(np.float64)
-    ok = (np.abs(x) >= fmt.min_normal) & (np.abs(r) <= fmt.max_finite)  # False for NaN and Inf too
+    r = u >> shift
+    r &= np.uint64(1)  # the kept lsb: a tie goes to even
+    r += u
+    r += np.uint64((1 << (52 - fmt.mantissa_bits - 1)) - 1)
+    r &= ~((np.uint64(1) << shift) - np.uint64(1))
+    magnitude = np.uint64(0x7FFF_FFFF_FFFF_FFFF)
+    a = u & magnitude
+    ok = a >= np.float64(fmt.min_normal).view(np.uint64)
+    ok &= a < np.float64(np.inf).view(np.uint64)  # a NaN's bits may carry into the sign
+    ok &= (r & magnitude) <= np.float64(fmt.max_finite).view(np.uint64)
+    r = r.view(np.float64)
     if not ok.all():
-        r = np.where(ok, r, _round_float64(np.where(ok, 0.0, x), fmt, "nearest-even", overflow, None))
+        r = r.reshape(-1)
+        slow = np.flatnonzero(~ok)
+        r[slow] = _round_float64(x.reshape(-1)[slow], fmt, "nearest-even", overflow, None)
+        r = r.reshape(x.shape)
     return r
 
 

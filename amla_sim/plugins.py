@@ -79,7 +79,11 @@ def _load(path: str, what: str) -> Callable:
     except (Exception, SystemExit) as e:  # an import runs the user's module: any error (an exit too) is theirs
         last = said.getvalue().strip().splitlines()[-1:]
         printed = f"; it printed {last[0]!r}" if last else ""
-        raise PluginError(f"{what}: cannot import {module!r} ({_raised(e)}{printed})") from None
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name == module.partition(".")[0]:
+            hint = ("; install it, or put its folder on PYTHONPATH (the amla-sim command does not look in the "
+                    "current folder: PYTHONPATH=. amla-sim ...)")
+        raise PluginError(f"{what}: cannot import {module!r} ({_raised(e)}{printed}){hint}") from None
     sys.stderr.write(said.getvalue())
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -22,13 +22,17 @@ author = "the amla-sim developers"
 copyright = "2026, the amla-sim developers"
 release = version = amla_sim.__version__
 
-extensions = ["myst_nb", "sphinx.ext.autodoc"]
+# sphinx-mathjax-offline: MathJax copied into the site (a page's math renders without a network)
+extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx-mathjax-offline"]
 myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3
 nb_execution_mode = "off"  # tests/test_notebooks.py executes them; the site shows the committed outputs
+nb_render_markdown_format = "myst"  # a cell's Markdown output (a sweep's table) rendered with tables
 autodoc_mock_imports = ["torch", "triton"]  # the GPU modules are documented without a GPU stack
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# annotations as written (``from __future__ import annotations``), not numpy's expansion of ArrayLike
+autodoc_type_aliases = {"npt.ArrayLike": "npt.ArrayLike", "npt.NDArray": "npt.NDArray", "ArrayLike": "ArrayLike"}
 autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": False}
 exclude_patterns = ["_build", "reproductions/**/*.md", "**/.ipynb_checkpoints"]
 suppress_warnings = ["myst.header"]  # notebooks of the repo start at h1 and go to h2 as they please
@@ -37,13 +41,15 @@ html_theme = "pydata_sphinx_theme"
 html_title = "amla-sim"
 html_theme_options = {
     "navbar_align": "left",
+    "header_links_before_dropdown": 5,  # the guide in the top bar; the rest one click away in the left column
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
     "navigation_with_keys": False,
 }
 html_static_path: list[str] = []
-html_sidebars = {"**": []}  # the sections are in the top bar; a left column would stay empty
+templates_path = ["_templates"]
+html_sidebars = {"**": ["sitenav.html"]}  # every section, by its caption, on every page
 
 
 def _generate() -> None:
@@ -68,7 +74,9 @@ def _generate() -> None:
         p.prog = f"amla-sim {name}"
         text += [f"## amla-sim {name}", "", "```text", p.format_help().rstrip(), "```", ""]
     (out / "cli.md").write_text("\n".join(text))
-    (out / "api.md").write_text(api_page())
+    (out / "api").mkdir()
+    for name, text in api_pages().items():
+        (out / "api" / name).write_text(text)
 
 
 def public_modules() -> list[str]:
@@ -129,13 +137,28 @@ def _home_of(obj: object) -> str | None:
     return None
 
 
-def api_page() -> str:
-    """The API reference: the names the package root re-exports, then every public module's ``__all__``."""
+def _summary(mod: str) -> str:
+    """The first sentence of `mod`'s docstring (read from the source), on one line."""
+    import ast
+
+    path = ROOT / Path(*mod.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    return first.split(". ")[0].rstrip(".:") if first else ""
+
+
+def api_pages() -> dict[str, str]:
+    """The API reference: an index (what ``import amla_sim`` re-exports, then every public module with its first
+    sentence) and one page per module of its ``__all__``. File name (under _generated/api/) -> Markdown."""
     import inspect
 
+    modules = public_modules()
     lines = ["# API reference", "",
-             "Every name a module lists in `__all__`, from its docstring. `import amla_sim` re-exports these "
-             "(each documented in its own module below):", ""]
+             "Every name a module lists in `__all__`, documented from its docstring, one page per module. "
+             "`npt.ArrayLike` in a signature is NumPy's `numpy.typing.ArrayLike`: an array or anything "
+             "`numpy.asarray` takes.", "",
+             "## `import amla_sim`", "", "The package root re-exports these, each documented in its own module:", ""]
     for name in amla_sim.__all__:
         obj = getattr(amla_sim, name)
         if inspect.ismodule(obj):
@@ -146,19 +169,22 @@ def api_page() -> str:
             lines.append(f"- `amla_sim.{name}`: {{py:data}}`{home}`")
         else:
             lines.append(f"- `amla_sim.{name}` = `{obj!r}`")
-    lines.append("")
-    modules = public_modules()
+    lines += ["", "## Modules", "", "| module | what it holds |", "|---|---|"]
+    lines += [f"| [`{mod}`]({mod}.md) | {_summary(mod)} |" for mod in modules]
+    lines += ["", "```{toctree}", ":hidden:", "", *modules, "```", ""]
+    pages = {"index.md": "\n".join(lines)}
     for mod in modules:
         # a package's name that is also a submodule's (amla_sim.algorithms.flashmla) is documented there
         shadowed = [n for n in _all_of(mod) if f"{mod}.{n}" in modules]
         data = _data_of(mod)  # autodoc passes over data without a docstring: each gets its own directive
-        lines += [f"## `{mod}`", "", "```{eval-rst}", f".. automodule:: {mod}"]
+        text = [f"# `{mod}`", "", "```{eval-rst}", f".. automodule:: {mod}"]
         if shadowed or data:
-            lines.append(f"   :exclude-members: {', '.join(shadowed + list(data))}")
+            text.append(f"   :exclude-members: {', '.join(shadowed + list(data))}")
         for name, long in data.items():
-            lines += ["", f".. autodata:: {mod}.{name}"] + (["   :no-value:"] if long else [])
-        lines += ["```", ""]
-    return "\n".join(lines)
+            text += ["", f".. autodata:: {mod}.{name}"] + (["   :no-value:"] if long else [])
+        text += ["```", ""]
+        pages[f"{mod}.md"] = "\n".join(text)
+    return pages
 
 
 _generate()

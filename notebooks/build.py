@@ -1,4 +1,4 @@
-"""Write the notebooks of this folder from the cells below, executed (``python notebooks/build.py``).
+"""Write the notebooks of this folder from the cells below, executed (``python notebooks/build.py [01 06 ...]``).
 
 The notebooks are committed with their outputs, pictures included, so that they read well on GitHub;
 tests/test_notebooks.py executes every one of them again on a CPU and checks that the sources are these. Each
@@ -25,7 +25,7 @@ outside the domain, because the AMLA kernels do go there (zeros in the output bu
 from amla_sim.bits import as_int, lemma_domain, mul_pow2_via_int_add
 from amla_sim.cli import main
 
-main(["lemma"])"""),
+status = main(["lemma"])  # the same table as `amla-sim lemma` in a shell"""),
         ("md", """## Inside the domain the trick is exact
 
 We draw a million FP32 values of every magnitude and a random $n$ each, and compare with the exact product
@@ -35,7 +35,8 @@ x = (rng.standard_normal(1_000_000) * np.exp2(rng.integers(-120, 120, 1_000_000)
 n = rng.integers(-60, 60, x.size)
 inside = lemma_domain(x, n)
 exact = np.ldexp(x.astype(np.float64), n)
-got = mul_pow2_via_int_add(x, n).astype(np.float64)
+with np.errstate(invalid="ignore"):  # outside the domain the add can make NaN bit patterns: expected here
+    got = mul_pow2_via_int_add(x, n).astype(np.float64)
 print(f"in the domain: {inside.mean():.1%} of the draws; bit-identical there: {np.mean(got[inside] == exact[inside]):.0%}")
 print(f"outside: {np.mean(got[~inside] == exact[~inside]):.1%} happen to equal x * 2^n")"""),
         ("md", """## Outside the domain
@@ -215,69 +216,118 @@ print(reports["IEEE exp and division"])"""),
 
 This tutorial starts from a kernel that is not in amla-sim: `examples/split_fp16/kernel.py`, a Triton MLA
 decode of our own that rounds P to **FP16** (not BF16) for the P V product and cuts the KV range into **two
-splits** that a second kernel combines. We write its model in a dozen lines against the `sm90-triton` machine and
-the `amla-sim-gpu` schedule, replay a capture the kernel left on an H100 bit for bit (no GPU needed here), and
-sweep it beside Base through the plugin path.
+splits** that a second kernel combines. For a kernel of your own you write the same four files:
 
-The kernel (Triton 3.6; the launch settings that decide bits are in its docstring):"""),
+1. **the model** (`split_fp16.py`), a dozen lines against the `sm90-triton` machine and the `amla-sim-gpu`
+   schedule;
+2. **the capture** (`capture.py`), run once on a GPU: the kernel's stages and the recipes of its inputs;
+3. **the replay** (`replay.py`), on any CPU: the model against the capture, every stage bit for bit;
+4. then every command takes the model by name: here, **a sweep** beside Base.
+
+The folder's `README.md` has the same steps as a checklist. The kernel (Triton 3.6; the launch settings that
+decide bits are in its docstring):"""),
         ("code", """import os
 import sys
 from pathlib import Path
 
-from IPython.display import Code
+from IPython.display import Code, Image, Markdown, display
 
 example = (Path("..") if Path("..", "examples").exists() else Path(".")).resolve() / "examples" / "split_fp16"
 Code(filename=str(example / "kernel.py"), language="python")"""),
-        ("md", """## Its model
+        ("md", """## 1. Its model
 
 An algorithm is any function with the contract `(q, kv, *, machine, schedule, block, scale, trace)` returning an
 `AttentionResult` (`amla_sim.plugins`). This one is written with the blocks the built-in algorithms are made of:
 `make_problem` checks the inputs and knows the machine (which units: tensor cores, `tl.exp`'s `ex2.approx`,
 `div.full`) and the schedule (how the kernel lays out its row sums and `tl.dot` calls). The numbers the kernel
 computes in plain FP32 (`acc * alpha`, the combine) are plain NumPy float32 here: the kernel was launched with
-`enable_fp_fusion=False`, so no FMA hides in them."""),
+`enable_fp_fusion=False`, so no FMA hides in them. `p.record(...)` is the trace: each split's `m`, `l` and `O`,
+the stages the capture holds."""),
         ("code", """Code(filename=str(example / "split_fp16.py"), language="python")"""),
-        ("md", """## The capture, replayed
+        ("md", """## 2. The capture, on a GPU
 
-`python examples/split_fp16/capture.py` ran the kernel on an H100 over five cases (contexts 64 to 8192, one and
-two query tokens, four input distributions, one case whose second split has no block) and kept each split's
-`m`, `l` and `O` and the BF16 output, with the recipe that rebuilds the inputs. `replay.py` runs the model with its
-trace on and hands both to `amla_sim.compare`, stage by stage:"""),
+```bash
+python examples/split_fp16/capture.py      # on an H100/H200 with torch and Triton: writes capture.npz
+```
+
+It ran the kernel on an H100 over five cases (contexts 64 to 8192, one and two query tokens, four input
+distributions, one case whose second split has no block); the result is committed as
+`examples/split_fp16/capture.npz` (1 MB). What it does, step by step (the numbers are in its comments):
+
+1. **inputs from a recipe**, never stored: a distribution, a shape and a seed for `make_inputs`, whose CRC the
+   capture records so that the replay can prove it drew the same bits;
+2. **the kernel as deployed**: its launch settings decide bits;
+3. **every stage the model traces**, as the kernel leaves it in memory: each split's `m`, `l`, `O` (FP32) and the
+   output (BF16). The output says *that* a bit differs, the stages say *where*;
+4. **two more runs** that must give the same bits: a kernel that is not deterministic cannot be replayed;
+5. **raw bits** in one array per case and stage, `c{case}_{stage}`: BF16 as `uint16`, FP32 as it is;
+6. **a JSON `meta`**: every case's recipe and input CRC, the device, the torch and Triton versions."""),
+        ("code", """Code(filename=str(example / "capture.py"), language="python")"""),
+        ("md", """## 3. The replay, on any CPU
+
+```bash
+python examples/split_fp16/replay.py       # prints a report per case; exit status 0 when every bit agrees
+```
+
+`replay.py` reads the capture with `read_capture` (checked before anything is decompressed), draws each case's
+inputs again and checks their CRC, runs the model with `trace=True`, and hands the device's stages and the
+model's to `amla_sim.compare` in pipeline order:"""),
+        ("code", """Code(filename=str(example / "replay.py"), language="python")"""),
+        ("md", """The same from Python, on the committed H100 capture (no GPU needed):"""),
         ("code", """sys.path.insert(0, str(example))
-os.environ["PYTHONPATH"] = os.pathsep.join([str(example), os.environ.get("PYTHONPATH", "")])  # for workers
+os.environ["PYTHONPATH"] = os.pathsep.join([str(example), os.environ.get("PYTHONPATH", "")])  # for the sweep's workers
 from replay import replay
 
 reports = replay(example / "capture.npz")
 print(reports[0])
-print(f"all {len(reports)} cases bit-identical in every stage: {all(r.bit_exact for r in reports)}")"""),
-        ("md", """## What each choice is worth
+print(f"{sum(r.bit_exact for r in reports)} of {len(reports)} cases bit-identical in every stage")"""),
+        ("md", """**Reading the report.** One row per stage, in pipeline order: the share of elements whose bits agree,
+the largest and the median distance in ULPs, and a histogram of the distances. When a stage differs, the report
+names the first one that does, with its first differing element and both values. That points at the model's
+choice to look at: `l` differing while `m` agrees is the row sum (its order, or the exp); `O` first is the
+products or the rescale; `out` alone is the combine or the final division.
 
-The same replay with one choice of the model changed: a correctly rounded exp (the `sm90-triton-exact`
-machine) instead of the hardware's `ex2.approx`, and NumPy's summation order instead of the wgmma accumulator
-layout. The report names the first stage that differs and how far it is:"""),
+## What each choice is worth
+
+`replay(..., model=...)` runs a variant of the model against the same capture. Here: a correctly rounded exp
+(the `sm90-triton-exact` machine) instead of the hardware's `ex2.approx`, and NumPy's summation order instead of
+the wgmma accumulator layout. Each is visible in the bits, at the stage the report names:"""),
         ("code", """from functools import partial
 
-import replay as replay_module
 from split_fp16 import split_fp16
 
 for change in ({"machine": "sm90-triton-exact"}, {"schedule": "reference"}):
-    replay_module.split_fp16 = partial(split_fp16, **change)
-    report = replay_module.replay(example / "capture.npz", cases=[1])[0]
-    print(change, "->", report.first_difference, f"(max {report[report.first_difference].max_ulp} ULP there)")
-replay_module.split_fp16 = split_fp16"""),
-        ("md", """## A sweep of it beside Base
+    report = replay(example / "capture.npz", cases=[1], model=partial(split_fp16, **change))[0]
+    print(change, "->", report.first_difference, f"(max {report[report.first_difference].max_ulp} ULP there)")"""),
+        ("md", """## 4. A sweep of it beside Base
 
-`module:function` names a plugin wherever an algorithm name goes (`--algorithms mine=split_fp16:split_fp16`
-here; an installed package can declare a name in the entry-point group `amla_sim.algorithms` instead). The sweep
-runs it once on a tiny problem before any work, then on the same draws as Base:"""),
-        ("code", """import tempfile
+`module:function` names a plugin wherever an algorithm name goes (`mine=split_fp16:split_fp16` here, with the
+example's folder on `PYTHONPATH`; an installed package can declare a name in the entry-point group
+`amla_sim.algorithms` instead). The sweep runs it once on a tiny problem before any work, then on the same draws
+as Base, and writes `results.csv`, `summary.md` and `errors.png` into its folder:
+
+```bash
+PYTHONPATH=examples/split_fp16 amla-sim sweep --algorithms base,mine=split_fp16:split_fp16 \\
+    --machines sm90-triton --schedule amla-sim-gpu --dists normal:1,flashmla --contexts 512,2048 \\
+    --heads 64 --samples 4 --metric rmse --out /tmp/split-sweep
+```
+
+The cell below runs that command (through `amla_sim.cli.main`, which is what `amla-sim` calls) and shows the
+table and the plot it wrote:"""),
+        ("code", """import contextlib
+import io
+import shlex
+import tempfile
 
 from amla_sim.cli import main
 
-out = tempfile.mkdtemp()
-status = main(["sweep", "--algorithms", "base,mine=split_fp16:split_fp16", "--machines", "sm90-triton",
-      "--schedule", "amla-sim-gpu", "--dists", "normal:1,flashmla", "--contexts", "512,2048", "--heads", "64",
-      "--samples", "4", "--metric", "rmse", "--quiet", "--out", out])"""),
+out = Path(tempfile.mkdtemp())
+line = ("amla-sim sweep --algorithms base,mine=split_fp16:split_fp16 --machines sm90-triton --schedule amla-sim-gpu "
+        f"--dists normal:1,flashmla --contexts 512,2048 --heads 64 --samples 4 --metric rmse --out {out} --quiet")
+with contextlib.redirect_stdout(io.StringIO()):  # the table is shown from the file it wrote, below
+    status = main(shlex.split(line)[1:])
+display(Markdown((out / "summary.md").read_text()))
+display(Image(filename=str(out / "errors.png")))"""),
         ("md", """FP16 keeps three more bits of P than BF16: on these inputs the variant's error is lower than Base's, and
 the replay above says the model of it is the kernel, bit for bit."""),
     ],
@@ -359,8 +409,11 @@ print(f"{len(wrong)} distinct wrong outputs of this case in {runs} sets of 30 ru
 }
 
 
-def build(folder: Path = Path(__file__).parent, *, execute: bool = True) -> None:
+def build(folder: Path = Path(__file__).parent, *, execute: bool = True, only: list[str] | None = None) -> None:
+    """Write (and execute) the notebooks, or those whose names start with one of `only` (``01``, ``06_bring``)."""
     for name, cells in NOTEBOOKS.items():
+        if only and not name.startswith(tuple(only)):
+            continue
         nb = new_notebook(cells=[new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells])
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         if execute:
@@ -376,4 +429,5 @@ def build(folder: Path = Path(__file__).parent, *, execute: bool = True) -> None
 
 
 if __name__ == "__main__":
-    build(execute="--no-execute" not in sys.argv[1:])
+    args = sys.argv[1:]
+    build(execute="--no-execute" not in args, only=[a for a in args if not a.startswith("--")])

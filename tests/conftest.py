@@ -21,6 +21,15 @@ from amla_sim.engine import numba_available, use_engine  # noqa: E402
 _NO_NUMBA = pytest.mark.skipif(not numba_available(), reason="numba is not installed (the [fast] extra)")
 
 
+def capture_engines(captures: list[str]) -> list:
+    """(capture, engine) pairs for a kernel's replays: its first capture on both engines (the NumPy reference and
+    the compiled kernels must give the same bits), every other capture on the fastest engine installed (numba, or
+    NumPy without it). Every capture is replayed in full, each engine on every kernel."""
+    fast = "numba" if numba_available() else "numpy"
+    first, *rest = captures
+    return [(first, "numpy"), pytest.param(first, "numba", marks=_NO_NUMBA), *((c, fast) for c in rest)]
+
+
 @pytest.fixture(params=["numpy", pytest.param("numba", marks=_NO_NUMBA)])
 def engine(request):
     """Run the test on each engine: the NumPy reference and the compiled kernels must give the same bits."""

@@ -87,8 +87,11 @@ def test_every_public_name_is_documented(site):
         import conf  # the site's own list of public modules
     finally:
         sys.path.remove(str(DOCS))
-    api = _pages(site)[(site / "_generated" / "api.html").resolve()]
+    pages = _pages(site)
     modules = conf.public_modules()
+    api = _Page()  # the ids of the API reference's pages together: one page per module
+    for mod in modules:
+        api.ids |= pages[(site / "_generated" / "api" / f"{mod}.html").resolve()].ids
     assert {"amla_sim.comparison", "amla_sim.plugins", "amla_sim.formats", "amla_sim.algorithms"} <= set(modules)
     missing = [m for m in modules if f"module-{m}" not in api.ids]
     for mod in modules:
@@ -118,27 +121,96 @@ def test_the_cli_reference_has_every_command(site):
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+class _Rendered(HTMLParser):
+    """What a page's DOM holds after its scripts ran: math spans and MathJax's output, tables and their rows,
+    images, and the text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.math = self.typeset = self.tables = 0
+        self.rows: list[int] = []
+        self.images: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "span" and "math" in (a.get("class") or "").split():
+            self.math += 1
+        elif tag == "mjx-container":
+            self.typeset += 1
+        elif tag == "table":
+            self.tables += 1
+            self.rows.append(0)
+        elif tag == "tr" and self.rows:
+            self.rows[-1] += 1
+        elif tag == "img" and a.get("src"):
+            self.images.append(a["src"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+# page -> (texts it must show, math typeset, tables at least, images at least)
+RENDERED = [
+    ("index.html", ["What low-precision MLA attention kernels compute", "Headline results", "Tutorial"], False, 1, 0),
+    ("_generated/api/index.html", ["amla_sim.comparison", "ComparisonReport"], False, 1, 0),
+    ("_generated/api/amla_sim.plugins.html", ["get_algorithm", "PluginError"], False, 0, 0),
+    ("_generated/notebooks/06_bring_your_own_kernel.html", ["every stage bit-identical", "split_kernel",
+                                                           "capture.py", "replay.py"], False, 1, 1),
+    ("_generated/notebooks/01_lemma_3_1.html", ["Lemma 3.1"], True, 0, 0),
+    ("reproductions.html", ["AMLA Tables 3 and 4"], False, 5, 7),
+]
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
-@pytest.mark.parametrize(("page", "expect"), [
-    ("index.html", ["What low-precision MLA attention kernels compute", "Bring your own kernel"]),
-    ("_generated/api.html", ["amla_sim.comparison", "ComparisonReport", "get_algorithm"]),
-    ("_generated/notebooks/06_bring_your_own_kernel.html", ["every stage bit-identical", "split_kernel"]),
-    ("reproductions.html", ["AMLA Tables 3 and 4"]),
-])
-def test_pages_render_in_a_real_browser(site, tmp_path, page, expect):
-    """Headless chromium loads the page from disk: its DOM after scripts ran holds the text, and a screenshot is
-    a real picture (kept in AMLA_SIM_SCREENSHOTS, when set, to be looked at)."""
+@pytest.mark.parametrize(("page", "texts", "math", "tables", "images"), RENDERED, ids=[r[0] for r in RENDERED])
+def test_pages_render_in_a_real_browser(site, tmp_path, page, texts, math, tables, images):
+    """Headless chromium loads the page from disk, with no network, and runs its scripts: the DOM then holds the
+    text, every math span typeset by the site's own MathJax, the tables with their rows, and images that are real
+    pictures; the screenshot (kept in AMLA_SIM_SCREENSHOTS, when set, to be looked at) is not blank."""
     flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--proxy-server=127.0.0.1:9", "--virtual-time-budget=20000",  # no network: MathJax must be the site's
              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"]
-    url = (site / page).as_uri()
-    dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    path = site / page
+    dom = subprocess.run(flags + ["--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=180,
+                         check=False)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    for text in expect:
-        assert text in dom.stdout, f"{page}: {text!r} not rendered"
+    got = _Rendered()
+    got.feed(dom.stdout)
+    text = " ".join(" ".join(got.text).split())
+    for t in texts:
+        assert t in text, f"{page}: {t!r} not rendered"
+    if math:
+        assert got.math > 0 and got.typeset >= got.math, f"{page}: {got.typeset} of {got.math} math spans typeset"
+        assert "\\(" not in text, f"{page}: raw TeX left on the page"
+    assert got.tables >= tables and all(n >= 2 for n in got.rows), f"{page}: tables {got.tables}, rows {got.rows}"
+    pictures = [path.parent / unquote(src) for src in got.images if not src.startswith(("data:", "http"))]
+    assert len(pictures) >= images, f"{page}: {len(pictures)} images"
+    for pic in pictures:
+        w, h = _png_size(pic) if pic.suffix == ".png" else (1, 1)
+        assert pic.is_file() and w > 100 and h > 100, f"{page}: image {pic.name} is {w} x {h}"
     shot = Path(os.environ.get("AMLA_SIM_SCREENSHOTS", tmp_path)) / (page.replace("/", "_") + ".png")
     shot.parent.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(flags + [f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(flags + [f"--screenshot={shot}", path.as_uri()], capture_output=True, text=True, timeout=180,
+                       check=False)
     assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a page, not a blank image
+    colours = _colours(shot)
+    assert colours > 50, f"{page}: the screenshot has {colours} colours (blank?)"
+
+
+def _colours(png: Path) -> int:
+    """How many distinct colours a screenshot holds (a blank page has one or two); via Pillow, which matplotlib
+    brings, else the file's size as a stand-in."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return png.stat().st_size // 400
+    with Image.open(png) as im:
+        return len(im.convert("RGB").getcolors(maxcolors=1 << 20) or [])

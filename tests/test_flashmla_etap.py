@@ -11,10 +11,14 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import capture_engines
 
 from amla_sim.algorithms import fa3_mla, flashmla_etap, golden
 from amla_sim.algorithms.deployed.fast_math import logf
-from amla_sim.algorithms.deployed.flashmla.scheduler import etap_num_sm_parts, etap_schedule
+from amla_sim.algorithms.deployed.flashmla.scheduler import (
+    etap_num_sm_parts,
+    etap_schedule,
+)
 from amla_sim.crosscheck import replay
 from amla_sim.crosscheck.flashmla import ETAP_CASES
 from amla_sim.crosscheck.kernel import case_inputs
@@ -34,9 +38,10 @@ def _meta(name):
         return json.loads(str(z["meta"])), {k: z[k] for k in z.files if k != "meta"}
 
 
-@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize(("capture", "engine"), capture_engines(CAPTURES))
 def test_flashmla_etap_bit_exact(capture, engine):
-    report = replay(DATA + capture)
+    with use_engine(engine):
+        report = replay(DATA + capture)
     assert report.kernel == "flashmla-etap" and report.version == "39e6160" and len(report.cases) == 8
     for row in report.cases:
         assert row.first_difference is None, report.format()

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import capture_engines
 
 from amla_sim.algorithms import golden
 from amla_sim.algorithms.deployed.flashmla.fp8_cache import (
@@ -18,10 +19,14 @@ from amla_sim.algorithms.deployed.flashmla.fp8_cache import (
     pages,
     quantize_kv_cache,
 )
-from amla_sim.algorithms.deployed.flashmla.sparse_fp8 import flashmla_sparse_fp8, sparse_schedule
+from amla_sim.algorithms.deployed.flashmla.sparse_fp8 import (
+    flashmla_sparse_fp8,
+    sparse_schedule,
+)
 from amla_sim.crosscheck import CaptureError, replay
 from amla_sim.crosscheck.files import read_capture
 from amla_sim.crosscheck.flashmla import quant_inputs, sparse_inputs
+from amla_sim.engine import use_engine
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.formats import round_to
 from amla_sim.machines import get_machine
@@ -37,9 +42,10 @@ def _load(name):
     return read_capture(DATA + name)
 
 
-@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize(("capture", "engine"), capture_engines(CAPTURES))
 def test_flashmla_sparse_fp8_bit_exact(capture, engine):
-    report = replay(DATA + capture)
+    with use_engine(engine):
+        report = replay(DATA + capture)
     assert report.kernel == "flashmla-sparse-fp8" and report.version == "9241ae3" and len(report.cases) == 8
     for row in report.cases:
         assert row.first_difference is None, report.format()
@@ -271,7 +277,13 @@ def test_the_fp8_table_runs_through_reproduce(tmp_path):
     import csv
 
     from amla_sim._seeds import derive_seed
-    from amla_sim.algorithms import flashmla, flashmla_dense_fp8, quantize_cache_fp8, quantize_query_fp8, vllm_triton_mla
+    from amla_sim.algorithms import (
+        flashmla,
+        flashmla_dense_fp8,
+        quantize_cache_fp8,
+        quantize_query_fp8,
+        vllm_triton_mla,
+    )
     from amla_sim.cli import main
 
     assert main(["reproduce", "fp8-mla", "--samples", "1", "--context", "100", "--heads", "64", "--out",

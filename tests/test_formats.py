@@ -171,6 +171,17 @@ def test_rounding_matches_integer_oracle(inputs, name, mode, overflow):
     assert_bitwise_equal(got[~nan], want[~nan], err_msg=f"{name} {mode} {overflow}")
 
 
+@pytest.mark.parametrize("name", ["bf16", "fp16", "tf32", "e4m3", "e5m2"])
+def test_float64_nans_whose_rounding_carries_into_the_sign_stay_nan(name):
+    """NaN payloads at the top of the float64 code space: adding half an ulp to their bits carries into the sign
+    bit (or wraps to zero), which must not pass them off as finite numbers."""
+    x = np.array([0x7FFF_FFFF_FFFF_FFFF, 0xFFFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0001, 0x7FF8_0000_0000_0000,
+                  0x3FF0_0000_0000_0000], np.uint64).view(np.float64)  # four NaNs, then 1.0
+    with np.errstate(invalid="ignore"):
+        got = round_to(x, name).astype(np.float64)
+    assert np.isnan(got[:4]).all() and got[4] == 1.0
+
+
 @pytest.mark.parametrize("name", TARGETS)
 def test_stochastic_rounding_matches_oracle_with_same_draws(inputs, name, engine):
     f = get_format(name)

@@ -99,6 +99,18 @@ def test_another_grid_in_the_folder_is_refused(tmp_path, capsys):
         run_grid(Grid(**{**SMALL, "schedule": "amla-sim-gpu", "samples": 1}), out_dir=tmp_path, progress=False)
 
 
+def test_another_metric_resummarises_the_same_rows(tmp_path, capsys):
+    """Every metric is stored: --metric changes the table and the plot, not the folder's identity."""
+    flags = ["sweep", *FLAGS, "--samples", "1", "--out", str(tmp_path)]
+    assert main(flags) == 0
+    rows = (tmp_path / "results.csv").read_bytes()
+    assert main([*flags, "--metric", "rmse"]) == 0
+    assert "0 new tasks" in capsys.readouterr().out
+    assert (tmp_path / "results.csv").read_bytes() == rows
+    assert "rmse" in (tmp_path / "summary.md").read_text().splitlines()[0]
+    assert json.loads((tmp_path / "summary.json").read_text())["grid"]["metric"] == "rmse"
+
+
 @pytest.mark.parametrize("argv, word", [
     (["--algorithms", "base,nope"], "algorithms"),
     (["--algorithms", "amla:colour=red"], "algorithms"),

@@ -8,6 +8,7 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import capture_engines
 
 from amla_sim import mma
 from amla_sim.algorithms import flashmla, golden
@@ -15,6 +16,7 @@ from amla_sim.algorithms.deployed.sglang.decode import split_ranges, splitkv_dec
 from amla_sim.arith.logarithm import lg2_approx, log
 from amla_sim.crosscheck import CaptureError, replay
 from amla_sim.crosscheck.sglang import SGLANG_CASES
+from amla_sim.engine import use_engine
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.machines import get_machine
 from amla_sim.units import DivUnit, ExpUnit, FMAUnit, LogUnit
@@ -148,9 +150,11 @@ def test_bad_shapes(q_shape, kv_shape, name):
             model(np.zeros((1, 1, 16, 576), ml_dtypes.bfloat16), np.zeros((1, 64, 576), np.float32))
 
 
-@pytest.mark.parametrize("capture", ["flashmla_decode.npz", "flashmla_decode_h100_fresh.npz"])
+@pytest.mark.parametrize(("capture", "engine"),
+                         capture_engines(["flashmla_decode.npz", "flashmla_decode_h100_fresh.npz"]))
 def test_flashmla_decode_bit_exact(capture, engine):
-    report = replay(DATA + capture)
+    with use_engine(engine):
+        report = replay(DATA + capture)
     assert report.version == "9241ae3" and len(report.cases) == 6
     for row in report.cases:
         assert row.first_difference is None, report.format()
@@ -217,7 +221,11 @@ def test_cli_replays_sglang(capsys, tmp_path):
 
 @pytest.mark.parametrize("case", range(6))
 def test_flashmla_scheduler_cuts_where_the_kernel_does(case):
-    from amla_sim.algorithms.deployed.flashmla.scheduler import decoding_schedule, num_sm_parts, request_splits
+    from amla_sim.algorithms.deployed.flashmla.scheduler import (
+        decoding_schedule,
+        num_sm_parts,
+        request_splits,
+    )
 
     with np.load(DATA + "flashmla_decode.npz") as z:
         c = json.loads(str(z["meta"]))["cases"][case]

@@ -3,7 +3,9 @@ bit for bit on both engines, each of its choices is visible in the bits, and it 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from functools import partial
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from amla_sim.crosscheck.files import read_capture
 from amla_sim.experiments.grid import Grid, run_grid
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "split_fp16"
@@ -52,9 +55,24 @@ def test_each_choice_of_the_model_matters(example, monkeypatch, change, stage):
         cast = Machine.cast
         monkeypatch.setattr(Machine, "cast", lambda self, x, fmt, **kw: cast(self, x, "bf16" if fmt == "fp16" else fmt,
                                                                             **kw))
-    monkeypatch.setattr(replay, "split_fp16", partial(split_fp16.split_fp16, **kwargs))
-    firsts = [r.first_difference for r in replay.replay(EXAMPLE / "capture.npz", cases=[1, 3])]
+    model = partial(split_fp16.split_fp16, **kwargs)
+    firsts = [r.first_difference for r in replay.replay(EXAMPLE / "capture.npz", cases=[1, 3], model=model)]
     assert stage in firsts and all(f in (None, stage) for f in firsts), firsts
+
+
+def test_the_replay_script_says_so_in_its_exit_status(tmp_path):
+    """``python examples/split_fp16/replay.py CAPTURE`` as the tutorial runs it (on the capture's smallest case,
+    alone and with one bit of its output flipped): exit status 0 when every bit agrees, 3 when one does not."""
+    meta, arrays = read_capture(EXAMPLE / "capture.npz")
+    one = {f"c0_{k}": arrays[f"c3_{k}"] for k in ("m", "l", "O", "out")}
+    for name, flip in (("same", 0), ("flipped", 1)):
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, meta=np.array(json.dumps({**meta, "cases": [meta["cases"][3]]})),
+                 **{**one, "c0_out": one["c0_out"] ^ np.uint16(flip)})
+        r = subprocess.run([sys.executable, str(EXAMPLE / "replay.py"), str(path)], capture_output=True, text=True,
+                           check=False, timeout=300)
+        assert r.returncode == 3 * flip, r.stderr[-2000:]
+        assert f"{1 - flip} of 1 cases bit-identical in every stage" in r.stdout
 
 
 def test_the_plugin_sweeps_beside_base(example, tmp_path):

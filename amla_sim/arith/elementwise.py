@@ -23,7 +23,7 @@ neighbourhoods of -150, -126 and 128, infinities, NaN); 100% of tl.exp on 32,768
 The table also shows the unit's structure: in each of the 64 intervals of the fraction, the significand is exactly
 the floor of a quadratic form in the 17 remaining bits, as a table-driven interpolator with truncated multipliers
 computes (``scripts/analyze_ex2_structure.py``: a linear program finds one for every interval, with margins of
-0.00037-0.00057 ulp, ``docs/experiments/ex2-structure.txt``; a quadratic in the fraction itself misses by 0.04-0.10
+0.00037-0.00057 ulp, ``tests/data/ex2_structure.txt``; a quadratic in the fraction itself misses by 0.04-0.10
 ulp). The correctly rounded 2^x agrees with only 61.1% of [1, 2) and 51.0% of the random inputs.
 
 ``div.full.f32`` is modelled bit for bit too (:func:`div`): ``fl32(a * rcp.approx(b))`` after scaling both by

@@ -128,10 +128,11 @@ class Grid:
         return cls(**out)
 
     def identity(self) -> dict[str, Any]:
-        """Everything that decides a row's numbers (not `samples`, which only says how many)."""
+        """Everything that decides a row's numbers: not `samples` (how many), `metric` (every metric is stored;
+        this one is summarised) or `paper` (what the summary is set beside)."""
         d = asdict(self)
-        d.pop("samples")
-        d["paper"] = dict(self.paper)
+        for presentation in ("samples", "metric", "paper"):
+            d.pop(presentation)
         return json.loads(json.dumps(d))  # tuples as lists, as grid.json holds them
 
     def cells(self) -> list[tuple[str, str, int, int, int, int]]:
@@ -264,7 +265,8 @@ def summarize(grid: Grid, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         if paper is not None:
             entry["paper"] = paper
         cells.append(entry)
-    return {"grid": {**grid.identity(), "samples": grid.samples}, "cells": cells}
+    return {"grid": {**grid.identity(), "samples": grid.samples, "metric": grid.metric, "paper": dict(grid.paper)},
+            "cells": cells}
 
 
 def markdown(summary: dict[str, Any]) -> str:
