@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from functools import cache
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
@@ -79,6 +80,7 @@ def _generate() -> None:
         (out / "api" / name).write_text(text)
 
 
+@cache
 def public_modules() -> list[str]:
     """Every module of the package that declares ``__all__``, found in the sources (not imported: the GPU ones
     need torch and Triton), private ones (``_x``) left out."""
@@ -97,6 +99,7 @@ def public_modules() -> list[str]:
     return found
 
 
+@cache
 def _all_of(mod: str) -> list[str]:
     import ast
 
@@ -108,6 +111,7 @@ def _all_of(mod: str) -> list[str]:
     return []
 
 
+@cache
 def _data_of(mod: str) -> dict[str, bool]:
     """The names of `mod`'s ``__all__`` that are data (not functions, classes or modules): name -> whether its
     value is too long to print. Modules that need the GPU stack to import hold none."""
@@ -199,5 +203,35 @@ def _no_type_docstring(app, what, name, obj, options, lines):
         lines[:] = []
 
 
+def _link_code_names(app, doctree, docname):
+    """Inline code that is exactly a documented name (``amla_sim.compare``, ``amla_sim.algorithms.flashmla``,
+    with or without ``()``) becomes a link to its entry in the API reference, on every page and notebook."""
+    import inspect
+
+    from docutils import nodes
+
+    py = app.env.get_domain("py")
+    targets = {name: (entry.docname, entry.node_id) for name, entry in py.objects.items()}
+    targets.update({name: (entry.docname, entry.node_id) for name, entry in py.modules.items()})
+    for name in amla_sim.__all__:  # the root's re-exports (amla_sim.compare) link to their home
+        obj = getattr(amla_sim, name)
+        home = obj.__name__ if inspect.ismodule(obj) else f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+        if home in targets:
+            targets.setdefault(f"amla_sim.{name}", targets[home])
+    for literal in list(doctree.findall(nodes.literal)):
+        if isinstance(literal.parent, (nodes.reference, nodes.literal_block)) or "xref" in literal["classes"]:
+            continue
+        text = literal.astext()
+        hit = targets.get(text.removesuffix("()"))
+        if hit is None or not text.startswith("amla_sim."):
+            continue
+        target_doc, anchor = hit
+        uri = app.builder.get_relative_uri(docname, target_doc) + "#" + anchor
+        ref = nodes.reference("", "", internal=True, refuri=uri, reftitle=text)
+        literal.replace_self(ref)
+        ref.append(literal)
+
+
 def setup(app):
     app.connect("autodoc-process-docstring", _no_type_docstring)
+    app.connect("doctree-resolved", _link_code_names)

@@ -21,13 +21,24 @@ from amla_sim.engine import numba_available, use_engine  # noqa: E402
 _NO_NUMBA = pytest.mark.skipif(not numba_available(), reason="numba is not installed (the [fast] extra)")
 
 
+FASTEST = "numba" if numba_available() else "numpy"
+
+
+@pytest.fixture
+def fastest_engine():
+    """The fastest engine installed (numba, else NumPy), for a test whose subject is a model's bits against a
+    device, not an engine: what a modelled choice is worth, where a race lands. The engines give the same bits;
+    the replays check each engine on every kernel."""
+    with use_engine(FASTEST):
+        yield FASTEST
+
+
 def capture_engines(captures: list[str]) -> list:
     """(capture, engine) pairs for a kernel's replays: its first capture on both engines (the NumPy reference and
     the compiled kernels must give the same bits), every other capture on the fastest engine installed (numba, or
     NumPy without it). Every capture is replayed in full, each engine on every kernel."""
-    fast = "numba" if numba_available() else "numpy"
     first, *rest = captures
-    return [(first, "numpy"), pytest.param(first, "numba", marks=_NO_NUMBA), *((c, fast) for c in rest)]
+    return [(first, "numpy"), pytest.param(first, "numba", marks=_NO_NUMBA), *((c, FASTEST) for c in rest)]
 
 
 @pytest.fixture(params=["numpy", pytest.param("numba", marks=_NO_NUMBA)])

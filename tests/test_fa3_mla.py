@@ -188,7 +188,7 @@ CHOICES = {  # name: (capture case where it bites, (module, attribute, replaceme
 
 
 @pytest.mark.parametrize("change", sorted(CHOICES))
-def test_each_fa3_choice_matters(change, monkeypatch, capture):
+def test_each_fa3_choice_matters(change, monkeypatch, capture, fastest_engine):
     """The replay fails when one of the model's choices is replaced by a plausible other."""
     case, swap = CHOICES[change]
     units = swap if isinstance(swap, dict) else {}

@@ -100,7 +100,7 @@ def test_the_kernel_races_and_the_fixed_kernel_does_not():
 
 @pytest.mark.parametrize("seed", [0, 1000, 2000])
 @pytest.mark.parametrize("case", [4, 5])
-def test_where_the_races_land(case, seed):
+def test_where_the_races_land(case, seed, fastest_engine):
     """The simulator gives the fixed kernel's bits, which are also the authors' kernel's most frequent result; every
     other result it gave differs only in query rows 8..15 of an m-block (the second n8 half of the transposed
     tiles: the stores each thread makes last)."""
@@ -162,7 +162,7 @@ CHOICES = {  # name: (capture case where it bites, module function replaced, or 
 
 
 @pytest.mark.parametrize("change", sorted(CHOICES))
-def test_each_etap_choice_matters(change, monkeypatch):
+def test_each_etap_choice_matters(change, monkeypatch, fastest_engine):
     """The replay fails when one of the model's choices is replaced by a plausible other."""
     case, swap = CHOICES[change]
     units = swap if isinstance(swap, dict) else {}

@@ -188,7 +188,7 @@ CHOICES = {  # name: (case of the seed-0 capture, or (capture, case), where it b
 
 
 @pytest.mark.parametrize("change", sorted(CHOICES))
-def test_each_sparse_fp8_choice_matters(change, monkeypatch):
+def test_each_sparse_fp8_choice_matters(change, monkeypatch, fastest_engine):
     """The replay fails when one of the model's choices is replaced by a plausible other."""
     case, swap = CHOICES[change]
     units = swap if isinstance(swap, dict) else {}

@@ -10,22 +10,53 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FASTEST
 
 from amla_sim.algorithms.deployed.flashmla.dense import flashmla
 from amla_sim.algorithms.deployed.flashmla.etap import flashmla_etap
-from amla_sim.algorithms.deployed.flashmla.scheduler import check_splits, decoding_schedule, fixed_splits, \
-    num_sm_parts, request_splits
+from amla_sim.algorithms.deployed.flashmla.scheduler import (
+    check_splits,
+    decoding_schedule,
+    fixed_splits,
+    num_sm_parts,
+    request_splits,
+)
 from amla_sim.algorithms.deployed.sglang import scheduler as sglang_scheduler
-from amla_sim.algorithms.deployed.sglang.scheduler import mla_max_kv_splits, num_kv_splits
+from amla_sim.algorithms.deployed.sglang.scheduler import (
+    mla_max_kv_splits,
+    num_kv_splits,
+)
 from amla_sim.cli import main
+from amla_sim.engine import use_engine
 from amla_sim.experiments.inputs import make_inputs
-from amla_sim.invariance import Launch, describe_plan, get_batch_kernel, invariance, kernel_diff, project, variations
+from amla_sim.invariance import (
+    Launch,
+    describe_plan,
+    get_batch_kernel,
+    invariance,
+    kernel_diff,
+    project,
+    variations,
+)
+from amla_sim.invariance.checks import (
+    DEVICE_CHECKS,
+    device_launches,
+    replay_invariance,
+    scheduler_batches,
+)
 from amla_sim.invariance.kernels import Request
-from amla_sim.invariance.checks import DEVICE_CHECKS, device_launches, replay_invariance, scheduler_batches
 
 DATA = Path(__file__).parent / "data"
 CAPTURE = DATA / "invariance_h200.npz"
 PREFIX = {"flashmla": "flashmla", "flashmla-sparse-fp8": "sparse", "sglang-triton": "sglang"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fastest_engine():
+    """The study's subject is what the models predict of a launch, not an engine (the engines give the same bits;
+    the replays check each engine on every kernel): every test here runs on the fastest engine installed."""
+    with use_engine(FASTEST):
+        yield
 
 
 @pytest.fixture(scope="module")

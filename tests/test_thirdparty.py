@@ -90,7 +90,7 @@ def test_sglang_decode_bit_exact(case, engine):
 
 
 @pytest.mark.parametrize("change", ["no-fma", "wgmma-layout", "ieee-exp", "correct-log"])
-def test_each_modelled_choice_matters(change):
+def test_each_modelled_choice_matters(change, fastest_engine):
     """The replay fails when one of the model's measured choices is replaced by a plausible other."""
     mc = get_machine("sm90-triton")
     mc = {"no-fma": get_machine(mc, fma=FMAUnit(contract=False)), "wgmma-layout": mc,
@@ -161,7 +161,7 @@ def test_flashmla_decode_bit_exact(capture, engine):
 
 
 @pytest.mark.parametrize("change", ["no-fma", "ieee-exp2", "ieee-log2", "ieee-div"])
-def test_each_flashmla_choice_matters(change):
+def test_each_flashmla_choice_matters(change, fastest_engine):
     mc = get_machine("sm90-cuda")
     mc = {"no-fma": get_machine(mc, fma=FMAUnit(contract=False)),
           "ieee-exp2": get_machine(mc, exponential=ExpUnit("correctly-rounded")),

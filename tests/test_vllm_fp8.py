@@ -214,7 +214,7 @@ DENSE_CHOICES = {  # name: (capture case where it bites, (module, attribute, rep
 
 
 @pytest.mark.parametrize("change", sorted(DENSE_CHOICES))
-def test_each_dense_fp8_choice_matters(change, monkeypatch, dense_capture):
+def test_each_dense_fp8_choice_matters(change, monkeypatch, dense_capture, fastest_engine):
     """The replay fails when one of the dense FP8 model's choices is replaced by a plausible other."""
     case, swap = DENSE_CHOICES[change]
     units = swap if isinstance(swap, dict) else {}
@@ -244,7 +244,7 @@ TRITON_CHOICES = {  # name: (capture case where it bites, (module, attribute, re
 
 
 @pytest.mark.parametrize("change", sorted(TRITON_CHOICES))
-def test_each_vllm_triton_choice_matters(change, monkeypatch, triton_capture):
+def test_each_vllm_triton_choice_matters(change, monkeypatch, triton_capture, fastest_engine):
     """The replay fails when one of the Triton model's choices is replaced by a plausible other."""
     case, swap, extra = TRITON_CHOICES[change]
     if swap is not None:

@@ -140,7 +140,8 @@ def plot(summary: dict, path: Path) -> bool:
     dists = list(dict.fromkeys(r["distribution"] for r in summary["rows"]))
     algs = list(dict.fromkeys(r["algorithm"] for r in summary["rows"]))
     ratios = any(r["paper"] is not None for r in summary["rows"])
-    fig, ax = plt.subplots(figsize=(1.3 * len(dists) + 3, 3.4))
+    width = 1.3 * len(dists) + 3
+    fig, ax = plt.subplots(figsize=(width, 3.4))
     for j, alg in enumerate(algs):
         xs, ys, errs = [], [], []
         for i, d in enumerate(dists):
@@ -159,7 +160,7 @@ def plot(summary: dict, path: Path) -> bool:
         ax.set_yscale("log")
         ax.set_ylabel(f"{summary['metric']} (± s.e.)", fontsize=8)
     ax.set_xticks(range(len(dists)), dists, fontsize=7)
-    ax.set_title(textwrap.fill(summary["title"], 90), fontsize=8)  # a long title wraps, not clipped
+    ax.set_title(textwrap.fill(summary["title"], int(14 * width)), fontsize=8)  # wrapped to the figure, not clipped
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, path)
