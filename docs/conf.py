@@ -48,7 +48,8 @@ html_theme_options = {
     "footer_end": ["sphinx-version"],
     "navigation_with_keys": False,
 }
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["amla.css"]
 templates_path = ["_templates"]
 html_sidebars = {"**": ["sitenav.html"]}  # every section, by its caption, on every page
 

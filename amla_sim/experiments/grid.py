@@ -270,24 +270,31 @@ def summarize(grid: Grid, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any]) -> str:
+    """The summary as a Markdown table: a column for each axis the grid varies (an axis of one value is said
+    once, above the table), then the algorithm and the metric's statistics."""
     g = summary["grid"]
     metric = g["metric"]
     has_paper = any("paper" in c for c in summary["cells"])
+    axes = [("machine", "machine"), ("distribution", "distribution"), ("context", "context"), ("heads", "heads"),
+            ("sq", "s_q"), ("block", "block")]
+    values = {key: list(dict.fromkeys(c[key] for c in summary["cells"])) for key, _ in axes}
+    varied = [(key, label) for key, label in axes if len(values[key]) > 1]
+    fixed = ", ".join(f"{label} {values[key][0]}" for key, label in axes if len(values[key]) == 1)
+    head = [label for _, label in varied] + ["algorithm", "n", "mean", "median", "s.e."]
+    head += ["paper", "ours / paper"] if has_paper else []
     lines = [f"### Sweep `{g['name']}`: {metric}", "",
              f"{g['samples']} samples per cell, seed {g['seed']}, inputs {g['input_format']} ({g['sampler']}), "
-             f"schedule {g['schedule']}, reference {g['reference']}.", "",
-             "| machine | distribution | context | heads | s_q | block | algorithm | n | mean | median | s.e. |"
-             + (" paper | ours / paper |" if has_paper else ""),
-             "|---" * (11 + 2 * has_paper) + "|"]
+             f"schedule {g['schedule']}, reference {g['reference']}" + (f"; {fixed}." if fixed else "."), "",
+             "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for c in summary["cells"]:
         s = c[metric]
         sem = "-" if s["sem"] is None else f"{s['sem']:.2e}"
-        line = (f"| {c['machine']} | {c['distribution']} | {c['context']} | {c['heads']} | {c['sq']} | {c['block']} "
-                f"| {c['algorithm']} | {c['n']} | {s['mean']:.4e} | {s['median']:.4e} | {sem} |")
+        cols = [str(c[key]) for key, _ in varied]
+        cols += [c["algorithm"], str(c["n"]), f"{s['mean']:.4e}", f"{s['median']:.4e}", sem]
         if has_paper:
             p = c.get("paper")
-            line += " - | - |" if p is None else f" {p:.3g} | {s['mean'] / p:.3f} |"
-        lines.append(line)
+            cols += ["-", "-"] if p is None else [f"{p:.3g}", f"{s['mean'] / p:.3f}"]
+        lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines) + "\n"
 
 
