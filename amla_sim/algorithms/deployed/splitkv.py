@@ -68,9 +68,9 @@ def stage1(mc: Machine, Q: np.ndarray, K: np.ndarray, ranges: np.ndarray, sm: np
            num_warps: int, trace: dict | None, k_order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Stage 1 for Q (b, H, 576), K (b, S_max, 576) (BF16, V its first 512 columns) and the (b, S, 2) token ranges
     of the splits: (mid (b, H, S, 512), lse (b, H, S)), NaN for an empty split. Every (row, split) at once,
-    block by block, rows that run as many blocks together; a split's state changes only inside its range. k_order: the order in which the tensor cores
-    take k in each chunk of len(k_order), for both dots (None: in order), where the kernel's dot operands are laid
-    out so (:data:`amla_sim.algorithms.deployed.vllm.triton_mla.FP8_CACHE_K_ORDER`)."""
+    block by block, rows that run as many blocks together; a split's state changes only inside its range.
+    k_order: the order in which the tensor cores take k in each chunk of len(k_order), for both dots (None: in
+    order), where the kernel's dot operands are laid out so (:data:`amla_sim.algorithms.deployed.vllm.triton_mla.FP8_CACHE_K_ORDER`)."""
     blocks = np.maximum(-(-(ranges[..., 1] - ranges[..., 0]) // block_n), 0).max(axis=1)  # (b,) a row's blocks
     if trace is None and len(set(blocks.tolist())) > 1:  # rows of other lengths: each group runs its own blocks
         mid = np.empty((Q.shape[0], Q.shape[1], ranges.shape[1], D_V), mc.dtype)

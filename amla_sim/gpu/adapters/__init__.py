@@ -1,4 +1,5 @@
-"""Adapters that run the MLA decode kernels people deploy, from their own packages or builds (never vendored),
+"""Adapters that run the MLA decode kernels people deploy, compiled from their upstream checkouts or imported from
+their packages (never vendored),
 one module per upstream project:
 
 - :mod:`~amla_sim.gpu.adapters.flashmla`: FlashMLA's dense and sparse FP8 decodes, FlashMLA-ETAP;

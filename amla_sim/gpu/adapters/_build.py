@@ -13,6 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..._files import atomic_write
 from .. import require_gpu
 
 __all__ = ["checkout_files", "compile_extension", "added_source", "CUDA_COMMON", "SM90A", "FLASHMLA_NVCC"]
@@ -43,12 +44,12 @@ def checkout_files(checkout: str | Path, kernel: str, needs: list[str], what: st
 
 def added_source(name: str, filename: str, text: str) -> Path:
     """A source file this project adds to a build (never written into the checkout): in a folder of its own under
-    the temporary directory, rewritten only when its text changes (so that ninja reuses what it built)."""
+    the temporary directory, rewritten (atomically) only when its text changes, so that ninja reuses what it built."""
     folder = Path(tempfile.gettempdir()) / "amla-sim-build" / name
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / filename
     if not path.is_file() or path.read_text() != text:
-        path.write_text(text)
+        atomic_write(path, text)  # a second process building at once reads the old text or the new, never half
     return path
 
 

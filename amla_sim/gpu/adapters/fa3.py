@@ -32,8 +32,9 @@ void run_mha_fwd_(Flash_fwd_params &, cudaStream_t) {
 }
 #define AMLA_NOT_BUILT(T, DV, SPLIT, PAGED, PACK) \
     template void run_mha_fwd_<90, T, 64, DV, SPLIT, PAGED, false, PACK>(Flash_fwd_params &, cudaStream_t);
-#define AMLA_NOT_BUILT_ALL(T, DV) AMLA_NOT_BUILT(T, DV, false, false, false) AMLA_NOT_BUILT(T, DV, false, false, true) \
-    AMLA_NOT_BUILT(T, DV, false, true, true) AMLA_NOT_BUILT(T, DV, true, false, true) AMLA_NOT_BUILT(T, DV, true, true, true)
+#define AMLA_NOT_BUILT_ALL(T, DV) AMLA_NOT_BUILT(T, DV, false, false, false) \
+    AMLA_NOT_BUILT(T, DV, false, false, true) AMLA_NOT_BUILT(T, DV, false, true, true) \
+    AMLA_NOT_BUILT(T, DV, true, false, true) AMLA_NOT_BUILT(T, DV, true, true, true)
 AMLA_NOT_BUILT_ALL(cutlass::bfloat16_t, 256) AMLA_NOT_BUILT_ALL(cutlass::bfloat16_t, 64)
 AMLA_NOT_BUILT_ALL(cutlass::half_t, 256) AMLA_NOT_BUILT_ALL(cutlass::half_t, 64)
 """

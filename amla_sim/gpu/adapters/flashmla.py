@@ -59,9 +59,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("sparse_decode_fwd", &sparse_at
 _DECODE_COMMON = ["smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu", "smxx/decode/combine/combine.cu"]
 
 
-def _flashmla(checkout: str | Path, kernel: str, name: str, binding: str, sources: list[str], *,
+def _flashmla(checkout: str | Path, kernel: str, name: str, binding: str, header: str, sources: list[str], *,
               verbose: bool, defines: tuple[str, ...] = ()):
-    header = binding.split('#include "')[1].split('"')[0]
+    """One decode of a FlashMLA checkout: `binding` (which includes ``csrc/api/<header>``) and `sources` (under
+    csrc/), with FlashMLA's include folders and flags."""
     root = checkout_files(checkout, kernel, [f"csrc/api/{header}", _CUTLASS, *("csrc/" + f for f in sources)],
                           _FLASHMLA)
     c = root / "csrc"
@@ -74,7 +75,7 @@ def _flashmla(checkout: str | Path, kernel: str, name: str, binding: str, source
 def build_flashmla(checkout: str | Path, *, verbose: bool = False):
     """FlashMLA's sm90 dense decode (BF16: the FP16 instantiation left out, ``-DFLASH_MLA_DISABLE_FP16``) with the
     split scheduler and the combine kernel, compiled from `checkout`; its one function is ``dense_decode_fwd``."""
-    return _flashmla(checkout, "flashmla", "amla_flashmla_dense", _DENSE_BINDING,
+    return _flashmla(checkout, "flashmla", "amla_flashmla_dense", _DENSE_BINDING, "dense_decode.h",
                      [*_DECODE_COMMON, "sm90/decode/dense/instantiations/bf16.cu"], verbose=verbose,
                      defines=("-DFLASH_MLA_DISABLE_FP16",))
 
@@ -128,9 +129,9 @@ def build_sparse_fp8(checkout: str | Path, *, verbose: bool = False):
     """FlashMLA's sm90 sparse FP8 decode (V3.2's and MODEL1's layouts, 64 and 128 heads) with the split scheduler
     and the combine kernel, compiled from `checkout`; its one function is ``sparse_decode_fwd``."""
     inst = "sm90/decode/sparse_fp8/instantiations/"
-    return _flashmla(checkout, "flashmla-sparse-fp8", "amla_flashmla_sparse_fp8", _SPARSE_BINDING,
-                     [*_DECODE_COMMON, *(inst + f"{m}_persistent_h{h}.cu" for m in ("v32", "model1") for h in (64, 128))],
-                     verbose=verbose)
+    kernels = [inst + f"{m}_persistent_h{h}.cu" for m in ("v32", "model1") for h in (64, 128)]
+    return _flashmla(checkout, "flashmla-sparse-fp8", "amla_flashmla_sparse_fp8", _SPARSE_BINDING, "sparse_decode.h",
+                     [*_DECODE_COMMON, *kernels], verbose=verbose)
 
 
 def run_sparse_fp8(mod, q: np.ndarray, kv_cache: np.ndarray, indices: np.ndarray, topk_length: np.ndarray | None,

@@ -72,7 +72,8 @@ def run_dense_fp8(mod, q_bits: np.ndarray, kv_bits: np.ndarray, recipe: dict) ->
     lens = recipe["seqlens"]
     q8 = quantize_like_vllm(torch, q_bits, recipe["q_scale"], query=True)
     kv8 = quantize_like_vllm(torch, kv_bits, recipe["k_scale"], query=False)
-    cache, table = shuffled_pages(torch, [kv8[i, :n] for i, n in enumerate(lens)], 64, recipe["seed"], torch.float8_e4m3fn)
+    reqs = [kv8[i, :n] for i, n in enumerate(lens)]
+    cache, table = shuffled_pages(torch, reqs, 64, recipe["seed"], torch.float8_e4m3fn)
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
     _, s_q, h, _ = q_bits.shape
     dq = torch.tensor([recipe["q_scale"]], dtype=torch.float32, device="cuda")

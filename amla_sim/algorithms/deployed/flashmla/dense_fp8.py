@@ -10,8 +10,9 @@ Q (E4M3, ``descale_q``) and the paged cache (E4M3, ``descale_k``) enter the tens
 go into the constants: ``sm = fl(fl(scale dq) dk)`` and ``c = fl(fl(fl32(scale log2 e) dq) dk)`` (the scale
 rounded to float first, its product with log2 e taken in double). The rows are a request's (query position,
 head) pairs, 64 to an m-block, all independent; the scheduler
-(:func:`amla_sim.algorithms.deployed.flashmla.scheduler.etap_schedule`, the same ``get_mla_metadata``) cuts each request's 64-token blocks into splits. A split walks its blocks from the last;
-per block, with the running max ``M`` of the raw scores:
+(:func:`amla_sim.algorithms.deployed.flashmla.scheduler.etap_schedule`, the same ``get_mla_metadata``) cuts each
+request's 64-token blocks into splits. A split walks its blocks from the last; per block, with the running max
+``M`` of the raw scores:
 
 - ``S = Q K^T``: FP8 wgmma m64n64k32, k in order 0..575, every instruction issued with its accumulator
   (``sm90-cuda``'s tensor cores, ``sm90-wgmma``: the 18 k32 steps chained through the 14-bit truncated sum);

@@ -4,8 +4,8 @@ E4M3) and the KV cache (``--kv-cache-dtype fp8``: E4M3, one scale per layer).
 Upstream: vllm-project/vllm 0.33, ``vllm/model_executor/layers/quantization/input_quant_fp8.py`` (``QuantFP8.
 forward_native``, which ``_DecodeConcatQuantFP8`` in ``mla_attention.py`` compiles for the query: static, per
 tensor) and ``csrc/cache_kernels.cu`` with ``csrc/quantization/w8a8/fp8/nvidia/quant_utils.cuh``
-(``concat_and_cache_mla`` writes each element through ``scaled_vec_conversion``). A scale of 1 (vLLM's when a checkpoint carries none) makes
-both a plain cast.
+(``concat_and_cache_mla`` writes each element through ``scaled_vec_conversion``). A scale of 1 (vLLM's when a
+checkpoint carries none) makes both a plain cast.
 
 - the query: ``e4m3(clamp(fl32(q) * fl32(1 / q_scale), -448, 448))`` (the reciprocal correctly rounded, then a
   multiply: "reciprocal performs slightly better than division");
