@@ -235,7 +235,7 @@ def test_flashmla_sparse_fp8_is_attention_over_the_named_keys(machine, layout):
         for j in range(2):
             idx = inputs["indices"][i, j]
             ok = (idx != -1) & (np.arange(192) < (c["topk_length"] or [192, 192])[i])
-            ref, lse = _reference(inputs["q"][i, j], keys, idx, ok, lay.d ** -0.5)
+            ref, lse = _reference(inputs["q"][i, j], keys, idx, ok, float(np.float32(lay.d ** -0.5)))
             w = 1 / (1 + np.exp(inputs["attn_sink"].astype(np.float64) - lse))
             got = res.out[i, j].astype(np.float64)
             assert np.linalg.norm(got - ref * w[:, None]) / np.linalg.norm(ref * w[:, None]) < tol
@@ -327,7 +327,7 @@ def _ok_inputs():
     (lambda a: a.update(q=np.concatenate([a["q"]] * 3, axis=2)), r"q: expected \(b, s_q, 64 or 128, 576\)"),
     (lambda a: a.update(attn_sink=np.zeros(65, np.float32)), "attn_sink: expected float32 \\(64,\\)"),
     (lambda a: a.update(attn_sink=np.zeros(64)), "attn_sink: expected float32"),
-    (lambda a: a.update(scale=-1.0), "scale: expected a positive finite number"),
+    (lambda a: a.update(scale=-1.0), "scale: expected a positive finite float32 number"),
     (lambda a: a.update(num_sms=0), "num_sms"),
 ])
 def test_bad_input_names_the_argument(change, match):

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_int
-from ..algorithms._common import D_V, check_scale
+from ..algorithms._common import D_V
+from ..algorithms.deployed.scalars import api_float
 from ..experiments.inputs import make_inputs
 from ..resources import check_fits, run_bytes
 from .files import CaptureError, input_crc
@@ -107,7 +108,7 @@ def check_recipe(spec: DeployedKernel, where: str, i: int, case: object, arrays:
         if len(seqlens) != b:
             raise ValueError(f"seqlens: {len(seqlens)} lengths for batch {b}")
         if case.get("scale") is not None:
-            check_scale(case["scale"])
+            api_float(case["scale"], "scale")
         if not isinstance(case["dist"], str):
             raise TypeError(f"dist: expected a string, got {case['dist']!r}")
         spec.check(case)

@@ -20,6 +20,7 @@ import numpy as np
 from .._validate import check_int
 from ..algorithms._common import D_V
 from ..algorithms.deployed.flashmla.dense_fp8 import DENSE_FP8_COMMIT, flashmla_dense_fp8
+from ..algorithms.deployed.scalars import api_float
 from ..algorithms.deployed.vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
 from ..algorithms.deployed.vllm.triton_mla import VLLM_VERSION, vllm_num_kv_splits, vllm_triton_mla
 from .fa3 import fa3_inputs
@@ -77,12 +78,6 @@ def fp8_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
     return q, kv
 
 
-def _scale(case: dict, key: str) -> None:
-    v = case[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
-        raise ValueError(f"{key}: expected a positive number, got {v!r}")
-
-
 class _DenseFp8(DeployedKernel):
     def recipes(self, seed: int) -> list[dict]:
         return [{"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "format": "bf16", "dist": dist,
@@ -91,7 +86,7 @@ class _DenseFp8(DeployedKernel):
 
     def check(self, case: dict) -> None:
         for key in ("q_scale", "k_scale"):
-            _scale(case, key)
+            api_float(case[key], key)
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         b, sq, H = case["batch"], case.get("sq", 1), case["heads"]
@@ -136,7 +131,7 @@ class _VllmTriton(DeployedKernel):
                 for b, sq, H, lens, dist, s, scale, cache, ks, page, inv in TRITON_CASES]
 
     def check(self, case: dict) -> None:
-        _scale(case, "k_scale")
+        api_float(case["k_scale"], "k_scale")
         if case["kv_cache"] not in ("bf16", "fp8"):
             raise ValueError(f"kv_cache: expected 'bf16' or 'fp8', got {case['kv_cache']!r}")
         check_int(case["page_size"], "page_size", lo=1)

@@ -1,5 +1,5 @@
-"""What the FlashAttention-derived CUDA decodes compute the same way under ``--use_fast_math``: the softmax scale in
-log2 units, and ``__logf``. FlashMLA-ETAP (:mod:`.flashmla.etap`) and FlashAttention-3's MLA decode
+"""What the FlashAttention-derived CUDA decodes compute the same way under ``--use_fast_math``: ``__logf`` and
+``M_LN2`` (the scale in log2 units is :func:`.scalars.scale_log2`). FlashMLA-ETAP (:mod:`.flashmla.etap`) and FlashAttention-3's MLA decode
 (:mod:`.fa3.mla`) share them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 
 from ...machines import Machine
 
-__all__ = ["ln2", "logf", "scale_log2"]
+__all__ = ["ln2", "logf"]
 
 
 def ln2(mc: Machine) -> np.ndarray:
@@ -25,8 +25,3 @@ def logf(mc: Machine, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarr
         return mc.f(mc.log2(x) * ln2(mc))
     return mc.mul_add(mc.log2(x), ln2(mc), plus)
 
-
-def scale_log2(mc: Machine, scale: float) -> np.ndarray:
-    """``float(softmax_scale * M_LOG2E)`` with the API's ``float softmax_scale``: the scale rounded to the
-    machine's float, times log2 e in double, rounded once."""
-    return mc.f(np.float64(mc.f(scale)) * math.log2(math.e))

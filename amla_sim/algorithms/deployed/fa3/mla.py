@@ -42,8 +42,9 @@ from ...._validate import check_int, quiet_fp
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
-from ..fast_math import ln2, logf, scale_log2
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ..fast_math import ln2, logf
+from ..scalars import scale_log2, softmax_scale
 from ..row_sums import lane_sums as _lane_sum
 from ..row_sums import quad_total as _row_total
 from ..flashmla.combine import combine_sum
@@ -108,7 +109,7 @@ def fa3_mla(
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
-    sm = check_scale(scale)
+    sm = softmax_scale(scale)
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=page_size, causal=causal, pack_gqa=pack_gqa,
                   varlen_q=varlen_q, softcap=softcap, window_size=window_size)
     fmt = get_format(qa.dtype).name

@@ -38,7 +38,8 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ..scalars import scale_log2, softmax_scale
 from .combine import combine_sum, combine_width
 from .scheduler import BLOCK_SIZE_N, check_splits, num_sm_parts, request_splits
 
@@ -93,12 +94,12 @@ def flashmla(
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens)
-    sm = check_scale(scale)
+    sm = softmax_scale(scale)
     check_int(num_sms, "num_sms", lo=1)
     lens = [int(n) for n in lens]
     b, s_q, H, _ = qa.shape
     u = _Units(mc)
-    c = mc.f(np.float64(sm) * math.log2(math.e))  # params.scale_softmax_log2 = float(scale * M_LOG2E)
+    c = scale_log2(mc, sm)  # dense_decode.h:139, params.scale_softmax_log2 = float(softmax_scale * M_LOG2E)
     parts = num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
     plan = request_splits(lens, parts) if splits is None else check_splits(splits, lens, max_splits)

@@ -39,8 +39,8 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
-from ..fast_math import scale_log2
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ..scalars import api_float, scale_log2, softmax_scale
 from ..row_sums import lane_sums as _lane_sum
 from ..row_sums import quad_total as _row_total
 from ..vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
@@ -85,8 +85,8 @@ def flashmla_dense_fp8(
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("e4m3",))
-    scale = check_scale(scale)
-    dq, dk = _descale(descale_q, "descale_q"), _descale(descale_k, "descale_k")
+    scale = softmax_scale(scale)
+    dq, dk = api_float(descale_q, "descale_q"), api_float(descale_k, "descale_k")
     check_int(num_sms, "num_sms", lo=1)
     b, s_q, H, _ = qa.shape
     causal = check_causal(causal, s_q)
@@ -102,13 +102,6 @@ def flashmla_dense_fp8(
     rows = qa.reshape(b, s_q * H, D_K)
     return run_plan(mc, plan, (b, s_q, H), max_splits, lambda i, lo, hi, one: _split(
         mc, rows[i], kva[i], lengths[i], lo, hi, c, sm, mc.f(dk), shift, one), "bf16", trace)
-
-
-def _descale(x: float, name: str) -> float:
-    v = np.float32(x) if not isinstance(x, bool) and isinstance(x, (int, float, np.floating)) else np.float32(np.nan)
-    if not np.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}: expected a positive finite float32 descale, got {x!r}")
-    return float(v)
 
 
 def _constants(mc: Machine, scale: float, dq: float, dk: float) -> tuple[np.ndarray, np.ndarray]:

@@ -37,8 +37,8 @@ from ....arith.reductions import _xor_tree
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..fast_math import scale_log2
-from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ..scalars import scale_log2, softmax_scale
 from .combine import combine_width
 from .first_generation import run_plan, softmax_steps, split_scores
 from .first_generation import split_lse as _split_lse
@@ -78,7 +78,7 @@ def flashmla_etap(
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
-    sm = check_scale(scale)
+    sm = softmax_scale(scale)
     check_int(num_sms, "num_sms", lo=1)
     fmt = get_format(qa.dtype).name
     b, s_q, H, _ = qa.shape

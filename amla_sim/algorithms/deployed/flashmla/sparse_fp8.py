@@ -36,7 +36,8 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout, check_scale
+from ..._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout
+from ..scalars import scale_log2_f32, softmax_scale
 from .combine import combine_sum, combine_width
 from .fp8_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
 from .scheduler import BLOCK_SIZE_N, SchedPart, block_ranges, check_splits, decoding_schedule, num_sm_parts, request_splits
@@ -97,7 +98,7 @@ def _check(q, kv_cache, indices, topk_length, attn_sink, scale, num_sms):
         sink = np.asarray(attn_sink)
         if sink.dtype != np.float32 or sink.shape != (H,) or np.isnan(sink).any():
             raise ValueError(f"attn_sink: expected float32 ({H},) without NaN, got {sink.dtype} {sink.shape}")
-    sm = check_scale(lay.d ** -0.5 if scale is None else scale)  # FlashMLA's default: d_qk^-0.5
+    sm = softmax_scale(scale, default=lay.d ** -0.5)  # FlashMLA's default: d_qk^-0.5
     check_int(num_sms, "num_sms", lo=1)
     return qa, c, lay, idx.astype(np.int64), lengths, topk_length is not None, sink, sm
 
@@ -132,7 +133,7 @@ def flashmla_sparse_fp8(
                                                              num_sms)
     b, s_q, H, _ = qa.shape
     keys = mc.cast(_keys(cache), "bf16")  # the kernel's BF16 keys, on every machine: the cache is the input
-    c = mc.f(mc.f(sm) * mc.f(_LOG2E))  # params.sm_scale_div_log2 = sm_scale * LOG_2_E, FP32 (exact on golden)
+    c = scale_log2_f32(mc, sm)  # sparse_decode.h:387, params.sm_scale_div_log2 = sm_scale * LOG_2_E
     ln2 = mc.f(math.log(2.0))
     parts = num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)

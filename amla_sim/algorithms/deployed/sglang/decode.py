@@ -19,7 +19,8 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....resources import check_fits
-from ..._common import check_kernel_inputs, check_scale
+from ..._common import check_kernel_inputs
+from ..scalars import api_float, softmax_scale
 from ..splitkv import SplitKVResult, split_ranges, stage1, stage2
 
 __all__ = ["splitkv_decode", "SGLANG_VERSION"]
@@ -93,13 +94,13 @@ def splitkv_decode(
     mc = get_machine(machine)
     qa, kva, lens, splits, max_splits = _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h,
                                                min_block_kv, page_size, logit_cap, num_warps, num_stages)
-    sm = check_scale(scale)
+    sm, vs = softmax_scale(scale), api_float(v_scale, "v_scale")
     ranges = split_ranges(lens, splits, max_splits, min_block_kv)
     Q = mc.cast(qa, "bf16")[:, 0]  # (b, H, 576)
     K = mc.cast(kva, "bf16")
     tr: dict[str, list[np.ndarray]] = {}
     mid, lse = stage1(mc, Q, K, ranges, mc.f(sm), block_n, num_warps, tr if trace else None)
-    out, _ = stage2(mc, mid, lse, ranges, mc.f(v_scale))
+    out, _ = stage2(mc, mid, lse, ranges, mc.f(vs))
     hazards = Counter()
     if np.isnan(out).any():
         hazards["nan_outputs"] += int(np.isnan(out).sum())

@@ -21,27 +21,33 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ....formats import as_native, round_to
+from ....formats import as_native, is_float_dtype, round_to
 from ...quantizers import E4M3_MAX
+from ..scalars import api_float
 
 __all__ = ["quantize_query_fp8", "quantize_cache_fp8"]
 
-def _scale(scale: float, name: str) -> np.float32:
-    s = np.float32(scale)
-    if isinstance(scale, bool) or not np.isfinite(s) or s <= 0:
-        raise ValueError(f"{name}: expected a positive finite float32 scale, got {scale!r}")
-    return s
+
+def _float32(x: npt.ArrayLike, name: str) -> np.ndarray:
+    """A float array (any width: BF16 as vLLM holds it) widened to FP32 as the GPU reads it; a TypeError names
+    `name` for integers (raw E4M3 bytes among them), booleans, complex numbers and strings."""
+    arr = as_native(x)
+    if not is_float_dtype(arr.dtype):
+        raise TypeError(f"{name}: expected a float array (float16/32/64, bfloat16), got dtype {arr.dtype}")
+    with np.errstate(all="ignore"):  # float64 beyond FP32 becomes inf, as torch's .float() makes it
+        return arr.astype(np.float32)
 
 
 def quantize_query_fp8(q: npt.ArrayLike, q_scale: float = 1.0) -> np.ndarray:
     """The query as vLLM quantizes it for an FP8 attention kernel (``QuantFP8``, static per-tensor): ``x *
     reciprocal(q_scale)`` in FP32, clamped to +-448, rounded to E4M3."""
-    s = _scale(q_scale, "q_scale")
+    s = api_float(q_scale, "q_scale")
     inv = np.float32(np.float64(1.0) / np.float64(s))  # one rounding of the exact quotient
-    with np.errstate(over="ignore", invalid="ignore"):
-        x = as_native(q).astype(np.float32) * inv
+    x = _float32(q, "q")
+    with np.errstate(all="ignore"):
+        x = x * inv
         x = np.where(np.isnan(x), x, np.clip(x, -E4M3_MAX, E4M3_MAX)).astype(np.float32)
-    return _canonical_nan(round_to(x, "e4m3"))
+        return _canonical_nan(round_to(x, "e4m3"))
 
 
 def _canonical_nan(x8: np.ndarray) -> np.ndarray:
@@ -53,7 +59,8 @@ def _canonical_nan(x8: np.ndarray) -> np.ndarray:
 def quantize_cache_fp8(kv: npt.ArrayLike, k_scale: float = 1.0) -> np.ndarray:
     """A KV cache entry as ``concat_and_cache_mla`` writes it with an FP8 cache: ``x / k_scale`` in FP32 (IEEE),
     rounded to E4M3 with saturation (``__NV_SATFINITE``)."""
-    s = _scale(k_scale, "k_scale")
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        x = (as_native(kv).astype(np.float32) / s).astype(np.float32)
-    return _canonical_nan(round_to(x, "e4m3", overflow="satfinite"))
+    s = api_float(k_scale, "k_scale")
+    x = _float32(kv, "kv")
+    with np.errstate(all="ignore"):
+        x = (x / s).astype(np.float32)
+        return _canonical_nan(round_to(x, "e4m3", overflow="satfinite"))

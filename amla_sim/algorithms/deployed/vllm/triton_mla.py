@@ -29,7 +29,8 @@ from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....resources import check_fits
 from ....schedules import Schedule
-from ..._common import D_K, AttentionResult, check_kernel_inputs, check_kernel_layout, check_scale
+from ..._common import D_K, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ..scalars import api_float, softmax_scale
 from ..splitkv import split_ranges, stage1, stage2
 from .fp8 import quantize_cache_fp8
 
@@ -96,10 +97,7 @@ def vllm_triton_mla(
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, kv_formats=("bf16", "e4m3"))
-    sm = check_scale(scale)
-    ks = np.float32(k_scale)
-    if isinstance(k_scale, bool) or not np.isfinite(ks) or ks <= 0:
-        raise ValueError(f"k_scale: expected a positive finite float32 scale, got {k_scale!r}")
+    sm, ks = softmax_scale(scale), api_float(k_scale, "k_scale")
     check_int(sms, "sms", lo=1)
     check_int(page_size, "page_size", lo=1)
     for name, v in (("batch_invariant", batch_invariant), ("causal", causal)):

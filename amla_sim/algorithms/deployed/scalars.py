@@ -1,0 +1,69 @@
+"""Scalars as a deployed kernel's API takes them, and the constants each kernel derives from them.
+
+Every kernel modelled here takes its softmax scale, descales and cache scales as a C++ ``float`` (FlashMLA's
+``const float softmax_scale``, FA3's ``float const softmax_scale``) or as a Python float that Triton passes as
+``fp32``: the value the kernel sees is the caller's number rounded to FP32 once, on every machine (the rounding is
+the interface's, not the arithmetic's). :func:`api_float` is that rounding, and the one place a scalar is refused:
+a value that does not round to a positive normal FP32 number never reaches a kernel model.
+
+The kernels then derive their constants in two ways, both kept here so no model derives one by hand:
+
+- :func:`scale_log2`: ``float(softmax_scale * M_LOG2E)``, the FP32 scale times the *double* ``M_LOG2E``, rounded
+  once (FlashMLA's dense decode, ``csrc/api/dense_decode.h:139``; FlashMLA-ETAP; FA3's ``flash_api.cpp``);
+- :func:`scale_log2_f32`: ``sm_scale * LOG_2_E`` with ``LOG_2_E = 1.44269504f``, an FP32 product (FlashMLA's
+  sparse decode and prefill, ``csrc/api/sparse_decode.h:387``, ``csrc/api/sparse_fwd.h:171``).
+
+For a scale whose FP32 value times log2 e lies near a midpoint of FP32, the two differ by an ULP, and so does a
+model that forgets the API's rounding: 192^-0.5 (DeepSeek-V3's scale without YaRN) is such a scale for FlashMLA's
+dense decode.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...machines import Machine
+from .._common import DEFAULT_SCALE
+
+__all__ = ["api_float", "softmax_scale", "scale_log2", "scale_log2_f32", "LOG2E"]
+
+_FP32_TINY = float(np.finfo(np.float32).tiny)
+#: log2 e: ``M_LOG2E`` in double, and ``LOG_2_E = 1.44269504f`` (FlashMLA's ``csrc/api/common.h``) or
+#: ``CUDART_L2E_F`` as ``mc.f`` rounds it on FP32 machines (the same float, 0x3FB8AA3B); exact on ``golden``.
+LOG2E = math.log2(math.e)
+
+
+def api_float(x: object, name: str) -> np.float32:
+    """`x` as a kernel's ``float`` parameter holds it: rounded to FP32 once. A ValueError names `name` unless `x`
+    is a real number whose FP32 value is positive, finite and normal (a subnormal scale would be flushed by the
+    kernels' ``-ftz`` arithmetic; an overflow or underflow in the conversion changes the softmax altogether)."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name}: expected a positive finite float32 number, got {x!r}")
+    v = float(x)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name}: expected a positive finite float32 number, got {x!r}")
+    with np.errstate(over="ignore", under="ignore"):
+        f = np.float32(v)
+    if not np.isfinite(f) or f < _FP32_TINY:
+        raise ValueError(f"{name}: {x!r} is outside float32's normal range ({_FP32_TINY:.3g} to "
+                         f"{float(np.finfo(np.float32).max):.3g}); the kernel takes a float")
+    return f
+
+
+def softmax_scale(scale: float | None, default: float = DEFAULT_SCALE) -> np.float32:
+    """The API's ``float softmax_scale`` (None: `default`, 576^-0.5 unless the kernel's interface says
+    otherwise), refused by :func:`api_float` under the name ``scale``."""
+    return api_float(default if scale is None else scale, "scale")
+
+
+def scale_log2(mc: Machine, scale: np.float32) -> np.ndarray:
+    """``float(softmax_scale * M_LOG2E)``: the API's FP32 scale times log2 e in double, rounded once to the
+    machine's float (exact on ``golden``)."""
+    return mc.f(np.float64(scale) * LOG2E)
+
+
+def scale_log2_f32(mc: Machine, scale: np.float32) -> np.ndarray:
+    """``sm_scale * LOG_2_E``: the API's FP32 scale times fl32(log2 e), an FP32 product on FP32 machines."""
+    return mc.f(mc.f(scale) * mc.f(LOG2E))
