@@ -73,6 +73,10 @@ class _Fa3(DeployedKernel):
                  "causal": True}
                 for b, sq, H, lens, fmt, dist, s, scale, page, ns in FA3_CASES]
 
+    def scale_template(self) -> dict:
+        return {"batch": 1, "sq": 1, "heads": 16, "seqlens": [600], "format": "bf16", "dist": "normal:1",
+                "seed": 500, "scale": None, "page_size": 64, "num_splits": 0, "varlen_q": True, "causal": True}
+
     def check(self, case: dict) -> None:
         if case.get("format") not in ("bf16", "fp16"):
             raise ValueError(f"format: FA3's MLA path takes bf16 or fp16, got {case.get('format')!r}")

@@ -177,6 +177,9 @@ class _Dense(DeployedKernel):
         return [{"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "dist": dist, "seed": s + seed,
                  "scale": None} for b, sq, H, lens, dist, s in FLASHMLA_CASES]
 
+    def scale_template(self) -> dict:
+        return {"batch": 1, "sq": 1, "heads": 16, "seqlens": [600], "dist": "normal:1", "seed": 500, "scale": None}
+
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
         q, kv = case_inputs(case)
         res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"))
@@ -192,7 +195,8 @@ class _Dense(DeployedKernel):
         from ..gpu.adapters.flashmla import run_flashmla
 
         q, kv = case_inputs(recipe)
-        got = run_flashmla(kernel, q.view(np.uint16), kv.view(np.uint16), recipe["seqlens"], 576**-0.5)
+        scale = 576**-0.5 if recipe["scale"] is None else recipe["scale"]
+        got = run_flashmla(kernel, q.view(np.uint16), kv.view(np.uint16), recipe["seqlens"], scale)
         return _device_arrays(got), {**recipe, "input_crc": input_crc(q, kv)}
 
 
@@ -201,6 +205,10 @@ class _Etap(DeployedKernel):
         return [{"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "format": fmt, "dist": dist,
                  "seed": s + seed, "scale": scale, "causal": sq > 1, "page_size": ETAP_PAGE_SIZE}
                 for b, sq, H, lens, fmt, dist, s, scale in ETAP_CASES]
+
+    def scale_template(self) -> dict:
+        return {"batch": 1, "sq": 1, "heads": 16, "seqlens": [600], "format": "bf16", "dist": "normal:1",
+                "seed": 500, "scale": None, "causal": False, "page_size": ETAP_PAGE_SIZE}
 
     def check(self, case: dict) -> None:
         _check_etap_recipe(case)
@@ -234,6 +242,12 @@ class _SparseFP8(DeployedKernel):
                  "dist": dist, "seed": s + seed, "scale": scale, "power_of_two": pow2, "page_size": SPARSE_PAGE_SIZE,
                  "num_sms": sms, "schedule": "given" if sms else "kernel"}
                 for b, sq, H, layout, lens, topk, tlen, invalid, sink, dist, s, scale, pow2, sms in SPARSE_FP8_CASES]
+
+    def scale_template(self) -> dict:  # 64 heads: the kernel's fewest
+        return {"batch": 1, "sq": 1, "heads": 64, "layout": "v32", "seqlens": [600], "topk": 256,
+                "topk_length": None, "invalid": 0.1, "sink": "normal", "dist": "normal:1", "seed": 500,
+                "scale": None, "power_of_two": True, "page_size": SPARSE_PAGE_SIZE, "num_sms": None,
+                "schedule": "kernel"}
 
     def check(self, case: dict) -> None:
         _check_sparse_recipe(case)

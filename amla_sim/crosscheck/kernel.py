@@ -22,10 +22,24 @@ from ..experiments.inputs import make_inputs
 from ..resources import check_fits, run_bytes
 from .files import CaptureError, input_crc
 
-__all__ = ["DeployedKernel", "Stage", "stage", "case_inputs", "check_recipe", "run_twice"]
+__all__ = ["DeployedKernel", "Stage", "stage", "case_inputs", "check_recipe", "run_twice", "DEEPSEEK_SCALES",
+           "RANDOM_SCALES", "scale_table"]
 
 #: A stage as :func:`amla_sim.compare` takes it: its name, the device's array and the simulator's, in one format.
 Stage = tuple[str, np.ndarray, np.ndarray]
+
+
+#: The softmax scales every kernel's scale table holds: FlashMLA's tests' 576^-0.5, DeepSeek-V3's 192^-0.5 (no
+#: YaRN) and 192^-0.5 mscale^2 with YaRN (0.1352337788608801, often written 0.1352), 0.1 and 1/16.
+DEEPSEEK_SCALES = (576 ** -0.5, 192 ** -0.5, 0.1352, 0.1352337788608801, 0.1, 1 / 16)
+#: The range a scale table's random scales are drawn from, uniformly.
+RANDOM_SCALES = (0.03, 0.3)
+
+
+def scale_table(seed: int, n: int) -> list[float]:
+    """:data:`DEEPSEEK_SCALES`, then `n` scales drawn from :data:`RANDOM_SCALES` by the seed's own stream."""
+    rng = np.random.default_rng([check_int(seed, "seed", lo=0), 43])
+    return [*DEEPSEEK_SCALES, *rng.uniform(*RANDOM_SCALES, check_int(n, "scales", lo=0, hi=1000)).tolist()]
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,22 @@ class DeployedKernel:
     def recipes(self, seed: int) -> list[dict]:
         """The recipes of the case table, every case's seed shifted by `seed` (no CRC yet)."""
         raise NotImplementedError
+
+    def scale_template(self) -> dict:
+        """A small recipe of the kernel (one short request that splits, 16 heads where the kernel takes them) that
+        :meth:`scale_recipes` runs once per scale."""
+        raise NotImplementedError
+
+    def with_scalars(self, recipe: dict, rng: np.random.Generator) -> dict:
+        """`recipe` with the kernel's other API scalars (descales, cache scales) drawn from `rng`; none here."""
+        return recipe
+
+    def scale_recipes(self, seed: int, n: int) -> list[dict]:
+        """The kernel's scale table: :meth:`scale_template` under each scale of :func:`scale_table` (its other
+        scalars drawn too), each case with inputs of its own (seeds shifted by `seed`)."""
+        base, rng = self.scale_template(), np.random.default_rng([seed, 44])
+        return [self.with_scalars({**base, "seed": base["seed"] + seed + j, "scale": s}, rng)
+                for j, s in enumerate(scale_table(seed, n))]
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         """A case's arrays: name -> (shape, dtype, required)."""

@@ -40,6 +40,10 @@ class _SGLangDecode(DeployedKernel):
                  "max_kv_splits": top, "dist": dist, "seed": s + seed, "scale": scale}
                 for b, H, lens, splits, top, dist, s, scale in SGLANG_CASES]
 
+    def scale_template(self) -> dict:
+        return {"batch": 1, "heads": 16, "seqlens": [600], "num_kv_splits": [4], "max_kv_splits": 8,
+                "dist": "normal:1", "seed": 500, "scale": None}
+
     def check(self, case: dict) -> None:
         splits = [check_int(n, "num_kv_splits", lo=1) for n in case["num_kv_splits"]]
         check_int(case["max_kv_splits"], "max_kv_splits", lo=max(splits, default=1))

@@ -78,11 +78,23 @@ def fp8_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
     return q, kv
 
 
+def _log_uniform(rng: np.random.Generator) -> float:
+    """A per-tensor scale between 2^-9 (a calibrated scale for inputs near 1) and 2: E4M3's range and beyond."""
+    return float(2.0 ** rng.uniform(-9.0, 1.0))
+
+
 class _DenseFp8(DeployedKernel):
     def recipes(self, seed: int) -> list[dict]:
         return [{"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "format": "bf16", "dist": dist,
                  "seed": s + seed, "scale": scale, "q_scale": qs, "k_scale": ks}
                 for b, sq, H, lens, dist, s, scale, qs, ks in DENSE_FP8_CASES]
+
+    def scale_template(self) -> dict:
+        return {"batch": 1, "sq": 1, "heads": 16, "seqlens": [600], "format": "bf16", "dist": "normal:1",
+                "seed": 500, "scale": None, "q_scale": 1.0, "k_scale": 1.0}
+
+    def with_scalars(self, recipe: dict, rng: np.random.Generator) -> dict:
+        return {**recipe, "q_scale": _log_uniform(rng), "k_scale": _log_uniform(rng)}
 
     def check(self, case: dict) -> None:
         for key in ("q_scale", "k_scale"):
@@ -129,6 +141,14 @@ class _VllmTriton(DeployedKernel):
                  "seed": s + seed, "scale": scale, "kv_cache": cache, "k_scale": ks, "page_size": page,
                  "batch_invariant": inv, "num_kv_splits": vllm_num_kv_splits(max(lens), batch_invariant=inv)}
                 for b, sq, H, lens, dist, s, scale, cache, ks, page, inv in TRITON_CASES]
+
+    def scale_template(self) -> dict:  # 1500 tokens: two splits
+        return {"batch": 1, "sq": 1, "heads": 16, "seqlens": [1500], "format": "bf16", "dist": "normal:1",
+                "seed": 500, "scale": None, "kv_cache": "fp8", "k_scale": 1.0, "page_size": 16,
+                "batch_invariant": False, "num_kv_splits": vllm_num_kv_splits(1500, batch_invariant=False)}
+
+    def with_scalars(self, recipe: dict, rng: np.random.Generator) -> dict:
+        return {**recipe, "k_scale": _log_uniform(rng)}
 
     def check(self, case: dict) -> None:
         api_float(case["k_scale"], "k_scale")
