@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 
 from .._validate import quiet_fp
-from ..formats import FORMATS
+from ..formats import FORMATS, is_float_dtype
 from ..machines import Machine
 
 Granularity = Literal["per-token", "per-tensor-static", "per-tensor-dynamic", "per-block"]
@@ -26,6 +26,8 @@ def scales(x: np.ndarray, granularity: Granularity, machine: Machine, *, block: 
     """Scales of shape broadcastable to x (..., tokens, dims): the group is a token, the tensor, or a block of
     `block` tokens (per batch element); static: 1.0."""
     mc = machine
+    if not is_float_dtype(np.asarray(x).dtype):
+        raise TypeError(f"x: expected a float array (float16/32/64, bfloat16), got dtype {np.asarray(x).dtype}")
     ax = np.abs(mc.f(x))
     if granularity == "per-token":
         amax = ax.max(axis=-1, keepdims=True)

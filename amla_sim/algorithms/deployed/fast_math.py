@@ -1,6 +1,6 @@
 """What the FlashAttention-derived CUDA decodes compute the same way under ``--use_fast_math``: ``__logf`` and
-``M_LN2`` (the scale in log2 units is :func:`.scalars.scale_log2`). FlashMLA-ETAP (:mod:`.flashmla.etap`) and FlashAttention-3's MLA decode
-(:mod:`.fa3.mla`) share them."""
+``M_LN2`` (the scale in log2 units is :func:`.scalars.scale_log2`). FlashMLA-ETAP (:mod:`.flashmla.etap`) and
+FlashAttention-3's MLA decode (:mod:`.fa3.mla`) share them."""
 
 from __future__ import annotations
 

@@ -27,12 +27,12 @@ import numpy as np
 from ...machines import Machine
 from .._common import DEFAULT_SCALE
 
-__all__ = ["api_float", "softmax_scale", "scale_log2", "scale_log2_f32", "LOG2E"]
+__all__ = ["api_float", "softmax_scale", "scale_log2", "scale_log2_f32"]
 
 _FP32_TINY = float(np.finfo(np.float32).tiny)
 #: log2 e: ``M_LOG2E`` in double, and ``LOG_2_E = 1.44269504f`` (FlashMLA's ``csrc/api/common.h``) or
 #: ``CUDART_L2E_F`` as ``mc.f`` rounds it on FP32 machines (the same float, 0x3FB8AA3B); exact on ``golden``.
-LOG2E = math.log2(math.e)
+_LOG2E = math.log2(math.e)
 
 
 def api_float(x: object, name: str) -> np.float32:
@@ -61,9 +61,9 @@ def softmax_scale(scale: float | None, default: float = DEFAULT_SCALE) -> np.flo
 def scale_log2(mc: Machine, scale: np.float32) -> np.ndarray:
     """``float(softmax_scale * M_LOG2E)``: the API's FP32 scale times log2 e in double, rounded once to the
     machine's float (exact on ``golden``)."""
-    return mc.f(np.float64(scale) * LOG2E)
+    return mc.f(np.float64(scale) * _LOG2E)
 
 
 def scale_log2_f32(mc: Machine, scale: np.float32) -> np.ndarray:
     """``sm_scale * LOG_2_E``: the API's FP32 scale times fl32(log2 e), an FP32 product on FP32 machines."""
-    return mc.f(mc.f(scale) * mc.f(LOG2E))
+    return mc.f(mc.f(scale) * mc.f(_LOG2E))

@@ -42,7 +42,7 @@ from ...._validate import check_int, quiet_fp
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ..._common import D_K, D_V, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout
 from ..fast_math import ln2, logf
 from ..scalars import scale_log2, softmax_scale
 from ..row_sums import lane_sums as _lane_sum
@@ -54,7 +54,6 @@ __all__ = ["fa3_mla", "fa3_mla_decode", "FA3_COMMIT"]
 
 #: The vllm-project/flash-attention commit the model follows.
 FA3_COMMIT = "617264c"
-D_ROPE = D_K - D_V  # 64: q_rope and k_rope
 _COMBINE_LANES = 32
 
 
@@ -116,6 +115,8 @@ def fa3_mla(
     b, s_q, H, _ = qa.shape
     is_causal = s_q > 1 and (causal is None or bool(causal))  # mha_fwd: causal is no mask when s_q = 1
     lens = [int(n) for n in lens]
+    if is_causal:
+        check_causal_lengths(lens, s_q, kernel="fa3-mla")
     sched = fa3_schedule(lens, s_q=s_q, heads=H, num_splits=num_splits, causal=is_causal, pack_gqa=pack_gqa,
                          page_size=page_size, varlen_q=varlen_q, num_sms=num_sms)
     if splits is not None:

@@ -39,7 +39,8 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ..._common import (D_K, D_V, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout,
+                        check_machine)
 from ..scalars import api_float, scale_log2, softmax_scale
 from ..row_sums import lane_sums as _lane_sum
 from ..row_sums import quad_total as _row_total
@@ -84,12 +85,15 @@ def flashmla_dense_fp8(
     :func:`amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` allows).
     """
     mc = get_machine(machine)
+    check_machine(mc, kernel="flashmla-dense-fp8", e4m3_products=True, suggest="sm90-cuda")
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("e4m3",))
     scale = softmax_scale(scale)
     dq, dk = api_float(descale_q, "descale_q"), api_float(descale_k, "descale_k")
     check_int(num_sms, "num_sms", lo=1)
     b, s_q, H, _ = qa.shape
     causal = check_causal(causal, s_q)
+    if causal:
+        check_causal_lengths(lens, s_q, kernel="flashmla-dense-fp8")
     parts = etap_num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
     lengths = [int(n) for n in lens]

@@ -29,12 +29,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ...._validate import check_int, quiet_fp
-from ....formats import FORMATS, is_float_dtype, round_to
+from ....formats import is_float_dtype, round_to
+from ..._common import D_ROPE
+from ...quantizers import E4M3_MAX
 
 __all__ = ["CacheLayout", "LAYOUTS", "layout_of", "quantize_kv_cache", "dequantize_kv_cache", "pages"]
 
-E4M3_MAX = FORMATS["e4m3"].max_finite  # 448
-SCALE_FLOOR = np.float32(1e-4)  # quant.py's clamp_min(1e-4), in FP32
+_SCALE_FLOOR = np.float32(1e-4)  # quant.py's clamp_min(1e-4), in FP32
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,6 @@ LAYOUTS = {
     "v32": CacheLayout("v32", 576, 512, 128, "fp32", 656),
     "model1": CacheLayout("model1", 512, 448, 64, "e8m0", 584),
 }
-D_ROPE = 64
 
 
 def layout_of(name_or_bytes: str | int, argname: str = "layout") -> CacheLayout:
@@ -80,7 +80,7 @@ def _scales(x: np.ndarray, tile: int, power_of_two: bool = True) -> np.ndarray:
     power of two. ``log2`` of such a quotient lands on an integer only at an exact power of two (``amax`` has 8
     significant bits and 448 = 1.75 * 2^8), where every log2 is exact, so FP64's ceil is FlashMLA's."""
     t = np.abs(x.reshape(*x.shape[:-1], -1, tile)).max(axis=-1).astype(np.float32)
-    s = np.maximum(t / np.float32(E4M3_MAX), SCALE_FLOOR)  # torch's clamp_min keeps a NaN
+    s = np.maximum(t / np.float32(E4M3_MAX), _SCALE_FLOOR)  # torch's clamp_min keeps a NaN
     if not power_of_two:
         return s
     return np.exp2(np.ceil(np.log2(s.astype(np.float64)))).astype(np.float32)

@@ -29,7 +29,8 @@ from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....resources import check_fits
 from ....schedules import Schedule
-from ..._common import D_K, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ..._common import (D_K, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout,
+                        check_machine)
 from ..scalars import api_float, softmax_scale
 from ..splitkv import split_ranges, stage1, stage2
 from .fp8 import quantize_cache_fp8
@@ -96,6 +97,7 @@ def vllm_triton_mla(
     split's token range, ``mid`` and ``split_lse`` stage 1's partial outputs and LSEs.
     """
     mc = get_machine(machine)
+    check_machine(mc, kernel="vllm-triton-mla", natural_log=True, suggest="sm90-triton")
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, kv_formats=("bf16", "e4m3"))
     sm, ks = softmax_scale(scale), api_float(k_scale, "k_scale")
     check_int(sms, "sms", lo=1)
@@ -107,6 +109,8 @@ def vllm_triton_mla(
         else check_int(num_kv_splits, "num_kv_splits", lo=1, hi=65535)  # stage 1's grid holds it in CUDA's z
     b, s_q, H, _ = qa.shape
     check_fits(_BYTES_PER_SPLIT * b * s_q * H * n, what=f"vllm_triton_mla with {n} splits", lower="num_kv_splits")
+    if causal:
+        check_causal_lengths(lens, s_q, kernel="vllm-triton-mla")
     rows = row_extents(lens, s_q, bool(causal))
     ranges = split_ranges(rows, n, n, min_block_kv=1)
     Q = mc.cast(qa, "bf16").reshape(b * s_q, H, D_K)

@@ -1,0 +1,85 @@
+"""What the deployed kernels' models refuse, each with a message naming the argument and what to do instead: a
+machine without a unit the kernel needs, a causal step longer than its request, quantizer inputs that are not float
+arrays (without a warning for the ones that are, however large)."""
+
+from __future__ import annotations
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from amla_sim.algorithms import fa3_mla, flashmla_dense_fp8, flashmla_etap, splitkv_decode, vllm_triton_mla
+from amla_sim.algorithms.deployed.flashmla.fp8_cache import quantize_kv_cache
+from amla_sim.algorithms.deployed.vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
+from amla_sim.algorithms.quantizers import quantize
+from amla_sim.experiments.inputs import make_inputs
+from amla_sim.machines import get_machine
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return make_inputs("normal:1", batch=2, sq=3, heads=16, context=64, seed=1)
+
+
+def _fp8(q, kv):
+    return quantize_query_fp8(q), quantize_cache_fp8(kv)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda q, kv: vllm_triton_mla(q, kv, machine="sm90-cuda"), r"^machine: vllm-triton-mla takes tl\.log .*sm90-triton"),
+    (lambda q, kv: splitkv_decode(q[:, :1], kv, machine="sm90-cuda"), r"^machine: sglang-triton .*sm90-triton"),
+    (lambda q, kv: flashmla_dense_fp8(*_fp8(q, kv), seqlens=None, machine="ascend910"),
+     r"^machine: flashmla-dense-fp8 multiplies E4M3 operands.*ascend910.*sm90-cuda"),
+])
+def test_a_machine_without_the_kernels_units_is_refused_by_name(inputs, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(*inputs)
+
+
+@pytest.mark.parametrize("call", [
+    lambda q, kv: vllm_triton_mla(q, kv, seqlens=[2, 64]),
+    lambda q, kv: flashmla_dense_fp8(*_fp8(q, kv), seqlens=[64, 1]),
+    lambda q, kv: fa3_mla(q, kv, seqlens=[2, 64]),
+])
+def test_a_causal_step_longer_than_its_request_is_refused(inputs, call):
+    with pytest.raises(ValueError, match=r"^seqlens: a causal step of s_q = 3 .* got \[(2|1)\]"):
+        call(*inputs)
+
+
+def test_a_causal_step_as_long_as_its_request_runs(inputs):
+    """The bound is s_q itself; ETAP's kernel, whose captures hold shorter requests, keeps them."""
+    q, kv = inputs
+    assert np.isfinite(fa3_mla(q, kv, seqlens=[3, 64]).out.astype(np.float32)).all()
+    assert flashmla_etap(q, kv, seqlens=[1, 64]).out.shape == (2, 3, 16, 512)
+
+
+_NOT_FLOAT = [np.int32, np.uint8, np.bool_, np.complex64, np.str_]
+
+
+@pytest.mark.parametrize("dtype", _NOT_FLOAT, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("quantizer", [
+    lambda x: quantize_query_fp8(x), lambda x: quantize_cache_fp8(x, 0.5),
+    lambda x: quantize_kv_cache(x.reshape(1, 64, 1, 576), "v32"),
+    lambda x: quantize(x, "per-token", get_machine("sm90-triton")),
+], ids=["vllm-query", "vllm-cache", "flashmla-cache", "snapmla"])
+def test_the_fp8_quantizers_take_float_arrays_only(quantizer, dtype):
+    x = np.ones((64, 576)).astype(dtype)
+    with pytest.raises(TypeError, match=r"^(q|kv|x): expected .*float"):
+        quantizer(x)
+
+
+@pytest.mark.parametrize("x", [np.float64(1e300), np.float32(3e38), np.inf, -np.inf, np.nan, np.float32(1e-45)])
+@pytest.mark.parametrize("quantizer", [lambda a: quantize_query_fp8(a, 1e-3), lambda a: quantize_cache_fp8(a, 1e-3),
+                                       lambda a: quantize(a, "per-block", get_machine("sm90-triton"))],
+                         ids=["vllm-query", "vllm-cache", "snapmla"])
+def test_the_fp8_quantizers_never_warn(quantizer, x):
+    a = np.full((64, 576), x)
+    a[0, 0] = 1.0
+    with np.errstate(over="ignore"):  # the test's own narrowing of 1e300
+        b = a.astype(np.float32).astype(ml_dtypes.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantizer(a)
+        quantizer(b)
