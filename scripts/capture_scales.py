@@ -23,7 +23,8 @@ from pathlib import Path
 
 #: checkout folder -> the archives unpacked into it (an archive whose name starts "cutlass" goes to csrc/cutlass)
 CHECKOUTS = {
-    "FlashMLA": ["flashmla-sm90-dense-src.tar.xz", "flashmla-9241ae3-decode-src.tar.xz", "cutlass-include.tar.xz"],
+    "FlashMLA": ["flashmla-sm90-dense-src.tar.xz", "flashmla-9241ae3-decode-src.tar.xz",
+                 "flashmla-9241ae3-sparse-prefill-src.tar.xz", "cutlass-include.tar.xz"],
     "FlashMLA-ETAP": ["flashmla-etap-src.tar.xz", "cutlass-3.9.0-include.tar.xz"],
     "flash-attention": ["fa3-vllm-617264c-mla-src.tar.xz", "cutlass-62750a2-include.tar.xz"],
     "FlashMLA-vllm": ["flashmla-46d64a8-dense-fp8-src.tar.xz", "cutlass-3.9.0-include.tar.xz"],
@@ -33,6 +34,7 @@ CHECKOUTS = {
 SOURCES = {
     "flashmla": ("--flashmla-dir", "FlashMLA"),
     "flashmla-sparse-fp8": ("--flashmla-dir", "FlashMLA"),
+    "flashmla-sparse-prefill": ("--flashmla-dir", "FlashMLA"),
     "flashmla-etap": ("--etap-dir", "FlashMLA-ETAP"),
     "fa3-mla": ("--fa3-dir", "flash-attention"),
     "flashmla-dense-fp8": ("--flashmla-fp8-dir", "FlashMLA-vllm"),

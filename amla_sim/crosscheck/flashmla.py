@@ -295,3 +295,147 @@ FLASHMLA_SPARSE_FP8 = _SparseFP8(
     summary=f"FlashMLA's sm90 sparse FP8 decode ({FLASHMLA_COMMIT}), DeepSeek V3.2's and MODEL1's caches",
     version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--flashmla-dir",
     source_help=_CHECKOUT.format("deepseek-ai/FlashMLA", FLASHMLA_COMMIT))
+
+
+# --- FlashMLA's sm90 sparse prefill (flash_mla_sparse_fwd) ----------------------------------------------------
+
+from ..algorithms.deployed.flashmla.sparse_prefill import B_TOPK as _PREFILL_BLOCK  # noqa: E402
+from ..algorithms.deployed.flashmla.sparse_prefill import D_QK as _PREFILL_D_QK  # noqa: E402
+from ..algorithms.deployed.flashmla.sparse_prefill import HEADS as _PREFILL_HEADS  # noqa: E402
+from ..algorithms.deployed.flashmla.sparse_prefill import flashmla_sparse_prefill  # noqa: E402
+from ..algorithms._common import D_V  # noqa: E402
+from .kernel import run_twice  # noqa: E402
+
+__all__ += ["SPARSE_PREFILL_CASES", "FLASHMLA_SPARSE_PREFILL", "sparse_prefill_inputs"]
+
+#: FlashMLA's sparse prefill: (s_q, heads, d_qk, s_kv, topk, topk_length, share of -1 slots, share of slots >= s_kv,
+#: tail (the valid rows first and the empty slots after them, as vLLM and SGLang fill a list; else shuffled),
+#: attention sink, dist, seed, scale). Each token names min(topk, s_kv) distinct rows of the cache, then the shares
+#: of its slots are made -1 and out of range (s_kv .. 2^31 - 1); a sink "normal" is N(6, 4) per head, "edge" that
+#: with heads 0-2 at -inf, +inf, 0. The outputs total 2.6 MB (s_q h_q 512 BF16 values).
+SPARSE_PREFILL_CASES = [
+    (1, 128, 576, 4096, 2048, None, 0.0, 0.0, False, None, "flashmla", 61, None),
+    (8, 64, 576, 3000, 512, None, 0.1, 0.05, False, "normal", "normal:1", 62, None),
+    (3, 128, 576, 200, 128, (128, 0, 77), 0.2, 0.0, False, "edge", "rope-outliers", 63, 0.1352),
+    (4, 64, 512, 1000, 256, (256, 1, 64, 200), 0.0, 0.1, False, "edge", "normal:1", 64, None),
+    (2, 128, 512, 5000, 2048, (1500, 2048), 0.05, 0.05, False, "normal", "flashmla", 65, None),
+    (13, 64, 576, 300, 256, None, 0.3, 0.2, False, None, "normal:1", 66, 0.1352),
+    (1, 64, 576, 384, 384, (300,), 0.0, 0.0, True, None, "rope-outliers", 67, None),
+    (2, 64, 576, 50, 128, (50, 20), 0.0, 0.0, True, "normal", "flashmla", 68, None),
+]
+
+
+def _prefill_d_v(d_qk: int) -> int:
+    """The columns make_inputs draws as content (the rest as RoPE): V3.2's 512 of 576, MODEL1's 448 of 512."""
+    return 512 if d_qk == 576 else 448
+
+
+def sparse_prefill_inputs(case: dict) -> dict[str, np.ndarray | None]:
+    """A sparse prefill case's inputs from its recipe: q (s_q, h, d_qk) and kv (s_kv, 1, d_qk) BF16, indices
+    (s_q, 1, topk) int32, topk_length (s_q,) int32 or None, attn_sink (h,) float32 or None."""
+    sq, H, d, topk = case.get("sq", 1), case["heads"], case["d_qk"], case["topk"]
+    s_kv = case["seqlens"][0]
+    q, kv = make_inputs(case["dist"], batch=1, heads=H, sq=sq, context=s_kv, d_k=d, d_v=_prefill_d_v(d),
+                        seed=case["seed"])
+    rng = np.random.default_rng([case["seed"], 7])
+    idx = np.full((sq, topk), -1, np.int64)
+    for j in range(sq):
+        k = min(topk, s_kv)
+        idx[j, :k] = rng.choice(s_kv, k, replace=False)
+        if not case.get("tail", False):
+            idx[j] = rng.permutation(idx[j])
+        idx[j, rng.random(topk) < case.get("invalid", 0.0)] = -1
+        far = rng.random(topk) < case.get("out_of_range", 0.0)
+        idx[j, far] = rng.integers(s_kv, 2**31 - 1, int(far.sum()), endpoint=True)
+    tl_ = None if case.get("topk_length") is None else np.array(case["topk_length"], np.int32)
+    sink = None
+    if case.get("sink") is not None:
+        sink = rng.normal(6.0, 2.0, H).astype(np.float32)
+        if case["sink"] == "edge":
+            sink[:3] = [-np.inf, np.inf, 0.0]
+    got = {"q": q[0], "kv": kv[0][:, None, :], "indices": idx.astype(np.int32)[:, None, :], "topk_length": tl_,
+           "attn_sink": sink}
+    if "input_crc" in case and _sparse_crc(got) != case["input_crc"]:
+        raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
+    return got
+
+
+def _check_prefill_recipe(case: dict) -> None:
+    """What the sparse prefill model covers, as the kernel's API and host checks say (a recipe outside them is
+    refused): one launch (batch 1, seqlens [s_kv]), 64 or 128 heads, d_qk 576 or 512, topk a multiple of 128."""
+    if case["batch"] != 1 or len(case["seqlens"]) != 1:
+        raise ValueError(f"batch: a sparse prefill case is one launch (batch 1, seqlens [s_kv]), got batch "
+                         f"{case['batch']} and {len(case['seqlens'])} lengths")
+    if case["heads"] not in _PREFILL_HEADS:
+        raise ValueError(f"heads: the kernel takes 64 or 128, got {case['heads']}")
+    if case["d_qk"] not in _PREFILL_D_QK:
+        raise ValueError(f"d_qk: the kernel takes 576 or 512, got {case['d_qk']!r}")
+    topk = check_int(case["topk"], "topk", lo=2 * _PREFILL_BLOCK)
+    if topk % (2 * _PREFILL_BLOCK):
+        raise ValueError(f"topk: the kernel takes a multiple of {2 * _PREFILL_BLOCK}, got {topk}")
+    if case.get("topk_length") is not None:
+        if len(case["topk_length"]) != case.get("sq", 1):
+            raise ValueError(f"topk_length: {len(case['topk_length'])} lengths for s_q {case.get('sq', 1)}")
+        for n in case["topk_length"]:
+            check_int(n, "topk_length", lo=0, hi=topk)
+    for key in ("invalid", "out_of_range"):
+        if not 0 <= float(case.get(key, 0.0)) <= 1:
+            raise ValueError(f"{key}: a share of slots in [0, 1], got {case[key]!r}")
+    if case.get("tail", False) not in (True, False):
+        raise ValueError(f"tail: true or false, got {case['tail']!r}")
+    if case.get("sink") not in (None, "normal", "edge"):
+        raise ValueError(f"sink: expected null, 'normal' or 'edge', got {case['sink']!r}")
+
+
+class _SparsePrefill(DeployedKernel):
+    def recipes(self, seed: int) -> list[dict]:
+        return [{"batch": 1, "sq": sq, "heads": H, "d_qk": d, "seqlens": [s_kv], "topk": topk,
+                 "topk_length": None if tlen is None else list(tlen), "invalid": invalid, "out_of_range": far,
+                 "tail": tail, "sink": sink, "dist": dist, "seed": s + seed, "scale": scale}
+                for sq, H, d, s_kv, topk, tlen, invalid, far, tail, sink, dist, s, scale in SPARSE_PREFILL_CASES]
+
+    def scale_template(self) -> dict:  # 64 heads: the kernel's fewest
+        return {"batch": 1, "sq": 2, "heads": 64, "d_qk": 576, "seqlens": [600], "topk": 256, "topk_length": None,
+                "invalid": 0.1, "out_of_range": 0.05, "tail": False, "sink": "normal", "dist": "normal:1",
+                "seed": 500, "scale": None}
+
+    def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
+        sq, H = case.get("sq", 1), case["heads"]
+        return {"out": ((sq, H, D_V), np.uint16, True), "lse": ((sq, H), np.uint32, True),
+                "max_logits": ((sq, H), np.uint32, True)}
+
+    def check(self, case: dict) -> None:
+        _check_prefill_recipe(case)
+
+    def label(self, case: dict) -> str:
+        return f" d_qk={case['d_qk']} topk={case['topk']}"
+
+    def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+        res = flashmla_sparse_prefill(**sparse_prefill_inputs(case), scale=case.get("scale"))
+        return [stage("max_logits", arrays[f"c{i}_max_logits"], res.max_logits, np.float32),
+                stage("lse", arrays[f"c{i}_lse"], res.lse, np.float32),
+                stage("out", arrays[f"c{i}_out"], res.out, ml_dtypes.bfloat16)]
+
+    def load(self, source: str | None) -> Any:
+        from ..gpu.adapters.flashmla import build_sparse_prefill
+
+        return build_sparse_prefill(source)
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        from ..gpu.adapters.flashmla import run_sparse_prefill
+
+        inputs = sparse_prefill_inputs(recipe)
+        scale = recipe["d_qk"] ** -0.5 if recipe["scale"] is None else recipe["scale"]
+        got, same = run_twice(lambda: run_sparse_prefill(kernel, inputs["q"].view(np.uint16),
+                                                         inputs["kv"].view(np.uint16), inputs["indices"],
+                                                         inputs["topk_length"], inputs["attn_sink"], scale))
+        return got, {**recipe, "input_crc": _sparse_crc(inputs), "repeat_identical": same}
+
+
+#: FlashMLA's sm90 sparse prefill (flash_mla_sparse_fwd) as the cross-check drives it.
+FLASHMLA_SPARSE_PREFILL = _SparsePrefill(
+    name="flashmla-sparse-prefill",
+    summary=f"FlashMLA's sm90 sparse prefill flash_mla_sparse_fwd ({FLASHMLA_COMMIT}), DeepSeek V3.2's BF16-cache "
+            "sparse attention (vLLM's FLASHMLA_SPARSE, SGLang's DSA prefill), d_qk 576 and 512",
+    version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--flashmla-dir",
+    source_help=_CHECKOUT.format("deepseek-ai/FlashMLA", FLASHMLA_COMMIT))

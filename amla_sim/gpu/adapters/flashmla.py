@@ -5,7 +5,9 @@ at ``csrc/cutlass``) by this project's build code with FlashMLA's setup.py flags
 - the sm90 sparse FP8 decode (DeepSeek V3.2's and MODEL1's caches, the same checkout): ``build_sparse_fp8``,
   about 40 seconds, and FlashMLA's own quantizer (its ``tests/quant.py``): ``flashmla_quantize``;
 - FlashMLA-ETAP (the ETAP paper's kernel, pengcuo/FlashMLA-ETAP 39e6160, BF16 and FP16): ``build_etap``, about 45
-  seconds.
+  seconds;
+- the sm90 sparse prefill ``flash_mla_sparse_fwd`` (DeepSeek V3.2's sparse attention over a BF16 cache, the same
+  checkout): ``build_sparse_prefill``, four instantiations (about 40 seconds).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ._build import FLASHMLA_NVCC, added_source, checkout_files, compile_extensi
 from ._common import bits16, paged
 
 __all__ = ["build_flashmla", "run_flashmla", "build_etap", "run_etap", "build_sparse_fp8", "run_sparse_fp8",
-           "flashmla_quantize"]
+           "flashmla_quantize", "build_sparse_prefill", "run_sparse_prefill"]
 
 
 _FLASHMLA = "a deepseek-ai/FlashMLA checkout with CUTLASS at csrc/cutlass (git clone --recursive)"
@@ -184,3 +186,67 @@ def flashmla_quantize(checkout: str | Path, kv_pages: np.ndarray, layout: str) -
     kind = {"v32": quant.FP8KVCacheLayout.V32_FP8Sparse, "model1": quant.FP8KVCacheLayout.MODEL1_FP8Sparse}[layout]
     got = quant.quantize_k_cache(bits16(torch, np.asarray(kv_pages).astype(ml_dtypes.bfloat16)), kind)  # exact
     return got.view(torch.uint8).contiguous().cpu().numpy()
+
+
+# sparse_fwd.h's dispatch names sm100's prefill kernels too (sparse_fwd.h:8-10, 50-99); this build compiles sm90's
+# phase-1 kernel and defines sm100's as stand-ins that raise (an sm90 GPU never reaches them).
+_PREFILL_BINDING = r"""#include <pybind11/pybind11.h>
+#include <stdexcept>
+#include "sparse_fwd.h"
+[[noreturn]] static void not_built() { throw std::runtime_error("amla-sim builds FlashMLA's sm90 kernels only"); }
+namespace sm100::fwd::head64 {
+template <int D_QK> void run_fwd_phase1_kernel(const SparseAttnFwdParams &) { not_built(); }
+template void run_fwd_phase1_kernel<512>(const SparseAttnFwdParams &);
+template void run_fwd_phase1_kernel<576>(const SparseAttnFwdParams &);
+}
+namespace sm100::fwd::head128 {
+template <int D_QK> void run_fwd_phase1_kernel(const SparseAttnFwdParams &) { not_built(); }
+template void run_fwd_phase1_kernel<512>(const SparseAttnFwdParams &);
+template void run_fwd_phase1_kernel<576>(const SparseAttnFwdParams &);
+}
+namespace sm100::fwd_for_small_topk::head128 {
+template <SparseAttnFwdMode F, int D> void run_fwd_for_small_topk_phase1_kernel(const SparseFwdArgT<F> &) {
+    not_built(); }
+template void run_fwd_for_small_topk_phase1_kernel<SparseAttnFwdMode::Prefill, 512>(
+    const SparseFwdArgT<SparseAttnFwdMode::Prefill> &);
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("sparse_prefill_fwd", &sparse_attn_prefill_interface); }
+"""
+_INT32 = np.iinfo(np.int32)
+
+
+def build_sparse_prefill(checkout: str | Path, *, verbose: bool = False):
+    """FlashMLA's sm90 sparse prefill (``flash_mla_sparse_fwd``: d_qk 576 and 512, with and without topk_length,
+    64 and 128 heads), compiled from `checkout`; its one function is ``sparse_prefill_fwd``, the API's
+    ``sparse_attn_prefill_interface`` (what FlashMLA's Python wrapper calls with its arguments unchanged)."""
+    inst = "sm90/prefill/sparse/instantiations/"
+    kernels = [inst + f"phase1_k{d}{t}.cu" for d in (576, 512) for t in ("", "_topklen")]
+    return _flashmla(checkout, "flashmla-sparse-prefill", "amla_flashmla_sparse_prefill", _PREFILL_BINDING,
+                     "sparse_fwd.h", kernels, verbose=verbose)
+
+
+def run_sparse_prefill(mod, q_bits: np.ndarray, kv_bits: np.ndarray, indices: np.ndarray,
+                       topk_length: np.ndarray | None, attn_sink: np.ndarray | None, scale: float) -> dict:
+    """``sparse_prefill_fwd`` on (s_q, h_q, d_qk) BF16 queries (bits or values), a (s_kv, 1, d_qk) BF16 cache,
+    (s_q, 1, topk) indices (int32 on the GPU, as the API requires), optional topk_length (s_q,) and attn_sink
+    (h_q,) float32, and the softmax scale (a C++ float): out (s_q, h_q, 512) uint16 bits, max_logits and lse
+    (s_q, h_q) uint32 bits, natural log."""
+    import torch
+
+    idx = np.asarray(indices)
+    wide = idx.size and idx.dtype.kind in "iu" and (idx.min() < _INT32.min or idx.max() > _INT32.max)
+    if idx.dtype.kind not in "iu" or idx.ndim != 3 or wide:
+        raise ValueError(f"indices: expected ints (s_q, 1, topk) within int32, got {idx.dtype} {idx.shape}")
+    q = bits16(torch, np.asarray(q_bits).view(np.uint16))
+    kv = bits16(torch, np.asarray(kv_bits).view(np.uint16))
+    if q.dim() != 3 or kv.dim() != 3:
+        raise ValueError(f"q, kv: expected (s_q, h_q, d_qk) and (s_kv, 1, d_qk), got {tuple(q.shape)} and "
+                         f"{tuple(kv.shape)}")
+    idx_t = torch.from_numpy(np.ascontiguousarray(idx, np.int32)).cuda()
+    tl_ = None if topk_length is None else torch.from_numpy(np.ascontiguousarray(topk_length, np.int32)).cuda()
+    sink = None if attn_sink is None else torch.from_numpy(np.ascontiguousarray(attn_sink, np.float32)).cuda()
+    out, max_logits, lse = mod.sparse_prefill_fwd(q, kv, idx_t, float(scale), 512, sink, tl_)
+    torch.cuda.synchronize()
+    return {"out": out.contiguous().view(torch.int16).cpu().numpy().view(np.uint16),
+            "max_logits": max_logits.contiguous().cpu().numpy().view(np.uint32),
+            "lse": lse.contiguous().cpu().numpy().view(np.uint32)}
