@@ -233,9 +233,14 @@ def _capture_own(args: argparse.Namespace) -> ReplayReport:
 
 def _cmd_crosscheck(args: argparse.Namespace) -> int:
     if args.replay:
-        from .crosscheck import replay
+        from .crosscheck import CaptureError, replay
 
-        report = replay(args.replay, kernel=args.kernel)
+        try:
+            report = replay(args.replay, kernel=args.kernel)
+        except CaptureError as e:  # every error about the file names it
+            if args.replay in str(e):
+                raise
+            raise CaptureError(f"replay: {args.replay}: {e}") from None
     elif (args.kernel or "amla-sim") == "amla-sim":
         report = _capture_own(args)
     else:

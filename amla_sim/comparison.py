@@ -63,13 +63,16 @@ class ComparisonReport:
     """Per stage in pipeline order, and the first stage that differs (where a model is wrong, if anywhere).
 
     skipped: the stages that were not compared, and why (held by one side only, or holding no element). A report
-    is bit-exact only when it compared at least one element of every stage and skipped none.
+    is bit-exact only when it compared at least one element of every stage and skipped none. not_selected: the
+    stages a side holds that the caller's `stages` left out (listed, not counted against the verdict: the caller
+    chose what to compare).
     """
 
     stages: tuple[StageComparison, ...]
     explanations: Mapping[str, str] = field(default_factory=dict)  # stage -> the model responsible for it
     meta: Mapping[str, Any] = field(default_factory=dict)  # what was compared: kernel, device, machine, case...
     skipped: Mapping[str, str] = field(default_factory=dict)  # stage -> why it was not compared
+    not_selected: tuple[str, ...] = ()
 
     @property
     def first_difference(self) -> str | None:
@@ -103,7 +106,7 @@ class ComparisonReport:
     def to_dict(self) -> dict[str, Any]:
         return {**dict(self.meta),
                 "stages": [{**asdict(s), "shape": list(s.shape), "bit_exact": s.bit_exact} for s in self.stages],
-                "not_compared": self.not_compared, "bit_exact": self.bit_exact,
+                "not_compared": self.not_compared, "not_selected": list(self.not_selected), "bit_exact": self.bit_exact,
                 "first_difference": self.first_difference, "responsible": self.responsible}
 
     def to_json(self, **kwargs: Any) -> str:
@@ -121,6 +124,8 @@ class ComparisonReport:
                          f"{s.median_ulp:7g}  {hist}{extra}")
         for name, why in self.not_compared.items():
             lines.append(f"{indent}{name:6s} not compared: {why}")
+        if self.not_selected:
+            lines.append(f"{indent}not selected, so not compared: {', '.join(self.not_selected)}")
         first = self.first_difference
         if first is None and self.bit_exact:
             lines.append(f"{indent}every stage bit-identical")
@@ -157,20 +162,52 @@ def compare(device: npt.ArrayLike | Mapping[str, npt.ArrayLike], simulated: npt.
 
     explanations: stage -> the model it depends on (shown for the first differing stage).
 
-    meta: anything that says what was compared; kept in the report and its JSON.
+    meta: anything that says what was compared; kept in the report and its JSON. Where ``meta["device"]`` and
+    ``meta["simulated"]`` are both strings (the files compared), errors name the sides by them.
 
     Each side of a stage may be floats or the raw bits of the stage's format. Floats of two formats are compared
     in the wider where it holds every value of the narrower (a simulated E4M3 P against the FP32 a kernel
     stored it in: the widening is exact); otherwise they are an error (round one side first).
     """
-    dev, sim = _as_stages(device, "device"), _as_stages(simulated, "simulated")
+    sides = _side_names(meta)
+    try:
+        dev, sim = _as_stages(device, "device"), _as_stages(simulated, "simulated")
+        for side, held in (("device", dev), ("simulated", sim)):
+            if not held:
+                raise ValueError(f"{side}: no stage at all (nothing to compare is never bit-exact)")
+        order, skipped = _order(dev, sim, stages)
+        for name, fmt in (formats or {}).items():
+            if name not in order:
+                raise ValueError(f"formats: {name!r} is not among the stages compared ({list(order)})")
+            if order[name] is not None and order[name] != fmt:
+                raise ValueError(f"formats: {name!r} is given two formats ({order[name]!r} and {fmt!r})")
+            order[name] = fmt
+        rows = tuple(_compare_stage(name, dev[name], sim[name], fmt) for name, fmt in order.items())
+    except (ValueError, TypeError) as e:
+        if sides is None:
+            raise
+        raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{sides}: {e}") from None
+    unselected = tuple(dict.fromkeys(n for n in (*dev, *sim) if n not in order and n not in skipped))
+    return ComparisonReport(rows, dict(explanations or {}), dict(meta or {}), skipped, unselected)
+
+
+def _side_names(meta: Mapping[str, Any] | None) -> str | None:
+    """'device A against simulated B' where the caller's meta names both sides' files; else None."""
+    d, s = (meta or {}).get("device"), (meta or {}).get("simulated")
+    return f"device {d} against simulated {s}" if isinstance(d, str) and isinstance(s, str) else None
+
+
+def _order(dev: dict[str, np.ndarray], sim: dict[str, np.ndarray],
+           stages: StagesArg) -> tuple[dict[str, FormatLike | None], dict[str, str]]:
+    """The stages to compare (name -> format or None) in order, and those skipped as held by one side only."""
     skipped: dict[str, str] = {}
     if stages is None:
         order: dict[str, FormatLike | None] = {k: None for k in dev if k in sim}
         if not order:
             raise ValueError(f"stages: device and simulated share no stage name (device {sorted(dev)}, "
                              f"simulated {sorted(sim)})")
-        skipped = {**{k: "device only" for k in dev if k not in sim}, **{k: "simulated only" for k in sim if k not in dev}}
+        skipped = {**{k: "device only" for k in dev if k not in sim},
+                   **{k: "simulated only" for k in sim if k not in dev}}
     elif isinstance(stages, Mapping):
         order = dict(stages)
     elif isinstance(stages, (str, bytes)) or not isinstance(stages, Sequence):
@@ -188,14 +225,7 @@ def compare(device: npt.ArrayLike | Mapping[str, npt.ArrayLike], simulated: npt.
         for side, arrays in (("device", dev), ("simulated", sim)):
             if name not in arrays:
                 raise ValueError(f"stages: {side} has no stage {name!r} (it has {sorted(arrays)})")
-    for name, fmt in (formats or {}).items():
-        if name not in order:
-            raise ValueError(f"formats: {name!r} is not among the stages compared ({list(order)})")
-        if order[name] is not None and order[name] != fmt:
-            raise ValueError(f"formats: {name!r} is given two formats ({order[name]!r} and {fmt!r})")
-        order[name] = fmt
-    rows = tuple(_compare_stage(name, dev[name], sim[name], fmt) for name, fmt in order.items())
-    return ComparisonReport(rows, dict(explanations or {}), dict(meta or {}), skipped)
+    return order, skipped
 
 
 def _as_stages(x: npt.ArrayLike | Mapping[str, npt.ArrayLike], argname: str) -> dict[str, np.ndarray]:

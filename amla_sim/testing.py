@@ -63,11 +63,13 @@ def assert_bitwise_equal(
     err_msg: str = "",
     verbose: bool = True,
     max_shown: int = 8,
+    allow_empty: bool = False,
 ) -> None:
     """Raise AssertionError unless `actual` and `desired` have the same dtype, shape and bits.
 
     The message gives the number of differing elements and the first `max_shown` of them with their indices,
-    values, hex bits and ULP distance. NaNs compare by payload, as bits do.
+    values, hex bits and ULP distance. NaNs compare by payload, as bits do. Two arrays of no element compare
+    nothing: an error unless `allow_empty` (a check that compared nothing is never a pass by default).
     """
     __tracebackhide__ = True
     a, d = np.asarray(actual), np.asarray(desired)
@@ -78,6 +80,9 @@ def assert_bitwise_equal(
         raise AssertionError(f"{header}\n(dtype mismatch) actual: {a.dtype}, desired: {d.dtype}")
     if a.shape != d.shape:
         raise AssertionError(f"{header}\n(shapes mismatch) actual: {a.shape}, desired: {d.shape}")
+    if a.size == 0 and not allow_empty:
+        raise AssertionError(f"{header}\n(nothing compared) both arrays have shape {a.shape}, no element; pass "
+                             "allow_empty=True where that is what is meant")
     ba, bd = bits_of(a), bits_of(d)
     diff = ba != bd
     if not diff.any():

@@ -269,8 +269,10 @@ distributions, one case whose second split has no block); the result is committe
 python examples/split_fp16/replay.py       # prints a report per case; exit status 0 when every bit agrees
 ```
 
-`replay.py` reads the capture with `read_capture` (checked before anything is decompressed), draws each case's
-inputs again and checks their CRC, runs the model with `trace=True`, and hands the device's stages and the
+`replay.py` reads the capture with `read_capture` (checked before anything is decompressed), takes each case's
+stages with `case_arrays` (a capture of no case, a stage missing or of another dtype or shape, and an array that
+belongs to no case are refused by name before any work: nothing the file holds goes uncompared), draws each
+case's inputs again and checks their CRC, runs the model with `trace=True`, and hands the device's stages and the
 model's to `amla_sim.compare` in pipeline order:"""),
         ("code", """Code(filename=str(example / "replay.py"), language="python")"""),
         ("md", """The same from Python, on the committed H100 capture (no GPU needed):"""),

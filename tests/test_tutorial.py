@@ -62,17 +62,59 @@ def test_each_choice_of_the_model_matters(example, monkeypatch, change, stage):
 
 def test_the_replay_script_says_so_in_its_exit_status(tmp_path):
     """``python examples/split_fp16/replay.py CAPTURE`` as the tutorial runs it (on the capture's smallest case,
-    alone and with one bit of its output flipped): exit status 0 when every bit agrees, 3 when one does not."""
-    meta, arrays = read_capture(EXAMPLE / "capture.npz")
-    one = {f"c0_{k}": arrays[f"c3_{k}"] for k in ("m", "l", "O", "out")}
+    alone and with one bit of its output flipped): exit status 0 when every bit agrees, 3 when one does not, 1
+    and one line naming the file for a capture of no case."""
     for name, flip in (("same", 0), ("flipped", 1)):
-        path = tmp_path / f"{name}.npz"
-        np.savez(path, meta=np.array(json.dumps({**meta, "cases": [meta["cases"][3]]})),
-                 **{**one, "c0_out": one["c0_out"] ^ np.uint16(flip)})
+        path = _one_case(tmp_path / f"{name}.npz", lambda m, a, f=flip: a.update(c0_out=a["c0_out"] ^ np.uint16(f)))
         r = subprocess.run([sys.executable, str(EXAMPLE / "replay.py"), str(path)], capture_output=True, text=True,
                            check=False, timeout=300)
         assert r.returncode == 3 * flip, r.stderr[-2000:]
         assert f"{1 - flip} of 1 cases bit-identical in every stage" in r.stdout
+    path = _one_case(tmp_path / "none.npz", lambda m, a: (m.update(cases=[]), a.clear()))
+    r = subprocess.run([sys.executable, str(EXAMPLE / "replay.py"), str(path)], capture_output=True, text=True,
+                       check=False, timeout=300)
+    assert r.returncode == 1 and not r.stdout and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    assert r.stderr.startswith(f"replay.py: error: replay: {path}: 'meta' has no list of cases")
+
+
+def _one_case(path, edit=lambda meta, arrays: None):
+    """The capture's smallest case as case 0 of a capture of its own, `edit(meta, arrays)` applied."""
+    meta, arrays = read_capture(EXAMPLE / "capture.npz")
+    meta = {**meta, "cases": [dict(meta["cases"][3])]}
+    arrays = {f"c0_{k}": arrays[f"c3_{k}"] for k in ("m", "l", "O", "out")}
+    edit(meta, arrays)
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    return path
+
+
+REFUSED = {  # what a capture holds -> (edit of (meta, arrays), the words of the error)
+    "no case": (lambda m, a: m.update(cases=[]), "'meta' has no list of cases (an empty one"),
+    "a case the meta lacks": (lambda m, a: a.update(c1_out=a["c0_out"] ^ np.uint16(1)),
+                              "member 'c1_out' belongs to case 1, but 'meta' lists"),
+    "an array of no case": (lambda m, a: a.update(notes=np.zeros(2)), "member 'notes' belongs to no case"),
+    "an array of no stage": (lambda m, a: a.update(c0_P=a["c0_m"]), "case 0: member 'c0_P' is not one of its stages"),
+    "a stage missing": (lambda m, a: a.pop("c0_l"), "case 0 has no member 'c0_l'"),
+    "a stage in FP64": (lambda m, a: a.update(c0_l=a["c0_l"].astype(np.float64)),
+                        "case 0: member 'c0_l' should be float32"),
+    "a stage flattened": (lambda m, a: a.update(c0_l=a["c0_l"].ravel()),
+                          "case 0: member 'c0_l' should have shape (2, 3, 16)"),
+    "a recipe without heads": (lambda m, a: m["cases"][0].pop("heads"), "case 0: its recipe has no 'heads'"),
+    "other inputs": (lambda m, a: m["cases"][0].update(seed=99), "case 0: its recipe draws other inputs"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(REFUSED))
+def test_the_replay_script_refuses_what_it_would_not_compare(example, tmp_path, what):
+    """Before any work, by file, case and member: a capture of no case, an array of no case or of no stage, a
+    stage missing or of another dtype or shape than its recipe says; and inputs its recipe does not rebuild."""
+    from amla_sim.crosscheck import CaptureError
+
+    replay, _ = example
+    edit, words = REFUSED[what]
+    path = _one_case(tmp_path / "c.npz", edit)
+    with pytest.raises(CaptureError) as e:
+        replay.replay(path)
+    assert str(path) in str(e.value) and words in str(e.value), str(e.value)
 
 
 def test_the_plugin_sweeps_beside_base(example, tmp_path):

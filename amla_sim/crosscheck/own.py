@@ -11,6 +11,7 @@ compared bit for bit.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import ml_dtypes
@@ -88,12 +89,18 @@ def run_stages(algorithm: str, q: np.ndarray, kv: np.ndarray, *, machine: str | 
 def compare_stages(algorithm: str, device_stages: dict, sim: dict, **meta) -> ComparisonReport:
     """:func:`amla_sim.compare` over every stage the device dumped, in `algorithm`'s pipeline order, each
     explained by the model it depends on (``RESPONSIBLE``). A device stage that is not one of `algorithm`'s, or
-    that the simulation lacks, is an error: never left out."""
+    that the simulation lacks, is an error: never left out; a stage of `algorithm` the device lacks is reported as
+    not compared (the report is then not bit-exact)."""
     unknown = [n for n in device_stages if n not in STAGES[algorithm]]
     if unknown:
         raise ValueError(f"device: {unknown} are not stages of {algorithm} ({list(STAGES[algorithm])})")
     names = [n for n in STAGES[algorithm] if n in device_stages]
-    return compare(device_stages, sim, stages=names, explanations=RESPONSIBLE, meta={"algorithm": algorithm, **meta})
+    if not names:
+        raise ValueError(f"device: no stage of {algorithm} ({list(STAGES[algorithm])}) to compare")
+    report = compare(device_stages, sim, stages=names, explanations=RESPONSIBLE,
+                     meta={"algorithm": algorithm, **meta})
+    missing = {n: "the device dumped no such stage" for n in STAGES[algorithm] if n not in device_stages}
+    return replace(report, skipped={**report.skipped, **missing}) if missing else report
 
 
 def save_capture(path: str | Path, *, algorithm: str, q: np.ndarray, kv: np.ndarray, scale: float | None,
@@ -128,6 +135,9 @@ def _shared_inputs(path: Path, ref: object) -> dict[str, np.ndarray]:
         raise CaptureError(f"replay: {path}: 'inputs' must name a file beside the capture and its sha256")
     where = path.parent / ref["file"]
     _, arrays = read_capture(where)
+    other = sorted(set(arrays) - {"q", "kv"})
+    if other:
+        raise CaptureError(f"replay: {where}: member {other[0]!r} is not an input (an inputs file holds q and kv)")
     q, kv = arrays.get("q"), arrays.get("kv")
     if q is None or kv is None or inputs_digest(q, kv) != ref["sha256"]:
         raise CaptureError(f"replay: {path}: the inputs in {where} are not the ones it was captured with "
@@ -140,22 +150,25 @@ def load_capture(path: str | Path, *, read: tuple[dict, dict[str, np.ndarray]] |
     """(meta, q, kv, device stages) of a capture, every array checked against the format before any work:
     q (b, s_q, G, d_k) and kv (b, S, d_k) raw BF16 bits (uint16), in the capture or in the inputs file it names,
     device_out (b, s_q, G, d_v) BF16 bits, each stage (n_blocks, b, s_q G, ...) FP32 (N: int32), the arrays at
-    most MAX_CAPTURE_BYTES uncompressed."""
+    most MAX_CAPTURE_BYTES uncompressed. Any other member, and q or kv beside an inputs file, is refused by name."""
     path = Path(path)
     meta, arrays = read_capture(path) if read is None else read
-    if "q" not in arrays and "kv" not in arrays and "inputs" in meta:
-        arrays.update(_shared_inputs(path, meta["inputs"]))
+    if "inputs" in meta:
+        if "q" in arrays or "kv" in arrays:
+            raise CaptureError(f"replay: {path} holds {'q' if 'q' in arrays else 'kv'} and names an inputs file "
+                               "too: which inputs did the device see?")
+        arrays = {**arrays, **_shared_inputs(path, meta["inputs"])}
     for key in ("q", "kv", "device_out"):
         if key not in arrays:
             raise CaptureError(f"replay: {path} has no {key!r} array")
     alg, mode, scale = meta.get("algorithm"), meta.get("exp_mode"), meta.get("scale")
-    if alg not in STAGES:
+    if not isinstance(alg, str) or alg not in STAGES:
         raise CaptureError(f"replay: {path}: algorithm {alg!r} is not one of {sorted(STAGES)}")
-    if mode not in MACHINE_FOR_MODE:
+    if not isinstance(mode, str) or mode not in MACHINE_FOR_MODE:
         raise CaptureError(f"replay: {path}: exp_mode {mode!r} is not one of {sorted(MACHINE_FOR_MODE)}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0
-                              or not np.isfinite(scale)):
-        raise CaptureError(f"replay: {path}: scale {scale!r} is not a positive number")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not 0 < scale < float(np.finfo(np.float32).max)):
+        raise CaptureError(f"replay: {path}: scale {scale!r} is not a positive FP32 number")
     q, kv = arrays["q"], arrays["kv"]
     if q.dtype != np.uint16 or q.ndim != 4 or kv.dtype != np.uint16 or kv.ndim != 3:
         raise CaptureError(f"replay: {path}: q and kv must be BF16 bits (uint16) of shapes (b, s_q, G, d_k) and "
@@ -169,27 +182,46 @@ def load_capture(path: str | Path, *, read: tuple[dict, dict[str, np.ndarray]] |
     for name in dict.fromkeys(n for stages in STAGES.values() for n in stages[:-1]):  # the kernels share a layout
         tail = {"S": (64,), "P": (64,), "O": (D_V,)}.get(name, ())
         expected[name] = ((nb, b, R, *tail), np.int32 if name == "N" else np.float32)
-    device = {}
-    for key, arr in arrays.items():
-        if not key.startswith("device_"):
-            continue
-        name = key[len("device_"):]
-        if name not in expected:
-            raise CaptureError(f"replay: {path}: {key} is not a stage of the capture format")
-        shape, dtype = expected[name]
-        if arr.shape != shape or arr.dtype != dtype:
-            raise CaptureError(f"replay: {path}: {key} should be {np.dtype(dtype)} {shape}, got {arr.dtype} "
-                               f"{arr.shape}")
-        if name in STAGES[alg]:  # the kernels write one set of debug buffers: another algorithm's are unwritten
-            device[name] = arr
+    device = _device_stages(path, alg, arrays, expected)
     check_fits(run_bytes(batch=b, sq=sq, heads=G, context=L, d_k=d_k, mufu_tables=True),
                what=f"replaying {path}", lower="the capture's size")
     return meta, q.view(ml_dtypes.bfloat16), kv.view(ml_dtypes.bfloat16), device
 
 
+def _device_stages(path: Path, alg: str, arrays: dict[str, np.ndarray], expected: dict) -> dict[str, np.ndarray]:
+    """The device's stages of `alg`, every member checked: q, kv, or ``device_{stage}`` of the format's shape and
+    dtype; a buffer of a stage `alg` does not have must be unwritten (zeros). Anything else is refused by name."""
+    device = {}
+    for key, arr in arrays.items():
+        if key in ("q", "kv"):
+            continue
+        name = key.removeprefix("device_")
+        if name == key or name not in expected:
+            raise CaptureError(f"replay: {path}: member {key!r} is not an array of the capture format (q, kv, "
+                               f"{', '.join('device_' + n for n in expected)}): nothing would compare it")
+        shape, dtype = expected[name]
+        if arr.shape != shape or arr.dtype != dtype:
+            raise CaptureError(f"replay: {path}: {key} should be {np.dtype(dtype)} {shape}, got {arr.dtype} "
+                               f"{arr.shape}")
+        if name in STAGES[alg]:
+            device[name] = arr
+        elif arr.any():  # the kernels write one set of debug buffers, zeroed: another algorithm's stay zero
+            raise CaptureError(f"replay: {path}: {key} holds data, but {alg} has no stage {name} "
+                               f"({', '.join(STAGES[alg])}): nothing would compare it")
+    return device
+
+
+def _unwritten(alg: str, arrays: dict[str, np.ndarray]) -> dict[str, str]:
+    """The zeroed buffers of stages `alg` does not have, held by the capture and not compared."""
+    return {k: f"a buffer {alg} does not write, all zero" for k in arrays
+            if k.startswith("device_") and k.removeprefix("device_") not in STAGES[alg]}
+
+
 def replay_own(path: str | Path, *, read: tuple[dict, dict[str, np.ndarray]] | None = None) -> ReplayReport:
     """Redo the comparison of a saved capture of this project's kernels on the CPU (`read`: the capture's meta
-    and arrays, where the caller has read them already)."""
+    and arrays, where the caller has read them already). A stage of the algorithm that the capture lacks is
+    reported as not compared."""
+    read = read_capture(path) if read is None else read
     meta, q, kv, device = load_capture(path, read=read)
     device["out"] = device["out"].view(ml_dtypes.bfloat16)
     sim = simulate_stages(meta["algorithm"], q, kv, scale=meta["scale"], exp_mode=meta["exp_mode"])
@@ -197,4 +229,5 @@ def replay_own(path: str | Path, *, read: tuple[dict, dict[str, np.ndarray]] | N
     report = compare_stages(meta["algorithm"], device, sim, device=name, exp_mode=where, machine=machine,
                             shape=list(q.shape), context=int(kv.shape[1]))
     return ReplayReport(kernel="amla-sim", version=meta["algorithm"], device=name, cases=[report],
-                        title=f"{meta['algorithm']} on {name} (exp mode {where}) against {machine}:")
+                        title=f"{meta['algorithm']} on {name} (exp mode {where}) against {machine}:",
+                        held_not_compared=_unwritten(meta["algorithm"], read[1]))
