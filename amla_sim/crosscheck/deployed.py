@@ -23,7 +23,7 @@ from .._validate import check_int
 from ..comparison import ComparisonReport, compare
 from .fa3 import FA3_MLA
 from .files import CaptureError, split_cases
-from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8
+from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8, FLASHMLA_SPARSE_PREFILL
 from .kernel import DeployedKernel, check_recipe
 from .report import ReplayReport
 from .sglang import SGLANG
@@ -33,7 +33,8 @@ __all__ = ["KERNELS", "HELD_NOT_COMPARED", "kernel_of", "replay_deployed", "capt
 
 #: The deployed kernels the cross-check covers, by the name ``crosscheck --kernel`` takes.
 KERNELS: dict[str, DeployedKernel] = {k.name: k for k in (SGLANG, FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8,
-                                                          FA3_MLA, FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA)}
+                                                          FA3_MLA, FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA,
+                                                          FLASHMLA_SPARSE_PREFILL)}
 _LEGACY = {"sglang": "sglang-triton", "flashmla_commit": "flashmla"}  # captures written before meta named a kernel
 
 
