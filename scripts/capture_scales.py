@@ -37,6 +37,7 @@ SOURCES = {
     "flashmla-sparse-prefill": ("--flashmla-dir", "FlashMLA"),
     "flashmla-etap": ("--etap-dir", "FlashMLA-ETAP"),
     "fa3-mla": ("--fa3-dir", "flash-attention"),
+    "fa3-mla-sparse": ("--fa3-dir", "flash-attention"),
     "flashmla-dense-fp8": ("--flashmla-fp8-dir", "FlashMLA-vllm"),
     "vllm-triton-mla": ("--vllm-file", "vllm/vllm-0.33.0/vllm/v1/attention/ops/triton_decode_attention.py"),
     "sglang-triton": ("--sglang-file", "sglang/decode_attention.py"),

@@ -142,10 +142,12 @@ def check_scale(scale: float | None) -> float:
 
 def check_kernel_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayLike | None, *,
                         one_query: bool = False, formats: tuple[str, ...] = ("bf16",),
-                        kv_formats: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        kv_formats: tuple[str, ...] | None = None,
+                        empty: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What a deployed kernel takes: q (b, s_q, h_q, 576) (s_q = 1 when `one_query`) and kv (b, S_max, 576), both
     in one of `formats` (BF16 unless the kernel takes others; the same for both, unless `kv_formats` says which
-    the cache may be), and per-request lengths in 1..S_max (None: S_max); errors name the argument."""
+    the cache may be), and per-request lengths in 1..S_max (0..S_max where the kernel takes an `empty` request;
+    None: S_max); errors name the argument."""
     qa = _check_storage(q, "q", formats)
     if kv_formats is None:
         kva = _check_storage(kv, "kv", (get_format(qa.dtype).name,), mixed=len(formats) > 1)
@@ -158,8 +160,9 @@ def check_kernel_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayL
     if kva.ndim != 3 or kva.shape[0] != b or kva.shape[2] != D_K or kva.shape[1] < 1:
         raise ValueError(f"kv: expected shape ({b}, S_max, {D_K}), got {kva.shape}")
     lens = np.full(b, kva.shape[1]) if seqlens is None else np.asarray(seqlens)
-    if lens.shape != (b,) or lens.dtype.kind not in "iu" or lens.min() < 1 or lens.max() > kva.shape[1]:
-        raise ValueError(f"seqlens: expected {b} ints in 1..{kva.shape[1]}, got {seqlens!r}")
+    lo = 0 if empty else 1
+    if lens.shape != (b,) or lens.dtype.kind not in "iu" or lens.min() < lo or lens.max() > kva.shape[1]:
+        raise ValueError(f"seqlens: expected {b} ints in {lo}..{kva.shape[1]}, got {seqlens!r}")
     return qa, kva, lens.astype(np.int64)
 
 

@@ -18,12 +18,12 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms._common import D_K, D_V
-from ..algorithms.deployed.fa3 import FA3_COMMIT, fa3_mla
+from ..algorithms.deployed.fa3 import FA3_COMMIT, fa3_mla, fa3_mla_sparse
 from ..experiments.inputs import make_inputs
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, run_twice, stage
 
-__all__ = ["FA3_CASES", "FA3_MLA", "fa3_inputs"]
+__all__ = ["FA3_CASES", "FA3_MLA", "fa3_inputs", "SPARSE_CASES", "FA3_MLA_SPARSE", "fa3_sparse_inputs"]
 
 _DS = 0.1352  # DeepSeek-V3's softmax scale (1 / sqrt(192) with its YaRN mscale)
 _192 = 192 ** -0.5
@@ -132,3 +132,99 @@ FA3_MLA = _Fa3(
     version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir",
     source_help=f"a vllm-project/flash-attention checkout at {FA3_COMMIT} with CUTLASS at csrc/cutlass (git clone "
                 "--recursive), compiled here")
+
+
+_V32 = 0.1352337788608801  # DeepSeek V3.2's softmax scale: 192^-0.5 mscale^2 (YaRN)
+#: FA3's sparse call (vLLM's FLASH_ATTN_MLA_SPARSE): (tokens, heads, cache rows, topk, valid counts (cycled over the
+#: tokens), format, dist, seed, num_splits, tokens whose out the capture keeps (every token's LSE is kept)); a
+#: launch of more than 992 tokens is never split, one of a few long lists is
+SPARSE_CASES = [
+    (4, 128, 6000, 2048, (2048, 2048, 700, 1), "bf16", "normal:1", 101, 0, 2),
+    (1, 128, 3000, 2048, (1500,), "bf16", "flashmla", 102, 0, 1),
+    (16, 16, 3000, 512, (512, 0, 300, 1, 64, 65, 511, 128), "fp16", "normal:1", 103, 0, 16),
+    (2, 128, 4000, 2048, (2048, 900), "bf16", "normal:1", 104, 1, 1),  # SGLang's deterministic mode
+    (1000, 16, 4000, 512, (512, *(0,) * 48, 3), "bf16", "normal:1", 105, 0, 8),  # over 992 tokens: one split
+    (8, 64, 5000, 1024, (1024, 1024, 512, 100, 1024, 7, 1000, 1024), "bf16", "rope-outliers", 106, 0, 4),
+    (24, 16, 8000, 1024, (1024,), "bf16", "normal:1", 107, 0, 2),  # a decode batch: a few splits each
+]
+
+
+def fa3_sparse_inputs(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """q (T, h, 576), the cache rows (N, 576), indices (T, topk) int32 (each token's valid rows drawn without
+    replacement, -1 past them) and the valid counts, from a recipe (checked against its CRC)."""
+    T, H, N, topk, fmt = case["batch"], case["heads"], case["rows"], case["topk"], case["format"]
+    q, _ = make_inputs(case["dist"], batch=T, heads=H, context=1, seed=case["seed"], fmt=fmt)
+    _, kv = make_inputs(case["dist"], batch=1, heads=1, context=N, seed=case["seed"] + 1000, fmt=fmt)
+    valid = np.array(case["seqlens"], np.int64)
+    rng = np.random.default_rng([case["seed"], 9])
+    idx = np.full((T, topk), -1, np.int32)
+    for t, n in enumerate(valid):
+        idx[t, :n] = rng.choice(N, int(n), replace=False)
+    got = q[:, 0], kv[0], idx, valid
+    if "input_crc" in case and input_crc(*got[:3]) != case["input_crc"]:
+        raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
+    return got
+
+
+class _Fa3Sparse(DeployedKernel):
+    def recipes(self, seed: int) -> list[dict]:
+        return [{"batch": T, "heads": H, "rows": N, "topk": topk, "seqlens": [spec[t % len(spec)] for t in range(T)],
+                 "format": fmt, "dist": dist, "seed": s + seed, "scale": _V32, "num_splits": ns, "keep": keep}
+                for T, H, N, topk, spec, fmt, dist, s, ns, keep in SPARSE_CASES]
+
+    def scale_template(self) -> dict:
+        return {"batch": 2, "heads": 16, "rows": 3000, "topk": 2048, "seqlens": [2048, 600], "format": "bf16",
+                "dist": "normal:1", "seed": 500, "scale": None, "num_splits": 0, "keep": 2}
+
+    def check(self, case: dict) -> None:
+        if case.get("format") not in ("bf16", "fp16"):
+            raise ValueError(f"format: FA3's MLA path takes bf16 or fp16, got {case.get('format')!r}")
+        topk = check_int(case["topk"], "topk", lo=1)
+        check_int(case["rows"], "rows", lo=topk)
+        if max(case["seqlens"]) > topk:
+            raise ValueError(f"seqlens: a token's valid count is at most topk ({topk})")
+        check_int(case["num_splits"], "num_splits", lo=0, hi=256)
+        check_int(case["keep"], "keep", lo=1, hi=case["batch"])
+
+    def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
+        T, H = case["batch"], case["heads"]
+        return {"out": ((case["keep"], H, D_V), np.uint16, True), "lse": ((H, T), np.uint32, True),
+                "splits": ((T,), np.int32, False)}
+
+    def label(self, case: dict) -> str:
+        return f" {case['format']} topk={case['topk']} num_splits={case['num_splits']} (out of {case['keep']} kept)"
+
+    def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+        q, rows, idx, valid = fa3_sparse_inputs(case)
+        res = fa3_mla_sparse(q, rows, idx, valid_counts=valid, scale=case["scale"], num_splits=case["num_splits"],
+                             trace=True)
+        out = []
+        if f"c{i}_splits" in arrays:
+            out.append(("splits", arrays[f"c{i}_splits"], np.array(res.trace["schedule"][0].splits, np.int32)))
+        fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16
+        return out + [stage("lse", arrays[f"c{i}_lse"], res.lse.astype(np.float32), np.float32),
+                      stage("out", arrays[f"c{i}_out"], res.out[:case["keep"]], fmt)]
+
+    def load(self, source: str | None) -> Any:
+        from ..gpu.adapters.fa3 import build_fa3
+
+        return build_fa3(source)
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        from ..gpu.adapters.fa3 import run_fa3_sparse
+
+        q, rows, idx, valid = fa3_sparse_inputs(recipe)
+        recipe = {**recipe, "scale": 576**-0.5 if recipe["scale"] is None else recipe["scale"]}
+        got, same = run_twice(lambda: run_fa3_sparse(kernel, q, rows, idx, valid, recipe, recipe["keep"]))
+        return got, {**recipe, "input_crc": input_crc(q, rows, idx), "repeat_identical": same}
+
+
+#: FA3's sparse call (DeepSeek V3.2 with a BF16 cache) as the cross-check drives it.
+FA3_MLA_SPARSE = _Fa3Sparse(
+    name="fa3-mla-sparse",
+    summary=f"FlashAttention-3's sparse MLA call (vllm-project/flash-attention {FA3_COMMIT}: vLLM's "
+            "FLASH_ATTN_MLA_SPARSE, SGLang's DSA fa3 decode), one-token pages, BF16 and FP16",
+    version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir", empty_requests=True,
+    source_help=f"a vllm-project/flash-attention checkout at {FA3_COMMIT} with CUTLASS at csrc/cutlass (git clone "
+                "--recursive), compiled here")
+

@@ -57,6 +57,7 @@ class DeployedKernel:
     source_help: str
     launch: dict[str, Any] = field(default_factory=dict)  # settings every capture of it records
     needs_source: bool = True  # False: the kernel can be found without its option (an installed package)
+    empty_requests: bool = False  # True: a request (a token of a sparse call) may have no key
 
     def recipes(self, seed: int) -> list[dict]:
         """The recipes of the case table, every case's seed shifted by `seed` (no CRC yet)."""
@@ -134,7 +135,7 @@ def check_recipe(spec: DeployedKernel, where: str, i: int, case: object, arrays:
         b, H = check_int(case["batch"], "batch", lo=1), check_int(case["heads"], "heads", lo=1)
         sq = check_int(case.get("sq", 1), "sq", lo=1)
         check_int(case["seed"], "seed", lo=0)
-        seqlens = [check_int(n, "seqlens", lo=1) for n in case["seqlens"]]
+        seqlens = [check_int(n, "seqlens", lo=0 if spec.empty_requests else 1) for n in case["seqlens"]]
         if len(seqlens) != b:
             raise ValueError(f"seqlens: {len(seqlens)} lengths for batch {b}")
         if case.get("scale") is not None:
@@ -155,5 +156,5 @@ def check_recipe(spec: DeployedKernel, where: str, i: int, case: object, arrays:
             raise CaptureError(f"{where} has no c{i}_{name} array")
         if arr.shape != shape or arr.dtype != dtype:
             raise CaptureError(f"{where}: c{i}_{name} should be {np.dtype(dtype)} {shape}, got {arr.dtype} {arr.shape}")
-    check_fits(run_bytes(batch=b, sq=sq, heads=H, context=max(seqlens), mufu_tables=True), what=where,
+    check_fits(run_bytes(batch=b, sq=sq, heads=H, context=max(1, *seqlens), mufu_tables=True), what=where,
                lower="the capture's sizes")

@@ -13,7 +13,7 @@ import numpy as np
 from ._build import CUDA_COMMON, SM90A, added_source, checkout_files, compile_extension
 from ._common import bits16, shuffled_pages
 
-__all__ = ["build_fa3", "run_fa3"]
+__all__ = ["build_fa3", "run_fa3", "run_fa3_sparse"]
 
 _WHAT = "a vllm-project/flash-attention checkout with CUTLASS at csrc/cutlass (git clone --recursive)"
 # The ten instantiations of head dims 64 x 512: {bf16, fp16} x {plain, packgqa, paged (non-TMA), paged + split,
@@ -144,3 +144,39 @@ def run_fa3(fa3, q: np.ndarray, kv: np.ndarray, recipe: dict) -> dict[str, np.nd
     res["out"] = out.reshape(b * sq, H, -1).view(torch.int16).cpu().numpy().view(np.uint16)
     res["lse"] = lse.float().contiguous().cpu().numpy().view(np.uint32)
     return res
+
+
+def run_fa3_sparse(fa3, q: np.ndarray, rows: np.ndarray, indices: np.ndarray, valid: np.ndarray, recipe: dict,
+                   keep: int) -> dict[str, np.ndarray]:
+    """FA3's sparse call as vLLM's ``FLASH_ATTN_MLA_SPARSE`` makes it (``flashattn_mla_sparse.py:215-259``): q (T,
+    h, 576) and the cache rows (N, 576) as bits of `recipe`'s format, indices (T, topk) int32 with -1 past each
+    token's `valid` count; the cache seen as pages of one token (strided views, as ``flat_kv_row_view`` gives),
+    no scheduler metadata, ``max_seqlen_k = topk``. Returns the first `keep` tokens' out (keep, h, 512), every
+    token's lse (h, T) as raw bits, and the split counts that ``get_scheduler_metadata`` gives for the same call."""
+    import torch
+
+    T, H, _ = q.shape
+    fmt, topk = recipe["format"], indices.shape[1]
+    qt, kv = bits16(torch, q, fmt), bits16(torch, rows, fmt)
+    k_rope, kv_c = kv[:, 512:].unsqueeze(1).unsqueeze(1), kv[:, :512].unsqueeze(1).unsqueeze(1)
+    cu_q = torch.arange(T + 1, dtype=torch.int32, device="cuda")
+    sl = torch.from_numpy(valid.astype(np.int32)).cuda()
+    table = torch.from_numpy(indices.astype(np.int32)).cuda()
+    out, lse, *_ = fa3.fwd(**_FWD_UNUSED, q=qt[..., 512:], k=k_rope, v=kv_c, q_v=qt[..., :512], cu_seqlens_q=cu_q,
+                           seqused_k=sl, max_seqlen_q=1, max_seqlen_k=topk, page_table=table,
+                           softmax_scale=recipe["scale"], is_causal=True, scheduler_metadata=None,
+                           num_splits=recipe["num_splits"])
+    meta = fa3.get_scheduler_metadata(
+        batch_size=T, max_seqlen_q=1, max_seqlen_k=topk, num_heads=H, num_heads_k=1, headdim=64, headdim_v=512,
+        qkv_dtype=qt.dtype, seqused_k=sl, cu_seqlens_q=cu_q, cu_seqlens_k=None, cu_seqlens_k_new=None,
+        seqused_q=None, leftpad_k=None, page_size=1, max_seqlen_k_new=0, is_causal=True, window_size_left=-1,
+        window_size_right=-1, has_softcap=False, num_splits=recipe["num_splits"], pack_gqa=None, sm_margin=0)
+    torch.cuda.synchronize()
+    res = {"out": out[:keep].contiguous().view(torch.int16).cpu().numpy().view(np.uint16),
+           "lse": lse.float().contiguous().cpu().numpy().view(np.uint32)}
+    m = meta.cpu().numpy()
+    rounded = -(-T // 4) * 4  # as run_fa3: the metadata holds the split counts when the launch splits dynamically
+    if (m.size - 1) // rounded - 1 == 1:
+        res["splits"] = m[rounded:rounded + T].astype(np.int32)
+    return res
+

@@ -1,7 +1,8 @@
-"""FlashAttention-3's MLA decode (vllm-project/flash-attention, ``hopper/``): the kernel (:mod:`.mla`) and its
-split choice (:mod:`.scheduler`)."""
+"""FlashAttention-3's MLA decode (vllm-project/flash-attention, ``hopper/``): the kernel (:mod:`.mla`), its
+split choice (:mod:`.scheduler`) and the sparse call of DeepSeek V3.2 (:mod:`.sparse`)."""
 
 from .mla import FA3_COMMIT, fa3_mla, fa3_mla_decode
 from .scheduler import fa3_schedule
+from .sparse import fa3_mla_sparse
 
-__all__ = ["fa3_mla", "fa3_mla_decode", "fa3_schedule", "FA3_COMMIT"]
+__all__ = ["fa3_mla", "fa3_mla_decode", "fa3_mla_sparse", "fa3_schedule", "FA3_COMMIT"]

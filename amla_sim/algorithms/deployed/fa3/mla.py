@@ -87,6 +87,7 @@ def fa3_mla(
     varlen_q: bool = True,
     num_sms: int = 132,
     splits: Sequence[int] | None = None,
+    max_seqlen_k: int | None = None,
     softcap: float = 0.0,
     window_size: tuple[int, int] = (-1, -1),
     machine: str | Machine = "sm90-cuda",
@@ -101,14 +102,17 @@ def fa3_mla(
     full CUDA graphs passes 32; 1: batch-invariant). pack_gqa: None, the kernel's choice. varlen_q: the call
     passes ``cu_seqlens_q`` (vLLM) rather than only ``cache_seqlens`` (SGLang's ``flash_attn_with_kvcache``).
     splits: per request, a split count in place of the prepare kernel's (a what-if; each m-block's blocks are cut
-    into that many as the kernel cuts them). softcap and window_size: refused unless off (vLLM's build has neither). Returns ``.out`` (b, s_q, h, 512) in
-    the input format and ``.lse`` in the kernel's layout, natural log: (h, b * s_q) with `varlen_q`, else (b, h,
-    s_q); with `trace`, the
-    schedule (``schedule``) and per request each m-block's split ranges (``split_blocks``).
+    into that many as the kernel cuts them). max_seqlen_k: the call's (None: the longest request; at least that);
+    a request of 0 keys (``seqused_k`` 0) writes out 0 and LSE -inf. softcap and window_size: refused unless off
+    (vLLM's build has neither). Returns ``.out`` (b, s_q, h, 512) in the input format and ``.lse`` in the kernel's
+    layout, natural log: (h, b * s_q) with `varlen_q`, else (b, h, s_q); with `trace`, the schedule
+    (``schedule``) and per request each m-block's split ranges (``split_blocks``).
     """
     mc = get_machine(machine)
-    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"))
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"), empty=True)
     sm = softmax_scale(scale)
+    if max_seqlen_k is not None:
+        check_int(max_seqlen_k, "max_seqlen_k", lo=max(1, int(lens.max())))
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=page_size, causal=causal, pack_gqa=pack_gqa,
                   varlen_q=varlen_q, softcap=softcap, window_size=window_size)
     fmt = get_format(qa.dtype).name
@@ -118,7 +122,7 @@ def fa3_mla(
     if is_causal:
         check_causal_lengths(lens, s_q, kernel="fa3-mla")
     sched = fa3_schedule(lens, s_q=s_q, heads=H, num_splits=num_splits, causal=is_causal, pack_gqa=pack_gqa,
-                         page_size=page_size, varlen_q=varlen_q, num_sms=num_sms)
+                         page_size=page_size, varlen_q=varlen_q, num_sms=num_sms, max_seqlen_k=max_seqlen_k)
     if splits is not None:
         given = [check_int(n, "splits", lo=1, hi=256) for n in np.asarray(splits).ravel().tolist()]
         if len(given) != b:

@@ -129,11 +129,13 @@ class Fa3Schedule:
 
 def fa3_schedule(seqlens: list[int], *, s_q: int, heads: int, num_splits: int = 0, causal: bool = False,
                  pack_gqa: bool | None = None, page_size: int | None = 16, varlen_q: bool = True,
-                 num_sms: int = 132) -> Fa3Schedule:
+                 num_sms: int = 132, max_seqlen_k: int | None = None) -> Fa3Schedule:
     """What ``mha_fwd`` decides for a launch: the split bound and each request's count, pack-GQA (the kernel packs
-    whenever it splits or gathers pages with cp.async), and whether pages go through TMA."""
+    whenever it splits or gathers pages with cp.async), and whether pages go through TMA. max_seqlen_k: the
+    call's ``max_seqlen_k`` (``params.seqlen_k``, which the bound is computed from; None: the longest request;
+    the sparse call passes topk, ``flash_api.cpp:835``)."""
     tma = pagedkv_tma(page_size, s_q, heads)
-    bound = launch_splits(max(seqlens), s_q=s_q, heads=heads, num_splits=num_splits, causal=causal,
+    bound = launch_splits(max(seqlens) if max_seqlen_k is None else max_seqlen_k, s_q=s_q, heads=heads, num_splits=num_splits, causal=causal,
                           batch=len(seqlens), num_sms=num_sms)
     pack = should_pack_gqa(varlen_q, s_q, heads) if pack_gqa is None else bool(pack_gqa)
     pack = pack or bound > 1 or (page_size is not None and not tma)
