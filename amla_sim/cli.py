@@ -111,9 +111,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .resources import check_fits, run_bytes
 
     mc = get_machine(args.machine)
-    _, name, spec_options = parse_algorithm(args.algorithm)
+    try:
+        _, name, spec_options = parse_algorithm(args.algorithm)
+    except ValueError as e:  # name the flag the user wrote
+        raise type(e)("--algorithm: " + str(e).removeprefix("algorithms: ")) from None
     args.algorithm = name
     _check_options(args)
+    if args.max_memory is not None and args.max_memory >= 2**33:  # bytes past an int64
+        raise ValueError(f"--max-memory: expected fewer than {2**33} GiB, got {args.max_memory:g}")
     need = run_bytes(batch=args.batch, sq=args.sq, heads=args.heads, context=args.context,
                      mufu_tables=mc.exponential.mode == "sm90" or mc.division.mode == "sm90")
     check_fits(need, what=f"run (b={args.batch}, s_q={args.sq}, G={args.heads}, context={args.context})",
@@ -326,7 +331,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .crosscheck.files import read_capture
 
     sides = []
-    for path in (args.device, args.simulated):
+    for arg, path in (("device", args.device), ("simulated", args.simulated)):
+        if not path:
+            raise ValueError(f"{arg}: expected a .npz file, got ''")
         meta, arrays = read_capture(path, what="compare", need_meta=False)
         # np.save writes ml_dtypes' types as raw void words: read them as the bits they are
         sides.append({k: (a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "V" else a) for k, a in arrays.items()})
@@ -358,29 +365,45 @@ def _stage_format(text: str) -> tuple[str, str]:
     name, eq, fmt = text.partition("=")
     if not eq or not name or not fmt:
         raise argparse.ArgumentTypeError(f"expected STAGE=FORMAT such as out=bf16, got {text!r}")
-    get_format(fmt, argname="--format")
+    try:
+        get_format(fmt, argname=f"stage {name}")
+    except ValueError as e:  # (argparse would say only "invalid value")
+        raise argparse.ArgumentTypeError(str(e)) from None
     return name, fmt
 
 
 def _floats(text: str, argname: str) -> list[float]:
     try:
-        return [float(t) for t in text.split(",") if t.strip()]
+        return [float(t) for t in text.split(",")]
     except ValueError:
         raise ValueError(f"{argname}: expected comma-separated numbers such as 3,2,4, got {text!r}") from None
 
 
 def _cmd_pipeline(args: argparse.Namespace) -> int:
     from .pipeline import construct_cycle, simulate
+    from .plots import GANTT_MAX_STAGES
 
-    cube, vector = _floats(args.cube, "cube"), _floats(args.vector, "vector")
-    if args.plot:
-        _check_output_file(args.plot, "--plot")
+    cube, vector = _floats(args.cube, "--cube"), _floats(args.vector, "--vector")
+    if args.plot is not None:
+        _check_output_file(args.plot, "--plot", suffix=".png")
+        if 2 * len(cube) * args.cycles > GANTT_MAX_STAGES:  # every stage a labelled bar: unreadable, and slow
+            raise ValueError(f"--plot: a Gantt chart of at most {GANTT_MAX_STAGES} stages (2 x pairs x cycles), "
+                             f"got 2 x {len(cube)} x {args.cycles}; lower --cycles, or leave out --plot")
     from .resources import check_fits, pipeline_bytes
 
     check_fits(pipeline_bytes(pairs=len(cube), cycles=args.cycles), what=f"pipeline --cycles {args.cycles}",
                lower="--cycles")
-    cycle = construct_cycle(cube, vector)
-    tl = simulate(cube, vector, cycle, iterations=args.cycles)
+    try:
+        cycle = construct_cycle(cube, vector)
+        tl = simulate(cube, vector, cycle, iterations=args.cycles)
+    except ValueError as e:  # the library's argument names as the flags
+        text = str(e)
+        for arg, flag in (("cube and vector", "--cube and --vector"), ("cube", "--cube"), ("vector", "--vector"),
+                          ("iterations", "--cycles")):
+            if text.startswith(f"{arg}:"):
+                text = flag + text[len(arg):]
+                break
+        raise ValueError(text) from None
     report = {
         "case": cycle.case,
         "k": cycle.k,
@@ -415,8 +438,11 @@ def _cmd_roofline(args: argparse.Namespace) -> int:
 
     rows = [{"variant": s.name, "q_heads": s.n1, "kv_heads": s.n2, "s_q": s.s1, "intensity": intensity(s),
              "paper": paper} for s, paper in TABLE2]
-    thr = compute_bound_threshold(args.peak, args.bandwidth)
-    exact = compute_bound_threshold(args.peak, args.bandwidth, flashmla_approximation=False)
+    try:
+        thr = compute_bound_threshold(args.peak, args.bandwidth)
+        exact = compute_bound_threshold(args.peak, args.bandwidth, flashmla_approximation=False)
+    except ValueError as e:
+        raise ValueError(str(e).replace("peak_tflops and bandwidth_tbs", "--peak and --bandwidth", 1)) from None
     if args.json:
         print(dumps_strict({"table2": rows, "threshold_hq_sq": thr, "threshold_hq_sq_exact": exact}, indent=2))
         return 0
@@ -425,34 +451,53 @@ def _cmd_roofline(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"  {r['variant']:20s} {r['q_heads']:7d} {r['kv_heads']:8d} {r['s_q']:4d} {r['intensity']:8.1f}"
               f" {r['paper']:>6}")
-    print(f"compute-bound when h_q s_q >= {thr:.1f} at {args.peak:g} TFLOP/s and {args.bandwidth:g} TB/s "
-          f"(FlashMLA's (Dk + Dv)/Dk ~ 2; exactly 1.89: {exact:.1f})")
+    def num(x: float) -> str:  # one decimal where that reads well, else three digits and an exponent
+        return f"{x:.1f}" if 0.05 <= x < 1e6 else f"{x:.3g}"
+
+    print(f"compute-bound when h_q s_q >= {num(thr)} at {args.peak:g} TFLOP/s and {args.bandwidth:g} TB/s "
+          f"(FlashMLA's (Dk + Dv)/Dk ~ 2; exactly 1.89: {num(exact)})")
     return 0
 
 
-def _check_output_file(path: str, flag: str) -> None:
-    parent = Path(path).resolve().parent
+def _check_output_file(path: str, flag: str, suffix: str | None = None) -> None:
+    """A file the command will write: a name (with `suffix`, where the format follows it) in a folder that exists,
+    and not a folder or a device (the file is replaced whole)."""
+    p = Path(path)
+    if not path:
+        raise ValueError(f"{flag}: expected a file name, got ''")
+    if p.is_dir():
+        raise ValueError(f"{flag}: {path} is a folder; name a file in it")
+    if p.exists() and not p.is_file():
+        raise ValueError(f"{flag}: {path} is not a regular file")
+    if suffix is not None and p.suffix.lower() != suffix:
+        raise ValueError(f"{flag}: expected a file name ending in {suffix}, got {path!r}")
+    parent = p.resolve().parent
     if not parent.is_dir():
         raise ValueError(f"{flag}: the folder {parent} does not exist")
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from .experiments.sweep import check_table, markdown, run_table
+    from .experiments.sweep import check_table, run_table, table_markdown
     from .experiments.tables import TABLES
 
-    names = sorted(TABLES) if args.table == "all" else [t.strip() for t in args.table.split(",")]
+    names = [t.strip() for t in args.table.split(",")]
+    if "all" in names and len(names) > 1:
+        raise ValueError(f"table: 'all' (every table) stands alone, got {args.table!r}")
+    names = sorted(TABLES) if names == ["all"] else names
     bad = [n for n in names if n not in TABLES]
     if bad:  # every name checked before any work
         raise ValueError(f"table: expected names from {sorted(TABLES)} or 'all', got {bad[0]!r}")
+    if not args.out:
+        raise ValueError("--out: expected a folder, got ''")
     for name in dict.fromkeys(names):  # and every table's settings
         check_table(name, context=args.context, heads=args.heads, machine=args.machine, schedule=args.schedule,
-                    algorithms=args.algorithms or ())
+                    algorithms=args.algorithms or (), samples=args.samples)
     for name in dict.fromkeys(names):
         res = run_table(name, out_dir=args.out, samples=args.samples, context=args.context, heads=args.heads,
                         machine=args.machine, schedule=args.schedule, seed=args.seed, jobs=args.jobs,
                         progress=not args.quiet, repair=args.repair, scheduler=args.scheduler, engine=args.engine,
                         algorithms=args.algorithms or ())
-        print(markdown(res.summary))
+        print(table_markdown(res.summary))
         if res.computed:
             ratio = (f"{res.seconds * args.jobs / res.blas_seconds:.2f}" if res.blas_seconds > 0.01 * res.seconds
                      else "n/a, BLAS time too small to compare")
@@ -486,11 +531,13 @@ def _sweep_grid(args: argparse.Namespace):
     from .experiments.tables import TABLES, table_grid
 
     given = {field: getattr(args, flag) for flag, field in _GRID_FLAGS.items() if getattr(args, flag) is not None}
+    if args.grid == "":
+        raise ValueError("--grid: expected a TOML file or a table name, got ''")
     if args.grid is None:
         if "algorithms" not in given:
             raise ValueError("algorithms: give --algorithms (e.g. base,amla) or a --grid file")
         return Grid(**given)
-    if args.grid in TABLES and not Path(args.grid).exists():
+    if args.grid in TABLES and not Path(args.grid).is_file():  # (a folder of that name is not a grid file)
         grid = table_grid(args.grid)
     else:
         grid = load_grid(args.grid)
@@ -501,12 +548,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from .experiments.grid import run_grid
 
     grid = _sweep_grid(args)
+    if not args.out:
+        raise ValueError("--out: expected a folder, got ''")
     res = run_grid(grid, out_dir=args.out, scheduler=args.scheduler, jobs=args.jobs, engine=args.engine,
                    progress=not args.quiet, repair=args.repair,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
-    from .experiments.grid import markdown
+    from .experiments.grid import grid_markdown
 
-    print(markdown(res.summary))
+    print(grid_markdown(res.summary))
     cells = len(grid.cells())
     print(f"{res.computed} new tasks ({cells} cells x {grid.samples} samples in all) in {res.seconds:.1f} s")
     print(f"files: {res.out_dir}/results.csv, grid.json, summary.json, summary.md, errors.png")

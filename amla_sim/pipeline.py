@@ -16,6 +16,7 @@ they all finish within the Cycle (Eq. 20). The Vector-dominated case is the same
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -153,12 +154,16 @@ def simulate(cube: Sequence[float], vector: Sequence[float], cycle: Cycle, *, it
         raise ValueError(f"cycle: built for {n} pairs, durations have {len(c)}")
     if not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"iterations: expected a positive int, got {iterations!r}")
+    if sum(c) + sum(v) > sys.float_info.max / iterations:  # a bound of the total time
+        raise ValueError(f"cube and vector: {iterations} iterations of these durations overflow a float")
     lags = cycle.lags()
     queues: dict[str, list[tuple[int, int, int, int]]] = {"cube": [], "vector": []}  # (cycle, pos, t, p)
+    position = {"cube": {i: k for k, i in enumerate(cycle.cube_order)},
+                "vector": {i: k for k, i in enumerate(cycle.vector_order)}}
     for t in range(iterations):
         for p in range(2 * n):
-            unit, order = ("cube", cycle.cube_order) if p % 2 == 0 else ("vector", cycle.vector_order)
-            queues[unit].append((t + lags[p], order.index(p // 2), t, p))
+            unit = "cube" if p % 2 == 0 else "vector"
+            queues[unit].append((t + lags[p], position[unit][p // 2], t, p))
     for q in queues.values():
         q.sort()
     end: dict[tuple[int, int], float] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,16 @@ def save_png(fig: Any, path: str | Path) -> None:
     atomic_write(Path(path), buf.getvalue())
 
 
-def gantt(timeline: Any, path: str, *, title: str = "") -> None:
-    """A Gantt chart of a :class:`amla_sim.pipeline.Timeline`: Cube and Vector rows, Preload shaded."""
+def error_bar(sem: float | None) -> float:
+    """An error bar's half-length: the standard error where there is a finite one, else 0."""
+    return sem if sem is not None and math.isfinite(sem) else 0.0
+
+
+GANTT_MAX_STAGES = 600  # a chart labels every stage instance: more are unreadable, and take minutes to draw
+
+
+def gantt(timeline: Any, path: str | Path, *, title: str = "") -> None:
+    """A Gantt chart of a :class:`amla_sim.pipeline.Timeline` as a PNG: Cube and Vector rows, Preload shaded."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(12, 2.6))
     colors = {"C": "#4C72B0", "V": "#DD8452"}
@@ -45,5 +54,4 @@ def gantt(timeline: Any, path: str, *, title: str = "") -> None:
     ax.set_xlabel("time")
     ax.set_title(title or "Preload pipeline (pale: Preload and drain)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path)

@@ -62,6 +62,9 @@ def compute_bound_threshold(
         if not (v > 0 and v != float("inf")):
             raise ValueError(f"{name}: expected a positive finite number, got {v!r}")
     ratio = peak_tflops / bandwidth_tbs  # FLOPs per byte the machine balances at
+    if not 0 < ratio < float("inf"):
+        raise ValueError(f"peak_tflops and bandwidth_tbs: their ratio ({peak_tflops!r} / {bandwidth_tbs!r}) is "
+                         "past the float range")
     return ratio / (2.0 if flashmla_approximation else (dk + dv) / dk)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -14,7 +15,8 @@ import pytest
 
 from amla_sim.cli import main
 from amla_sim.experiments import schedulers
-from amla_sim.experiments.grid import Grid, load_grid, run_grid
+from amla_sim.experiments.grid import METRICS, Grid, grid_markdown, load_grid, plot_grid, run_grid, summarize_grid
+from amla_sim.experiments.metrics import sample_stats
 from amla_sim.experiments.sweep import run_table
 from amla_sim.experiments.tables import TABLES, table_grid
 
@@ -57,7 +59,7 @@ def test_flags_and_toml_give_the_same_files(tmp_path, clean, capsys):
     summary = json.loads(clean["summary.json"])
     assert len(summary["cells"]) == 2 * 2 * 2 * 2  # machines x dists x contexts x algorithms
     cell = summary["cells"][0]
-    assert cell["n"] == 3 and set(cell["rel_frobenius"]) == {"mean", "median", "sem"}
+    assert cell["n"] == 3 and set(cell["rel_frobenius"]) == {"mean", "median", "sem", "nan", "inf"}
     assert len(clean["results.csv"].splitlines()) == 1 + 8 * 3 * 2
 
 
@@ -149,6 +151,63 @@ def test_bad_toml_names_the_problem(tmp_path, text, word):
     (tmp_path / "g.toml").write_text(text)
     with pytest.raises((ValueError, TypeError), match=word):
         load_grid(tmp_path / "g.toml")
+
+
+# --- NaN and infinite metrics -----------------------------------------------------------------------------
+
+NAN, INF = math.nan, math.inf
+
+
+@pytest.mark.parametrize("values, want", [
+    ([NAN, NAN], {"mean": NAN, "median": NAN, "sem": None, "nan": 2, "inf": 0}),
+    ([1.0, NAN, 3.0], {"mean": 2.0, "median": 2.0, "sem": 1.0, "nan": 1, "inf": 0}),
+    ([INF, 2.0, -INF], {"mean": 2.0, "median": 2.0, "sem": None, "nan": 0, "inf": 2}),
+    ([1.5e308, 1.5e308], {"mean": 1.5e308, "median": 1.5e308, "sem": 0.0, "nan": 0, "inf": 0}),
+    ([1.5e308, -1.5e308], {"mean": 0.0, "median": 0.0, "sem": INF, "nan": 0, "inf": 0}),
+])
+def test_sample_stats_are_over_the_finite_samples(values, want):
+    assert {k: repr(v) for k, v in sample_stats(values).items()} == {k: repr(v) for k, v in want.items()}
+
+
+@pytest.mark.parametrize("values, mean", [
+    ([NAN, NAN, NAN], "nan (NaN in 3 of 3 samples)"),
+    ([1e-3, INF, NAN], "1.0000e-03 (NaN in 1, inf in 1 of 3 samples)"),
+    ([INF, INF, INF], "nan (inf in 3 of 3 samples)"),
+])
+def test_a_cell_with_nonfinite_samples_is_summarised_said_and_not_plotted(tmp_path, values, mean):
+    """Such a cell is an entry of the summary and the table (which says so), and no point of the plot."""
+    grid = Grid(algorithms=("base",), machines=("ieee32",), contexts=(64, 128), heads=(4,), samples=3)
+    rows = [{"machine": "ieee32", "distribution": "normal:1", "context": c, "heads": 4, "sq": 1, "block": 64,
+             "sample": s, "algorithm": "base", **dict.fromkeys(METRICS, v if c == 64 else 1e-3)}
+            for c in (64, 128) for s, v in enumerate(values)]
+    summary = summarize_grid(grid, rows)
+    cell = summary["cells"][0]["rel_frobenius"]
+    assert (cell["nan"], cell["inf"]) == (sum(map(math.isnan, values)), sum(map(math.isinf, values)))
+    md = grid_markdown(summary)
+    assert f"| 64 | base | 3 | {mean} |" in md and "| 128 | base | 3 | 1.0000e-03 |" in md
+    assert md.rstrip().endswith("(nan where no sample is finite).")
+    assert plot_grid(summary, tmp_path / "errors.png") and (tmp_path / "errors.png").stat().st_size > 0
+
+
+def test_a_plot_of_nan_cells_alone_has_no_legend_and_no_warning(tmp_path):
+    grid = Grid(algorithms=("base",), machines=("ieee32",), contexts=(64,), heads=(4,), samples=1)
+    rows = [{"machine": "ieee32", "distribution": "normal:1", "context": 64, "heads": 4, "sq": 1, "block": 64,
+             "sample": 0, "algorithm": "base", **dict.fromkeys(METRICS, NAN)}]
+    assert plot_grid(summarize_grid(grid, rows), tmp_path / "errors.png")  # (a warning is an error here)
+
+
+def test_a_sweep_with_nan_metrics_writes_its_files_and_resumes(tmp_path, capsys):
+    """Naive softmax overflows on U(-60, 60): every sample's metrics are NaN, on the first run and the re-run."""
+    argv = ["sweep", "--algorithms", "naive,base", "--machines", "ieee32", "--dists", "uniform:60", "--contexts",
+            "64", "--heads", "4", "--samples", "2", "--quiet", "--out", str(tmp_path)]
+    for new in (2, 0):
+        assert main(argv) == 0
+        assert f"{new} new tasks" in capsys.readouterr().out
+        md = (tmp_path / "summary.md").read_text()
+        assert "| naive | 2 | nan (NaN in 2 of 2 samples) | nan | - |" in md
+        cells = {c["algorithm"]: c["rel_frobenius"] for c in json.loads((tmp_path / "summary.json").read_text())["cells"]}
+        assert cells["naive"] == {"mean": "nan", "median": "nan", "sem": None, "nan": 2, "inf": 0}
+        assert cells["base"]["nan"] == 0 and (tmp_path / "errors.png").exists()
 
 
 # --- Dask ----------------------------------------------------------------------------------------------------

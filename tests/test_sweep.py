@@ -1,11 +1,13 @@
 """Reproduction sweeps: the public summary, resumption after an interruption, and independence from --jobs."""
 
 import json
+import math
 
 import pytest
 
 from amla_sim.cli import main
-from amla_sim.experiments.sweep import run_table
+from amla_sim.experiments.sweep import plot_table, run_table, summarize_table, table_markdown
+from amla_sim.experiments.tables import TABLE_METRICS, TABLES
 
 SMALL = dict(samples=2, context=256, heads=8, progress=False)
 
@@ -78,3 +80,56 @@ def test_etap_table_small(tmp_path):
     rows = {r["algorithm"]: r for r in res.summary["rows"]}
     assert rows["etap"]["paper"] == 1.25e-5 and rows["fa3-base"]["paper"] == 1.9e-4
     assert 0 < rows["etap"]["ours"] < 1e-2
+
+
+NAN, INF = math.nan, math.inf
+
+
+def _summary(name, values):
+    """A table's summary of synthetic samples: the first distribution's `values` (each metric), 1e-3 elsewhere."""
+    table = TABLES[name]
+    first = table.distributions[0][0]
+    tasks = {(d, s): [{"distribution": d, "sample": s, "algorithm": a,
+                       **dict.fromkeys(TABLE_METRICS, v if d == first else 1e-3)} for a in table.algorithms]
+             for d, _ in table.distributions for s, v in enumerate(values)}
+    return summarize_table(table, tasks, samples=len(values), context=64, heads=4, machine="ieee32", seed=0)
+
+
+@pytest.mark.parametrize("name, values, ours, worst", [
+    ("amla-table3", [NAN, NAN], "| N(0, 1) | base | nan (NaN in 2 of 2 samples) | - |", 0),
+    ("amla-table3", [2e-3, NAN, 1e-3], "| N(0, 1) | base | 1.500e-03 (NaN in 1 of 3 samples) | 5.0e-04 |", 1),
+    ("amla-table3", [INF, 1e-3], "| N(0, 1) | base | 1.000e-03 (inf in 1 of 2 samples) | - |", 0),
+    ("snapmla-configs", [NAN, INF, 1e-3],
+     "| FlashMLA test inputs | snapmla | " + " | ".join(["1.000e-03 (NaN in 1, inf in 1 of 3 samples)"] * 3) + " |", 0),
+])
+def test_a_table_cell_with_nonfinite_samples_is_summarised_said_and_not_plotted(tmp_path, name, values, ours, worst):
+    """The table's metric over the finite samples, the NaN and inf counts, the worst sample (a NaN first), a note
+    in the Markdown table, and a plot without that point."""
+    summary = _summary(name, values)
+    row = summary["rows"][0]
+    assert (row["nan"], row["inf"], row["samples"]) == (sum(map(math.isnan, values)), sum(map(math.isinf, values)),
+                                                        len(values))
+    assert row["worst_sample"] == worst
+    md = table_markdown(summary)
+    assert ours in md and md.rstrip().endswith("(nan where no sample is finite).")
+    assert plot_table(summary, tmp_path / "table.png") and (tmp_path / "table.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["amla-table3", "snapmla-configs"])
+def test_a_plot_of_nan_rows_alone_has_no_legend_and_no_warning(tmp_path, name):
+    summary = _summary(name, [NAN])
+    summary["rows"] = summary["rows"][:1]
+    assert plot_table(summary, tmp_path / "table.png")  # (a warning is an error here)
+
+
+def test_reproduce_with_a_nan_column_writes_its_files_and_resumes(tmp_path, capsys):
+    """Naive softmax overflows on U(-60, 60): a column of NaN, on the first run and the re-run."""
+    argv = ["reproduce", "amla-table4", "--algorithms", "naive", "--machine", "ieee32", "--samples", "2",
+            "--context", "64", "--heads", "4", "--quiet", "--out", str(tmp_path)]
+    for _ in range(2):
+        assert main(argv) == 0
+        assert "| U(-60, 60) | naive | nan (NaN in 2 of 2 samples) |" in capsys.readouterr().out
+        rows = {(r["distribution"], r["algorithm"]): r
+                for r in json.loads((tmp_path / "amla-table4" / "summary.json").read_text())["rows"]}
+        assert rows[("U(-60, 60)", "naive")]["ours"] == "nan" and rows[("U(-60, 60)", "naive")]["nan"] == 2
+        assert (tmp_path / "amla-table4" / "table.png").exists()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -30,9 +29,10 @@ from ..engine import use_engine
 from ..formats import get_format, round_to
 from ..machines import Machine, get_machine
 from ..plugins import PluginError, call_algorithm, get_algorithm
+from ..resources import ResourceError, available_bytes, run_bytes
 from ..schedules import get_schedule
 from .inputs import make_inputs, parse_dist
-from .metrics import all_metrics
+from .metrics import NONFINITE_FOOTNOTE, all_metrics, nonfinite_note, sample_stats
 from .schedulers import check_run, execute, progress_bar
 from .specs import parse_algorithm
 from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
@@ -86,7 +86,10 @@ class Grid:
         for m in self.machines:
             if not isinstance(m, str):
                 raise ValueError(f"machines: expected machine names, got {m!r}")
-            get_machine(m)
+            try:
+                get_machine(m)
+            except ValueError as e:
+                raise ValueError(f"machines: {str(e).removeprefix('machine: ')}") from None
         for d in self.distributions:
             if not isinstance(d, str) or not d.isprintable():
                 raise ValueError(f"distributions: expected specs like 'normal:1', got {d!r}")
@@ -111,6 +114,7 @@ class Grid:
             raise ValueError(f"metric: expected one of {METRICS}, got {self.metric!r}")
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
             raise ValueError(f"name: expected a non-empty name without '/', got {self.name!r}")
+        _check_paper(self.paper)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "grid") -> Grid:
@@ -138,6 +142,17 @@ class Grid:
     def cells(self) -> list[tuple[str, str, int, int, int, int]]:
         return [(m, d, c, h, s, b) for m in self.machines for d in self.distributions for c in self.contexts
                 for h in self.heads for s in self.sq for b in self.blocks]
+
+
+def _check_paper(paper: Any) -> None:
+    """Published values: a mapping of "distribution/algorithm" to a positive finite number."""
+    if not isinstance(paper, Mapping):
+        raise ValueError(f"paper: expected a table of \"distribution/algorithm\" = value, got {paper!r}")
+    for key, value in paper.items():
+        if not isinstance(key, str) or "/" not in key:
+            raise ValueError(f"paper: expected keys like \"normal:1/amla\", got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"paper: {key!r}: expected a positive finite number, got {value!r}")
 
 
 @dataclass
@@ -228,6 +243,28 @@ def _check_runs(grid: Grid) -> None:
     check_runs(grid.algorithms, grid.machines, grid.blocks, schedule=grid.schedule, input_format=grid.input_format)
 
 
+_ROW_BYTES = 3 << 10  # a row while a sweep runs: the store's strings, its task and its parsed copy (2.4 KB measured)
+
+
+def check_sweep_memory(*, rows: int, shapes: Iterable[tuple[int, int, int]], machines: Iterable[str], jobs: int,
+                 what: str, lower_size: str, lower_rows: str) -> None:
+    """Refuse, before any work, a sweep that would not fit in this machine's memory: `jobs` samples at once of its
+    largest (heads, s_q, context) on its machines (jobs 0: the samples run elsewhere), or its `rows` (every row
+    is held while it runs). lower_size, lower_rows: the arguments that lower each, named in the message."""
+    have = available_bytes()
+    if jobs:
+        sm90 = any(mc.exponential.mode == "sm90" or mc.division.mode == "sm90" for mc in map(get_machine, machines))
+        need, (h, sq, c) = max((run_bytes(batch=1, sq=sq, heads=h, context=c, mufu_tables=sm90), (h, sq, c))
+                               for h, sq, c in shapes)
+        if need * jobs > have:
+            raise ResourceError(f"{what}: {jobs} sample(s) at once of heads {h}, s_q {sq}, context {c} need about "
+                                f"{need * jobs / 2**30:.1f} GiB of memory and {have / 2**30:.1f} GiB is available; "
+                                f"lower {lower_size}")
+    if rows * _ROW_BYTES > have:
+        raise ResourceError(f"{what}: {rows} result rows need about {rows * _ROW_BYTES / 2**30:.1f} GiB of memory "
+                            f"and {have / 2**30:.1f} GiB is available; lower {lower_rows}")
+
+
 # --- summary ----------------------------------------------------------------------------------------------
 
 
@@ -242,8 +279,9 @@ def _parse_row(values: tuple[str, ...]) -> dict[str, Any]:
     return row
 
 
-def summarize(grid: Grid, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Per cell and algorithm over samples < grid.samples: n, mean, median and standard error of each metric."""
+def summarize_grid(grid: Grid, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Per cell and algorithm over samples < grid.samples: n, and of each metric the mean, median and standard
+    error over the finite samples, with how many were NaN and how many infinite (:func:`.metrics.sample_stats`)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         if r["sample"] < grid.samples:
@@ -258,9 +296,7 @@ def summarize(grid: Grid, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         entry: dict[str, Any] = dict(zip(order, key))
         entry["n"] = len(rs)
         for m in METRICS:
-            vals = [r[m] for r in rs]
-            entry[m] = {"mean": statistics.fmean(vals), "median": statistics.median(vals),
-                        "sem": statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else None}
+            entry[m] = sample_stats(r[m] for r in rs)
         paper = grid.paper.get(f"{entry['distribution']}/{entry['algorithm']}")
         if paper is not None:
             entry["paper"] = paper
@@ -269,9 +305,10 @@ def summarize(grid: Grid, rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "cells": cells}
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    """The summary as a Markdown table: a column for each axis the grid varies (an axis of one value is said
-    once, above the table), then the algorithm and the metric's statistics."""
+def grid_markdown(summary: dict[str, Any]) -> str:
+    """A grid's summary as a Markdown table: a column for each axis the grid varies (an axis of one value is said
+    once, above the table), then the algorithm and the metric's statistics; a mean over fewer samples than n
+    (some NaN or infinite) says so."""
     g = summary["grid"]
     metric = g["metric"]
     has_paper = any("paper" in c for c in summary["cells"])
@@ -290,19 +327,23 @@ def markdown(summary: dict[str, Any]) -> str:
         s = c[metric]
         sem = "-" if s["sem"] is None else f"{s['sem']:.2e}"
         cols = [str(c[key]) for key, _ in varied]
-        cols += [c["algorithm"], str(c["n"]), f"{s['mean']:.4e}", f"{s['median']:.4e}", sem]
+        cols += [c["algorithm"], str(c["n"]), f"{s['mean']:.4e}{nonfinite_note(s, c['n'])}", f"{s['median']:.4e}",
+                 sem]
         if has_paper:
             p = c.get("paper")
             cols += ["-", "-"] if p is None else [f"{p:.3g}", f"{s['mean'] / p:.3f}"]
         lines.append("| " + " | ".join(cols) + " |")
+    if any(c[metric]["nan"] or c[metric]["inf"] for c in summary["cells"]):
+        lines += ["", NONFINITE_FOOTNOTE]
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict[str, Any], path: Path) -> bool:
-    """Error against context: one panel per (machine, algorithm), one line per distribution (and per heads,
-    s_q and block where the grid has several); bars are the standard error. False without matplotlib."""
+def plot_grid(summary: dict[str, Any], path: Path) -> bool:
+    """A grid's error against context: one panel per (machine, algorithm), one line per distribution (and per
+    heads, s_q and block where the grid has several); bars are the standard error; a cell whose mean is not
+    finite has no point. False without matplotlib."""
     try:
-        from ..plots import _pyplot, save_png
+        from ..plots import _pyplot, error_bar, save_png
 
         plt = _pyplot()
     except RuntimeError:
@@ -313,18 +354,23 @@ def plot(summary: dict[str, Any], path: Path) -> bool:
                              squeeze=False, sharex=True, sharey=True)
     extra = [cell_key for cell_key, grid_key in (("heads", "heads"), ("sq", "sq"), ("block", "blocks"))
              if len(g[grid_key]) > 1]  # named in the legend only where the grid varies them
+
+    def label(c: dict[str, Any]) -> str:
+        return " ".join([c["distribution"], *(f"{k}={c[k]}" for k in extra)])
+
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {lab: cycle[k % len(cycle)] for k, lab in enumerate(dict.fromkeys(map(label, summary["cells"])))}
     for i, mach in enumerate(machines):
         for j, alg in enumerate(algs):
             ax = axes[i][j]
             lines: dict[str, list] = {}
             for c in summary["cells"]:
-                if c["machine"] == mach and c["algorithm"] == alg:
-                    label = " ".join([c["distribution"], *(f"{k}={c[k]}" for k in extra)])
-                    lines.setdefault(label, []).append(c)
-            for label, cs in lines.items():
+                if c["machine"] == mach and c["algorithm"] == alg and math.isfinite(c[metric]["mean"]):
+                    lines.setdefault(label(c), []).append(c)
+            for lab, cs in lines.items():  # a line keeps its colour in every panel, whichever others are empty
                 cs.sort(key=lambda c: c["context"])
-                ax.errorbar([c["context"] for c in cs], [c[metric]["mean"] for c in cs],
-                            yerr=[c[metric]["sem"] or 0.0 for c in cs], marker="o", ms=3, capsize=2, label=label)
+                ax.errorbar([c["context"] for c in cs], [c[metric]["mean"] for c in cs], color=colour[lab],
+                            yerr=[error_bar(c[metric]["sem"]) for c in cs], marker="o", ms=3, capsize=2, label=lab)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"{alg} on {mach}", fontsize=8)
@@ -332,7 +378,10 @@ def plot(summary: dict[str, Any], path: Path) -> bool:
                 ax.set_xlabel("context")
             if j == 0:
                 ax.set_ylabel(metric)
-    axes[0][-1].legend(fontsize=6)
+    legend = {lab: h for ax in axes.flat for h, lab in zip(*ax.get_legend_handles_labels())}
+    if legend:  # every panel's lines (a panel whose cells are all NaN has none), in the grid's order
+        order = [lab for lab in colour if lab in legend]
+        axes[0][-1].legend([legend[lab] for lab in order], order, fontsize=6)
     fig.tight_layout()
     save_png(fig, path)
     return True
@@ -350,6 +399,11 @@ def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs:
     LocalCluster workers. max_tasks: stop after computing this many new tasks (as an interruption would).
     """
     jobs = check_run(scheduler, jobs, engine)
+    lists = (grid.machines, grid.distributions, grid.contexts, grid.heads, grid.sq, grid.blocks, grid.algorithms)
+    check_sweep_memory(rows=math.prod(map(len, lists)) * grid.samples,
+                       shapes=[(h, sq, c) for h in grid.heads for sq in grid.sq for c in grid.contexts],
+                       machines=grid.machines, jobs=jobs if scheduler in ("local", "dask") else 0, what="sweep",
+                       lower_size="contexts, heads, sq or jobs", lower_rows="samples, or the grid's lists")
     _check_runs(grid)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -375,10 +429,10 @@ def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs:
         bar.close()
         seconds = time.perf_counter() - t0
         store.compact(sorted(store.rows, key=_sort_key))
-        summary = summarize(grid, (_parse_row(values) for values in store.rows.values()))
+        summary = summarize_grid(grid, (_parse_row(values) for values in store.rows.values()))
         atomic_write(out / "summary.json", dumps_strict(summary, indent=1))
-        atomic_write(out / "summary.md", markdown(summary))
-        plot(summary, out / "errors.png")
+        atomic_write(out / "summary.md", grid_markdown(summary))
+        plot_grid(summary, out / "errors.png")
     return GridResult(grid, out, summary, len(todo), seconds)
 
 

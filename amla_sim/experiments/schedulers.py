@@ -50,7 +50,8 @@ def check_scheduler(scheduler: str) -> str:
 
 
 def check_run(scheduler: str, jobs: int, engine: str) -> int:
-    """Validate a sweep's scheduler, job count and engine before any work; the jobs to use (capped locally)."""
+    """Validate a sweep's scheduler, job count and engine before any work; the jobs to use (capped at this
+    machine's CPUs for the local processes and for a Dask LocalCluster's workers)."""
     from .._validate import check_positive_int
     from ..engine import use_engine
 
@@ -58,7 +59,7 @@ def check_run(scheduler: str, jobs: int, engine: str) -> int:
     check_positive_int(jobs, "jobs")
     with use_engine(engine):  # refuses an unknown engine, or numba when it is not installed
         pass
-    return cap_jobs(jobs) if scheduler == "local" else jobs
+    return cap_jobs(jobs) if scheduler in ("local", "dask") else jobs
 
 
 def cap_jobs(jobs: int) -> int:

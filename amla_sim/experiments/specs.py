@@ -51,6 +51,8 @@ def parse_algorithm(spec: str) -> tuple[str, str, dict[str, Any]]:
             allowed = sorted(k for k in params if k not in _FIXED and params[k].kind is not params[k].VAR_KEYWORD)
             raise ValueError(f"algorithms: {spec!r}: option {opt!r} is not key=value with a key of {name} "
                              f"({allowed})")
+        if key in options:
+            raise ValueError(f"algorithms: {spec!r}: option {key} is given twice")
         options[key] = _checked(_value(raw), params.get(key), f"algorithms: {spec!r}: option {key}", fn)
     return label, name, options
 

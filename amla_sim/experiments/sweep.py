@@ -11,7 +11,6 @@ sorted store and are identical either way.
 from __future__ import annotations
 
 import math
-import statistics
 import textwrap
 import time
 from dataclasses import dataclass
@@ -22,7 +21,8 @@ from .._validate import check_int, check_positive_int, dumps_strict
 from ..engine import use_engine
 from ..machines import get_machine
 from ..schedules import get_schedule
-from .grid import check_runs
+from .grid import check_runs, check_sweep_memory
+from .metrics import NONFINITE_FOOTNOTE, nonfinite_note, sample_stats
 from .schedulers import check_run, execute, progress_bar
 from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
 from .tables import TABLE_METRICS, TABLES, Table, run_sample, table_specs, with_algorithms
@@ -79,32 +79,46 @@ def _order(store: ResultStore, table: Table) -> list[tuple[str, ...]]:
                                              algs.get(k[2], len(algs)), k[2]))
 
 
-def summarize(table: Table, tasks: dict[tuple[str, int], list[dict]], *, samples: int, context: int, heads: int,
-              machine: str, seed: int, schedule: str = "reference") -> dict:
-    """The public summary: per (distribution, algorithm) the mean of the table's metric, beside the paper's."""
+def summarize_table(table: Table, tasks: dict[tuple[str, int], list[dict]], *, samples: int, context: int,
+                    heads: int, machine: str, seed: int, schedule: str = "reference") -> dict:
+    """A paper table's public summary: per (distribution, algorithm) the mean of the table's metric beside the
+    paper's, over the finite samples, with how many were NaN and how many infinite."""
     rows = []
     for dist, label in table.distributions:
         for alg in table.algorithms:
             vals = [r for (d, _), rs in tasks.items() if d == dist for r in rs if r["algorithm"] == alg]
-            if not vals:
-                continue
-            metric = [r[table.metric] for r in vals]
-            entry = {"distribution": label, "algorithm": alg,
-                     "ours": statistics.fmean(metric),
-                     # the standard error of that mean (None for one sample): how far the paper may be by chance
-                     "sem": statistics.stdev(metric) / math.sqrt(len(metric)) if len(metric) > 1 else None,
-                     "paper": table.paper.get((label, alg)), "samples": len(vals),
-                     "median": statistics.median(r[table.metric] for r in vals),
-                     "worst_sample": max(vals, key=lambda r: r[table.metric])["sample"]}
-            for k in FIELDS[3:]:
-                entry[f"mean_{k}"] = statistics.fmean(r[k] for r in vals)
-            rows.append(entry)
+            if vals:
+                rows.append(_table_row(table, label, alg, vals))
     return {"table": table.name, "title": table.title, "metric": table.metric, "machine": machine, "schedule": schedule,
             "samples": samples, "context": context, "heads": heads, "seed": seed, "source": table.source,
             "rows": rows}
 
 
-def markdown(summary: dict) -> str:
+def _table_row(table: Table, label: str, alg: str, vals: list[dict]) -> dict:
+    """One (distribution, algorithm) of a table's summary, from its samples' rows."""
+    stats = sample_stats(r[table.metric] for r in vals)
+    worst = max(vals, key=lambda r: _badness(r[table.metric]))
+    entry = {"distribution": label, "algorithm": alg,
+             "ours": stats["mean"],
+             # the standard error of that mean (None below two samples): how far the paper may be by chance
+             "sem": stats["sem"],
+             "paper": table.paper.get((label, alg)), "samples": len(vals),
+             "median": stats["median"], "nan": stats["nan"], "inf": stats["inf"],
+             "worst_sample": worst["sample"]}
+    for k in FIELDS[3:]:
+        each = sample_stats(r[k] for r in vals)
+        entry.update({f"mean_{k}": each["mean"], f"nan_{k}": each["nan"], f"inf_{k}": each["inf"]})
+    return entry
+
+
+def _badness(v: float) -> tuple[bool, float]:
+    """A sample's metric as an order of how bad it is: NaN worst, then the largest."""
+    return (math.isnan(v), 0.0 if math.isnan(v) else v)
+
+
+def table_markdown(summary: dict) -> str:
+    """A paper table's summary as Markdown: ours beside the paper's (or, where nothing is published, every
+    metric side by side); a mean over fewer samples than were run (some NaN or infinite) says so."""
     lines = [f"### {summary['title']}", "",
              f"{summary['samples']} samples, G = {summary['heads']}, context {summary['context']}, "
              f"machine `{summary['machine']}`, schedule `{summary.get('schedule', 'reference')}`, "
@@ -112,27 +126,39 @@ def markdown(summary: dict) -> str:
              "| distribution | algorithm | ours | s.e. | paper | ours / paper |", "|---|---|---|---|---|---|"]
     if all(r["paper"] is None for r in summary["rows"]):  # nothing published: every metric, side by side
         lines[-2:] = ["| distribution | algorithm | rel. Frobenius | RMSE | cos diff |", "|---|---|---|---|---|"]
-        lines += [f"| {r['distribution']} | {r['algorithm']} | {r['mean_rel_frobenius']:.3e} | {r['mean_rmse']:.3e} | "
-                  f"{r['mean_cos_diff']:.3e} |" for r in summary["rows"]]
-        return "\n".join(lines) + "\n"
-    for r in summary["rows"]:
-        paper = "-" if r["paper"] is None else f"{r['paper']:.3g}"
-        ratio = "-" if r["paper"] is None else f"{r['ours'] / r['paper']:.3f}"
-        if r["paper"] is not None and r.get("sem") is not None:
-            ratio += f" ± {r['sem'] / r['paper']:.3f}"
-        sem = "-" if r.get("sem") is None else f"{r['sem']:.1e}"
-        lines.append(f"| {r['distribution']} | {r['algorithm']} | {r['ours']:.3e} | {sem} | {paper} | {ratio} |")
+        lines += [f"| {r['distribution']} | {r['algorithm']} | "
+                  + " | ".join(f"{r[f'mean_{k}']:.3e}{_note(r, k)}" for k in TABLE_METRICS) + " |"
+                  for r in summary["rows"]]
+    else:
+        lines += [_paper_line(r) for r in summary["rows"]]
+    if any(_note(r, k) for r in summary["rows"] for k in TABLE_METRICS):
+        lines += ["", NONFINITE_FOOTNOTE]
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict, path: Path) -> bool:
-    """Ours against the paper: the ratio ours / paper per distribution and algorithm, on a linear axis around 1
-    (bars on a log axis from an arbitrary floor would make a 5% gap look like 3x), with the standard error of
-    each mean as an error bar (ours / paper +- s.e. / paper: is the gap within noise?); a table with no published
-    numbers gets its metric as points on a log axis, with the same error bars. False when matplotlib is
-    missing."""
+def _note(row: dict, metric: str) -> str:
+    return nonfinite_note({"nan": row.get(f"nan_{metric}", 0), "inf": row.get(f"inf_{metric}", 0)}, row["samples"])
+
+
+def _paper_line(r: dict) -> str:
+    """A table row of ours beside the paper's."""
+    paper = "-" if r["paper"] is None else f"{r['paper']:.3g}"
+    ratio = "-" if r["paper"] is None else f"{r['ours'] / r['paper']:.3f}"
+    if r["paper"] is not None and r.get("sem") is not None:
+        ratio += f" ± {r['sem'] / r['paper']:.3f}"
+    sem = "-" if r.get("sem") is None else f"{r['sem']:.1e}"
+    ours = f"{r['ours']:.3e}{nonfinite_note({'nan': r.get('nan', 0), 'inf': r.get('inf', 0)}, r['samples'])}"
+    return f"| {r['distribution']} | {r['algorithm']} | {ours} | {sem} | {paper} | {ratio} |"
+
+
+def plot_table(summary: dict, path: Path) -> bool:
+    """A paper table's plot, ours against the paper: the ratio ours / paper per distribution and algorithm, on a
+    linear axis around 1 (bars on a log axis from an arbitrary floor would make a 5% gap look like 3x), with the
+    standard error of each mean as an error bar (ours / paper +- s.e. / paper: is the gap within noise?); a table
+    with no published numbers gets its metric as points on a log axis, with the same error bars. A mean that is
+    not finite has no point. False when matplotlib is missing."""
     try:
-        from ..plots import _pyplot, save_png
+        from ..plots import _pyplot, error_bar, save_png
 
         plt = _pyplot()
     except RuntimeError:
@@ -146,12 +172,12 @@ def plot(summary: dict, path: Path) -> bool:
         xs, ys, errs = [], [], []
         for i, d in enumerate(dists):
             r = next((r for r in summary["rows"] if r["distribution"] == d and r["algorithm"] == alg), None)
-            if r is not None and (r["paper"] is not None or not ratios):
+            if r is not None and (r["paper"] is not None or not ratios) and math.isfinite(r["ours"]):
                 unit = r["paper"] if ratios else 1.0
                 xs.append(i + (j - (len(algs) - 1) / 2) * 0.12)
                 ys.append(r["ours"] / unit)
-                errs.append((r.get("sem") or 0.0) / unit)
-        if xs:  # a column with no published number has no point, and no legend entry
+                errs.append(error_bar(r.get("sem")) / unit)
+        if xs:  # a column with no published or finite number has no point, and no legend entry
             ax.errorbar(xs, ys, yerr=errs, fmt="o", capsize=3, ms=4, label=alg)
     if ratios:
         ax.axhline(1.0, color="grey", lw=0.8)
@@ -161,7 +187,8 @@ def plot(summary: dict, path: Path) -> bool:
         ax.set_ylabel(f"{summary['metric']} (± s.e.)", fontsize=8)
     ax.set_xticks(range(len(dists)), dists, fontsize=7)
     ax.set_title(textwrap.fill(summary["title"], int(14 * width)), fontsize=8)  # wrapped to the figure, not clipped
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, path)
     return True
@@ -194,13 +221,13 @@ def run_table(
     schedule: the kernel schedule every algorithm runs on (:mod:`amla_sim.schedules`).
     algorithms: more columns, as sweep specs (a plugin's ``label=module:function`` too), run on the same draws.
     """
+    jobs = check_run(scheduler, jobs, engine)
     table, machine, context, heads = check_table(name, context=context, heads=heads, machine=machine,
-                                                 schedule=schedule, algorithms=algorithms)
+                                                 schedule=schedule, algorithms=algorithms, samples=samples,
+                                                 jobs=jobs if scheduler in ("local", "dask") else 0)
     algorithms = tuple(algorithms)
     samples = 100 if samples is None else samples
-    check_positive_int(samples, "samples")
     check_int(seed, "seed", lo=0, hi=2**63 - 1)
-    jobs = check_run(scheduler, jobs, engine)
     out = Path(out_dir) / name
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
@@ -232,9 +259,11 @@ def run_table(
 
 
 def check_table(name: str, *, context: int | None = None, heads: int | None = None, machine: str | None = None,
-                schedule: str = "reference", algorithms: tuple[str, ...] = ()) -> tuple[Table, str, int, int]:
-    """Everything :func:`run_table` would refuse, before any work: the names, the sizes, and every column (the
-    paper's and the added ones) once on a tiny problem with these heads. (table, machine, context, heads)."""
+                schedule: str = "reference", algorithms: tuple[str, ...] = (), samples: int | None = None,
+                jobs: int = 1) -> tuple[Table, str, int, int]:
+    """Everything :func:`run_table` would refuse, before any work: the names, the sizes, the memory of `jobs`
+    samples at once and of the results, and every column (the paper's and the added ones) once on a tiny problem
+    with these heads. (table, machine, context, heads)."""
     if name not in TABLES:
         raise ValueError(f"table: expected one of {sorted(TABLES)}, got {name!r}")
     table = with_algorithms(TABLES[name], tuple(algorithms))
@@ -243,8 +272,12 @@ def check_table(name: str, *, context: int | None = None, heads: int | None = No
     get_schedule(schedule)
     context = table.context if context is None else context
     heads = table.heads if heads is None else heads
-    for arg, v in (("context", context), ("heads", heads)):
+    samples = 100 if samples is None else samples
+    for arg, v in (("context", context), ("heads", heads), ("samples", samples)):
         check_positive_int(v, arg)
+    check_sweep_memory(rows=len(table.distributions) * len(table.algorithms) * samples,
+                       shapes=[(heads, table.sq, context)], machines=[machine], jobs=jobs, what=f"table {name}",
+                       lower_size="context, heads or jobs", lower_rows="samples")
     try:
         check_runs(table_specs(table), (machine,), (table.block,), schedule=schedule,
                    input_format=table.input_format, heads=heads)
@@ -256,8 +289,8 @@ def check_table(name: str, *, context: int | None = None, heads: int | None = No
 def _write_summary(out: Path, table: Table, tasks: dict, samples: int, meta: dict) -> dict:
     """summary.json, table.md and table.png of the tasks (rebuilt whole each run: the store is the record)."""
     keep = {k: v for k, v in meta.items() if k not in ("table", "algorithms")}
-    summary = summarize(table, tasks, samples=samples, **keep)
+    summary = summarize_table(table, tasks, samples=samples, **keep)
     atomic_write(out / "summary.json", dumps_strict(summary, indent=1))
-    atomic_write(out / "table.md", markdown(summary))
-    plot(summary, out / "table.png")
+    atomic_write(out / "table.md", table_markdown(summary))
+    plot_table(summary, out / "table.png")
     return summary
