@@ -255,12 +255,25 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
 
 
 def _cmd_invariance(args: argparse.Namespace) -> int:
+    """The study, or the device check's replay; every error names the flag (and the file) at fault."""
     from .invariance import invariance
     from .invariance.checks import replay_invariance
 
+    given = {"--length": args.length, "--heads": args.heads, "--dist": args.dist, "--seed": args.seed,
+             "--inputs": args.inputs, "--batchmates": args.batchmates, "--mixed": args.mixed, "--num-sms": args.num_sms,
+             "--sq": args.sq, "--num-kv-splits": args.num_kv_splits, "--projection": args.projection,
+             "--split-tokens": None if args.split_tokens is False else args.split_tokens, "--tokens": args.tokens,
+             "--format": args.format, "--max-context-len": args.max_context_len}
     if args.replay:
+        extra = [f for f, v in given.items() if v is not None]
+        if extra:
+            raise ValueError(f"--replay: the device check fixes its request and launches; drop {', '.join(extra)}")
         code = 0
-        rows = replay_invariance(args.replay, args.kernel)
+        try:
+            rows = replay_invariance(args.replay, args.kernel)
+        except (ValueError, TypeError) as e:
+            raise (DataError if isinstance(e, DataError) else type(e) if type(e) is TypeError else ValueError)(
+                _flag_names(str(e), files={"replay": args.replay})) from None
         if args.json:
             print(dumps_strict([{"launch": lab, **rep.to_dict()} for lab, rep in rows], indent=2))
         for lab, rep in rows:
@@ -275,53 +288,77 @@ def _cmd_invariance(args: argparse.Namespace) -> int:
                                  ("max_context_len", args.max_context_len)) if v is not None}
     inputs = None
     if args.inputs:
+        extra = [f for f in ("--length", "--heads", "--dist", "--seed") if given[f] is not None]
+        if extra:
+            raise ValueError(f"--inputs: the request is the file's (its length, heads and values); drop "
+                             f"{', '.join(extra)}")
         import ml_dtypes
 
         from .crosscheck.files import read_capture
 
         _, inputs = read_capture(args.inputs, what="--inputs", need_meta=False)
-        # np.save writes BF16 as raw void words; the help also allows uint16 bits: both read as BF16
-        inputs = {k: (a.view(ml_dtypes.bfloat16) if a.dtype.kind == "V" or a.dtype == np.uint16 else a)
-                  for k, a in inputs.items()}
+        # np.save writes BF16 (and FP16 from ml_dtypes) as 2-byte void words; the help also allows uint16 bits:
+        # both are read as --format (BF16 by default)
+        as16 = np.float16 if args.format == "fp16" else ml_dtypes.bfloat16
+        inputs = {k: (a.view(as16) if (a.dtype.kind == "V" and a.dtype.itemsize == 2) or a.dtype == np.uint16
+                      else a) for k, a in inputs.items()}
     projection = None
     if args.projection:
         try:
-            projection = np.load(args.projection, allow_pickle=False)
-        except (ValueError, OSError) as e:
+            projection = np.load(args.projection, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
             raise ValueError(f"--projection: {args.projection} is not a .npy array ({e})") from None
+        if not isinstance(projection, np.ndarray):
+            raise ValueError(f"--projection: {args.projection} is not a .npy array (an .npz archive?)")
     try:
-        report = invariance(args.kernel, length=args.length, heads=args.heads, dist=args.dist, seed=args.seed,
-                            inputs=inputs, batchmates=args.batchmates, mixed=args.mixed or None,
-                            num_sms=args.num_sms, s_q=args.sq, num_kv_splits=args.num_kv_splits or (),
-                            projection=projection, split_tokens=args.split_tokens, **options)
+        report = invariance(args.kernel, length=4096 if args.length is None else args.length,
+                            heads=128 if args.heads is None else args.heads, dist="flashmla" if args.dist is None else args.dist,
+                            seed=0 if args.seed is None else args.seed, inputs=inputs, batchmates=(1, 3, 7) if args.batchmates is None
+                            else args.batchmates, mixed=3 if args.mixed is None else (args.mixed or None),
+                            num_sms=args.num_sms or (132,), s_q=args.sq or (1,), num_kv_splits=args.num_kv_splits or (),
+                            projection=projection, split_tokens=args.split_tokens, max_memory=_limit(args), **options)
     except (ValueError, TypeError) as e:  # name the flag the user wrote
-        raise type(e)(_flag_names(str(e))) from None
+        raise (type(e) if type(e) is TypeError else ValueError)(
+            _flag_names(str(e), files={"inputs": args.inputs, "projection": args.projection})) from None
     print(dumps_strict(report.to_dict(), indent=2) if args.json else report.format())
     return 0 if report.invariant else 3
 
 
-def _flag_names(text: str) -> str:
-    """An error of the library as the command line says it: its argument names as the flags."""
-    for arg, flag in (("num_kv_splits", "--num-kv-splits"), ("num_sms", "--num-sms"), ("s_q", "--sq"),
-                      ("split_tokens", "--split-tokens"), ("max_context_len", "--max-context-len"),
-                      ("batchmates", "--batchmates"), ("projection", "--projection"), ("inputs", "--inputs"),
-                      ("length", "--length"), ("heads", "--heads"), ("tokens", "--tokens"), ("dist", "--dist"),
-                      ("kernel", "--kernel"), ("format", "--format")):
-        if text.startswith((f"{arg}:", f"{arg},")):
-            return flag + text[len(arg):]
-    return text
+def _flag_names(text: str, flags: Sequence[str] | None = None, files: dict[str, str | None] | None = None) -> str:
+    """An error of the library as the command line says it: the argument names it opens with (``num_sms:``,
+    ``length, heads, s_q:``) as the flags of the command (`flags`; None: invariance's), a file's flag followed by
+    the file (`files`: argument -> path) unless the message names it already."""
+    names = {"num_kv_splits": "--num-kv-splits", "num_sms": "--num-sms", "s_q": "--sq", "split_tokens": "--split-tokens",
+             "max_context_len": "--max-context-len", "batchmates": "--batchmates", "mixed": "--mixed",
+             "projection": "--projection", "inputs": "--inputs", "length": "--length", "heads": "--heads",
+             "tokens": "--tokens", "dist": "--dist", "seed": "--seed", "kernel": "--kernel", "format": "--format",
+             "replay": "--replay"}
+    head, sep, rest = text.partition(":")
+    args = [a.strip() for a in head.split(",")]
+    if not sep or not all(a in names for a in args):
+        return text
+    if flags is not None:
+        args = [a for a in args if names[a] in flags] or args
+    out = ", ".join(names[a] if flags is None or names[a] in flags else a for a in args)
+    path = (files or {}).get(args[0]) if len(args) == 1 else None
+    if path and path not in rest:
+        out += f": {path}"
+    return out + sep + rest
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
+    """Two kernels on one request; every error names a flag of ``diff``."""
     from .invariance import kernel_diff
 
     if len(args.kernel or ()) != 2:
         raise ValueError(f"--kernel: name two kernels (--kernel A --kernel B), got {len(args.kernel or ())}")
     try:
-        report = kernel_diff(*args.kernel, length=args.length, heads=args.heads, dist=args.dist, seed=args.seed,
-                             s_q=args.sq, num_sms=args.num_sms)
+        report = kernel_diff(*args.kernel, length=4096 if args.length is None else args.length,
+                             heads=128 if args.heads is None else args.heads, dist="flashmla" if args.dist is None else args.dist,
+                             seed=0 if args.seed is None else args.seed, s_q=args.sq, num_sms=args.num_sms, max_memory=_limit(args))
     except (ValueError, TypeError) as e:
-        raise type(e)(_flag_names(str(e))) from None
+        flags = ("--kernel", "--length", "--heads", "--dist", "--seed", "--sq", "--num-sms", "--max-memory")
+        raise (type(e) if type(e) is TypeError else ValueError)(_flag_names(str(e), flags=flags)) from None
     print(dumps_strict(report.to_dict(), indent=2) if args.json else report.format())
     return exit_code(report.comparison)
 
@@ -680,12 +717,14 @@ def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
 
 
 def _request_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--length", type=_int_at_least(1), default=4096,
-                   help="the request's tokens (the sparse decode: its topk slots, a multiple of 64)")
-    p.add_argument("--heads", type=_int_at_least(1), default=128)
-    p.add_argument("--dist", default="flashmla", help="the inputs' distribution (normal:SIGMA, uniform:A, flashmla, "
-                                                      "fa3-outliers, rope-outliers)")
-    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--length", type=_int_at_least(1),
+                   help="the request's tokens (the sparse decode: its topk slots, a multiple of 64; default 4096)")
+    p.add_argument("--heads", type=_int_at_least(1), help="the request's query heads (default 128)")
+    p.add_argument("--dist", help="the inputs' distribution (normal:SIGMA, uniform:A, flashmla, fa3-outliers, "
+                                  "rope-outliers; default flashmla)")
+    p.add_argument("--seed", type=_int_at_least(0), help="the inputs' seed (default 0)")
+    p.add_argument("--max-memory", type=_positive_float, metavar="GIB",
+                   help="memory to allow, GiB (default: what the machine has available); larger runs are refused")
     p.add_argument("--json", action="store_true", help="the report as strict JSON")
 
 
@@ -701,20 +740,23 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kernel", required=True, choices=sorted(BATCH_KERNELS),
                    help="; ".join(f"{k}: {v}" for k, v in BATCH_KERNELS.items()))
     _request_flags(p)
-    p.add_argument("--inputs", help=".npz with q (s_q, heads, 576) and kv (length, 576), BF16 (or their uint16 "
-                                    "bits): the request, in place of --dist and --seed")
-    p.add_argument("--batchmates", type=_csv(_int_at_least(1)), default=(1, 3, 7),
-                   help="launches with this many more requests of the request's length")
-    p.add_argument("--mixed", type=_int_at_least(0), default=3,
+    p.add_argument("--inputs", help=".npz with q (s_q, heads, 576) and kv (length, 576) of one request, BF16 (or "
+                                    "their uint16 bits; FP16 with --format fp16): the request, in place of --length, "
+                                    "--heads, --dist and --seed")
+    p.add_argument("--batchmates", type=_csv(_int_at_least(1)),
+                   help="launches with this many more requests of the request's length (default 1,3,7)")
+    p.add_argument("--mixed", type=_int_at_least(0),
                    help="a launch with this many batchmates of drawn lengths, the request first, and one with it "
-                        "last (0: none)")
-    p.add_argument("--num-sms", type=_csv(_int_at_least(1)), default=(132,),
-                   help="SM counts; the first is the reference's, each other one a launch (114: H100 PCIe)")
-    p.add_argument("--sq", type=_csv(_int_at_least(1)), default=(1,),
-                   help="query rows a request (MTP, speculative verify); the first the reference's")
+                        "last (0: none; default 3)")
+    p.add_argument("--num-sms", type=_csv(_int_at_least(1)),
+                   help="SM counts; the first is the reference's, each other one a launch (default 132; 114: H100 "
+                        "PCIe)")
+    p.add_argument("--sq", type=_csv(_int_at_least(1)),
+                   help="query rows a request (MTP, speculative verify); the first the reference's (default 1)")
     p.add_argument("--num-kv-splits", type=_csv(_int_at_least(1)),
-                   help="split counts handed to a kernel whose API takes one (sglang-triton's num_kv_splits; fa3-mla's "
-                        "num_splits as vLLM passes it: 32 with full CUDA graphs, 1 batch-invariant), a launch each")
+                   help="split counts handed to a kernel whose API takes one (sglang-triton's and vllm-triton-mla's "
+                        "num_kv_splits; fa3-mla's num_splits as vLLM passes it: 32 with full CUDA graphs, 1 "
+                        "batch-invariant), a launch each")
     p.add_argument("--projection", help=".npy of (heads x 512, vocab) floats: report each launch's argmax of the "
                                         "row's logits")
     p.add_argument("--split-tokens", type=_split_tokens, default=False,
@@ -726,7 +768,8 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-context-len", type=_int_at_least(1),
                    help="sglang-triton: the model's context length, which sets max_kv_splits (default 163840)")
     p.add_argument("--replay", help="the device check's capture (tests/data/invariance_h200.npz): each launch's "
-                                    "captured bits against the model's prediction")
+                                    "captured bits against the model's prediction (no other flag but --kernel "
+                                    "and --json)")
     p.set_defaults(func=_cmd_invariance)
 
 
@@ -736,19 +779,23 @@ def _split_tokens(text: str) -> int | None:
 
 
 def _add_diff(sub: argparse._SubParsersAction) -> None:
+    from .invariance import BATCH_KERNELS
+
     p = sub.add_parser("diff", help="two kernels on the same request: where they differ and the first modelled "
                                     "step that explains it",
                        description="Run two kernels (modelled kernels, built-in algorithms or plugins) on one "
                                    "request: the elements that differ, the ULP histogram, each kernel's numerics "
                                    "step by step and the first that differs, and whether running both on one "
                                    "split plan removes the difference. Exit status: 0 identical bits, 3 bits "
-                                   "differ, 4 a stage not compared, 1 or 2 an error.")
+                                   "differ, 4 no compared bit differs but a stage was not compared (one kernel "
+                                   "returns it alone), 1 or 2 an error.")
     p.add_argument("--kernel", action="append", metavar="NAME", required=True,
-                   help="twice: the two kernels (flashmla, flashmla-sparse-fp8, flashmla-etap, sglang-triton, an "
-                        "algorithm of amla-sim run, or a plugin's module:function)")
+                   help=f"twice: the two kernels ({', '.join(BATCH_KERNELS)}, an algorithm of amla-sim run with its "
+                        "options, or a plugin's module:function); a modelled kernel may set its own launch: "
+                        "NAME:num_sms=N, and NAME:num_kv_splits=N where its API takes a split count")
     _request_flags(p)
     p.add_argument("--sq", type=_int_at_least(1), default=1, help="query rows (the last is compared)")
-    p.add_argument("--num-sms", type=_int_at_least(1), default=132)
+    p.add_argument("--num-sms", type=_int_at_least(1), default=132, help="SMs of both kernels' launch")
     p.set_defaults(func=_cmd_diff)
 
 

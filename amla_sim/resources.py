@@ -12,12 +12,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["run_bytes", "pipeline_bytes", "available_bytes", "check_fits", "ResourceError"]
+__all__ = ["run_bytes", "pipeline_bytes", "split_bytes", "plan_bytes", "query_bytes", "available_bytes",
+           "address_space_bytes", "check_fits", "ResourceError"]
 
 _PER_CACHE_ELEMENT = 44  # bytes per element of kv (b * context * d_k): float64 draw, rounding, widened copies
 _PER_SCORE = 32  # bytes per score (b * s_q * heads * context): the golden's FP64 S and exp(S)
 _BASE = 64 << 20
 _MUFU_TABLES = 320 << 20
+_PER_ROW_SPLIT = 20_000  # bytes per query row and split of a deployed model's run: partial outputs and LSEs in
+# float64 and the copies made of them (18 KB measured: vLLM's Triton decode, 128 heads in 4,096 splits)
+_PER_PLAN_SPLIT = 100  # bytes per split of a split plan held on the host: a pair of ints in a list, or int64 pairs
 
 
 class ResourceError(ValueError):
@@ -69,3 +73,40 @@ def check_fits(need: int, *, what: str, lower: str, limit: int | None = None) ->
     if need > have:
         raise ResourceError(f"{what} needs about {need / 2**30:.1f} GiB of memory and {have / 2**30:.1f} GiB is "
                             f"available; lower {lower} (or set --max-memory GIB if the estimate is wrong for you)")
+
+
+def split_bytes(*, rows: int, splits: int) -> int:
+    """Bytes a deployed model's run holds for `rows` query rows (heads x s_q) cut into `splits` splits."""
+    return _PER_ROW_SPLIT * rows * splits
+
+
+def plan_bytes(splits: int) -> int:
+    """Bytes of split plans holding `splits` splits in all (the invariance study's launches)."""
+    return _PER_PLAN_SPLIT * splits
+
+
+def query_bytes(*, batch: int, sq: int, heads: int, d_k: int = 576) -> int:
+    """Bytes of drawing the queries (b * s_q * heads * d_k elements) as the inputs are drawn: the float64 draw,
+    its rounding and the copies, as for the cache. :func:`run_bytes` leaves them out (a cache outweighs them
+    unless the heads are many)."""
+    return _PER_CACHE_ELEMENT * batch * sq * heads * d_k
+
+
+def address_space_bytes() -> int | None:
+    """What this process may still map under its address-space limit (``ulimit -v``, ``prlimit --as``): the soft
+    limit less what it maps now; None where no limit is set."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - no resource module (Windows)
+        return None
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return max(soft - int(line.split()[1]) * 1024, 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return soft

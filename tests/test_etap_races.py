@@ -119,6 +119,11 @@ def test_the_command_prints_the_exposed_heads(capsys):
     ({"seqlens": [5], "s_q": 0}, "s_q"),
     ({"seqlens": [5], "heads": True}, "heads"),
     ({"seqlens": [5], "heads": 128, "num_sms": 1}, "num_sms"),
+    ({"seqlens": [5], "num_sms": 10**9}, "num_sms: 1000000000 SMs give 500000000 scheduler parts"),
+    ({"seqlens": [5], "num_sms": 2**31}, "num_sms: expected an int in"),
+    ({"seqlens": [5] * 65537}, "seqlens: a list of 1 to 65536"),
+    ({"seqlens": [2**31]}, "seqlens"),
+    ({"seqlens": [5], "heads": 10**10, "num_sms": 156250001}, "heads, s_q: the race exposure of 1 x 10000000000"),
 ])
 def test_bad_input_is_refused_by_name(kwargs, name):
     with pytest.raises((ValueError, TypeError), match=f"^{name}"):

@@ -4,15 +4,21 @@ ran on an H200, whose request bits the committed capture ``tests/data/invariance
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
-
-from .launches import Launch, variations
 
 import numpy as np
 
+from .._validate import check_int
 from ..comparison import ComparisonReport, compare
+from ..crosscheck.files import CaptureError
+from ..formats import get_format
+from .launches import Launch, variations
 
-__all__ = ["DEVICE_CHECKS", "device_launches", "scheduler_batches", "replay_invariance"]
+__all__ = ["DEVICE_CHECKS", "device_launches", "scheduler_batches", "replay_invariance", "MAX_SCHEDULER_BATCHES"]
+
+#: The most random batches :func:`scheduler_batches` draws (the device check ran 2,000 of each kind).
+MAX_SCHEDULER_BATCHES = 100_000
 
 #: kernel -> the request (length, heads, dist, seed, the kernel's options) and its launches' settings
 DEVICE_CHECKS: dict[str, dict[str, Any]] = {
@@ -27,6 +33,8 @@ DEVICE_CHECKS: dict[str, dict[str, Any]] = {
 
 def device_launches(kernel: str, seed_offset: int = 0) -> list[Launch]:
     """The launches of `kernel`'s device check, the first the request alone (`seed_offset`: a fresh check's)."""
+    if not isinstance(kernel, str) or kernel not in DEVICE_CHECKS:
+        raise ValueError(f"kernel: the device check covers {sorted(DEVICE_CHECKS)}, not {kernel!r:.60}")
     c = DEVICE_CHECKS[kernel]
     return variations(c["length"], batchmates=c["batchmates"], mixed=c["mixed"], s_q=c["s_q"],
                       num_kv_splits=c.get("num_kv_splits", ()), seed=c["seed"] + seed_offset)
@@ -35,7 +43,12 @@ def device_launches(kernel: str, seed_offset: int = 0) -> list[Launch]:
 def scheduler_batches(n: int = 2000, seed: int = 2026, near: bool = False) -> list[tuple[np.ndarray, int, int]]:
     """Random decode batches (lengths, heads, max_kv_splits) on which SGLang's own split choice was run on the
     GPU: 1 to 299 requests of 1 to 64 .. 163,840 tokens, 16 to 128 heads, max_kv_splits 8, 64 or 256. `near`:
-    2 to 299 requests within 10 to 40% of one length (where lengths within 25% count as one)."""
+    2 to 299 requests within 10 to 40% of one length (where lengths within 25% count as one). At most
+    :data:`MAX_SCHEDULER_BATCHES` batches."""
+    check_int(n, "n", lo=0, hi=MAX_SCHEDULER_BATCHES)
+    check_int(seed, "seed", lo=0)
+    if not isinstance(near, (bool, np.bool_)):
+        raise TypeError(f"near: expected True or False, got {near!r:.60}")
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
@@ -54,30 +67,58 @@ def scheduler_batches(n: int = 2000, seed: int = 2026, near: bool = False) -> li
 _PREFIX = {"flashmla": "flashmla", "flashmla-sparse-fp8": "sparse", "sglang-triton": "sglang"}
 
 
-def replay_invariance(path: str, kernel: str) -> list[tuple[str, ComparisonReport]]:
+def replay_invariance(path: str | Path, kernel: str) -> list[tuple[str, ComparisonReport]]:
     """The device check of `kernel` replayed on the CPU from a capture of ``scripts/capture_invariance.py``: per
     launch, the device's bits of the request against the model's for that launch, predicted from the launch's
-    lengths alone (the request simulated on its own under the split plan the scheduler gives it there)."""
-    from ..crosscheck.files import CaptureError, read_capture
+    lengths alone (the request simulated on its own under the split plan the scheduler gives it there).
+
+    Every array the replay reads is checked (its name, shape and format) before the models run; an error names
+    the file and the launch. Stages may be raw bits or the format itself, BF16 also as ``np.save`` writes it
+    (void words, dtype ``|V2``), as :func:`amla_sim.compare` reads them."""
+    from ..crosscheck.files import read_capture
+    from .registry import get_batch_kernel
     from .study import invariance
 
-    if kernel not in DEVICE_CHECKS:
+    if not isinstance(kernel, str) or kernel not in DEVICE_CHECKS:
         raise ValueError(f"kernel: the device check covers {sorted(DEVICE_CHECKS)}, not {kernel!r}")
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"replay: expected a capture file's path, got {path!r:.60}")
     _, arrays = read_capture(path, what="replay", need_meta=False)
     c = DEVICE_CHECKS[kernel]
     launches = device_launches(kernel)
+    stages = get_batch_kernel(kernel).stages
+    device = [_launch_bits(arrays, path, kernel, i, L, stages, c["heads"]) for i, L in enumerate(launches)]
     report = invariance(kernel, launches=launches, length=c["length"], heads=c["heads"], dist=c["dist"],
                         seed=c["seed"], **c["options"])
     out = []
-    for i, r in enumerate(report.results):
-        device = {}
-        for stage in r.bits:  # every stage the model gives: out, and LSE where the kernel returns one
-            key = f"{_PREFIX[kernel]}_l{i}_{stage}"
-            if key not in arrays:
-                raise CaptureError(f"replay: {path} holds no {key} (launch {r.launch.label!r})")
-            device[stage] = arrays[key]
-        out.append((r.launch.label, compare(device, r.bits, formats={s: v.dtype for s, v in r.bits.items()},
-                                            meta={"kernel": kernel, "launch": r.launch.label,
-                                                  "splits": len(r.plan)})))
+    for i, (r, dev) in enumerate(zip(report.results, device)):
+        try:
+            rep = compare(dev, r.bits, formats={s: v.dtype for s, v in r.bits.items()},
+                          meta={"kernel": kernel, "launch": r.launch.label, "splits": len(r.plan)})
+        except (ValueError, TypeError) as e:
+            raise CaptureError(f"replay: {path}: launch {i} ({r.launch.label!r}): {e}") from None
+        out.append((r.launch.label, rep))
     return out
 
+
+def _launch_bits(arrays: dict[str, np.ndarray], path: str | Path, kernel: str, i: int, launch: Launch,
+                 stages: dict[str, str], heads: int) -> dict[str, np.ndarray]:
+    """The device's stages of launch `i` in the capture, checked: the row of interest's out (heads, 512) and
+    LSE (heads,) where the kernel returns one, each as raw bits of its format or the format itself."""
+    got = {}
+    for stage, fmt in stages.items():
+        key = f"{_PREFIX[kernel]}_l{i}_{stage}"
+        where = f"replay: {path}: {key} (launch {i}, {launch.label!r})"
+        if key not in arrays:
+            raise CaptureError(f"replay: {path} holds no {key} (launch {i}, {launch.label!r})")
+        a = arrays[key]
+        if a.dtype.kind == "V":  # np.save writes ml_dtypes' types as void words: the bits they are
+            a = a.view(f"u{a.dtype.itemsize}")
+        f = get_format(fmt)
+        if not (a.dtype == f.dtype or (a.dtype.kind in "iu" and a.dtype.itemsize == f.dtype.itemsize)):
+            raise CaptureError(f"{where}: expected {f.name} or its {8 * f.dtype.itemsize}-bit words, got {a.dtype}")
+        want = (heads, 512) if stage == "out" else (heads,)
+        if a.shape != want:
+            raise CaptureError(f"{where}: expected shape {want}, got {a.shape}")
+        got[stage] = a
+    return got

@@ -13,112 +13,28 @@ runs as a black box on the request; an attribute ``numerics`` on the function, m
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import numpy as np
 
-from .._validate import strict_json
+from .._validate import check_int, strict_json
 from ..comparison import ComparisonReport, compare
-from .kernels import BATCH_KERNELS, BatchKernel, Plan, Request, describe_plan, get_batch_kernel
-from .launches import Launch
+from ..experiments.inputs import parse_dist
+from ..resources import split_bytes
+from .kernel import BatchKernel, Plan, Request, describe_plan
+from .launches import INT32_MAX, Launch
+from .preflight import check_launches, check_memory, request_bytes
+from .registry import BATCH_KERNELS, ByKernel, get_batch_kernel
 
-__all__ = ["kernel_diff", "DiffReport", "STEPS", "NUMERICS"]
+__all__ = ["kernel_diff", "DiffReport", "STEPS", "NUMERICS", "SIDE_OPTIONS"]
 
 #: The steps of an MLA decode, in pipeline order.
 STEPS = ("keys", "schedule", "scores", "max", "exp", "P", "row sum", "normalise", "LSE", "combine")
 
-_FLASHMLA_COMBINE = ("flashmla-combine", "splits' LSEs in log2 units; 32 lanes sum exp2(lse_s - M) over splits j, "
-                     "j + 32, ..., then an xor butterfly; out = sum fma(exp2(lse_s - g), O_s, .)")
-_RCP = ("rcp", "O times MUFU.RCP of L (div.approx)")
-_EX2_FMA = ("ex2(fma(S, c, -m))", "ex2.approx.ftz of fma(S, c, -m), c = scale log2 e, m in log2 units")
-_PAYLOAD = ("flashmla-payload-walk", "FlashMLA's payload walk over the batch's blocks of 64 (get_decoding_sched_meta, "
-                                     "or get_mla_metadata in FlashMLA's forks)")
-#: kernel -> step -> (tag, what the model does). Two kernels' choices are the same where the tags are; the
-#: schedule is compared by the plans themselves.
-NUMERICS: dict[str, dict[str, tuple[str, str]]] = {
-    "flashmla": {
-        "keys": ("bf16", "BF16"),
-        "schedule": _PAYLOAD,
-        "scores": ("wgmma-seesaw-k", "wgmma, k 0..575 (warpgroup 0) or 256..575 then 0..255 (warpgroup 1), blocks of "
-                                     "64 keys in pairs"),
-        "max": ("log2-units", "running max of fl(S c), c = fl(scale log2 e)"),
-        "exp": _EX2_FMA,
-        "P": ("bf16, P0 rescaled and rounded again", "BF16; warpgroup 1 gets P0 rescaled by s1 and rounded again"),
-        "row sum": ("4 lanes: adjacent pairs, 8 groups", "4 lanes a row: pairs of adjacent columns, then the 8 "
-                                                         "groups in order; fma(l, s, sum)"),
-        "normalise": _RCP,
-        "LSE": ("fma(lg2 L, ln 2, fl(m ln 2))", "fma(lg2(L), ln 2, fl(m ln 2)) for one split, log2 L + m per split"),
-        "combine": _FLASHMLA_COMBINE,
-    },
-    "flashmla-sparse-fp8": {
-        "keys": ("e4m3 + scales", "E4M3 with per-tile FP32 scales, dequantized to BF16 (RoPE part BF16)"),
-        "schedule": _PAYLOAD,
-        "scores": ("wgmma-k-in-order", "wgmma, k in order 0..575, one block of 64 slots at a time"),
-        "max": ("log2-units", "running max of fl(rowmax(S) c), c = fl(fl(scale) fl(log2 e))"),
-        "exp": _EX2_FMA,
-        "P": ("bf16", "BF16"),
-        "row sum": ("4 lanes: 16 columns each", "4 lanes a row, 16 columns each in order (2t, 2t + 1, 2t + 8, ...); "
-                                                "fma(l, s, sum)"),
-        "normalise": _RCP,
-        "LSE": ("fma(lg2 L, ln 2, fl(m ln 2))", "fma(lg2(L), ln 2, fl(m ln 2)) for one split, log2 L + m per split"),
-        "combine": _FLASHMLA_COMBINE,
-    },
-    "flashmla-etap": {
-        "keys": ("bf16", "BF16 (or FP16)"),
-        "schedule": _PAYLOAD,
-        "scores": ("wgmma-transposed", "transposed: S^T = K Q^T, wgmma m64n16, k in order 0..575, blocks walked last "
-                                       "to first"),
-        "max": ("raw scores", "running max of the raw scores, scaled after"),
-        "exp": ("ex2(fma(S, c, -fl(M c)))", "ex2.approx.ftz of fma(S, c, -fl(M c))"),
-        "P": ("bf16", "the input format (BF16 or FP16)"),
-        "row sum": ("2 keys a thread, butterfly, 4 warps", "2 keys a thread, a butterfly over 8 lane groups, then 4 "
-                                                           "warps in order"),
-        "normalise": _RCP,
-        "LSE": ("fma(M, scale, fl(lg2 L ln 2))", "fma(M, scale, fl(lg2(L) ln 2)), natural log"),
-        "combine": ("flashmla-combine, expf", "expf (exp2 of fl(x log2 e)) weights; 32 lanes and an xor butterfly; "
-                                              "lse in natural log"),
-    },
-    "fa3-mla": {
-        "keys": ("bf16", "BF16 (or FP16)"),
-        "schedule": ("fa3-prepare-scheduler", "the launch's split bound (num_splits, or FA3's heuristic), each "
-                                              "request cdiv(n_blocks, ceilf(total_blocks 1.1 / SMs)) splits over "
-                                              "the whole batch, cdiv(n_block_max, splits) blocks a split"),
-        "scores": ("wgmma rope + nope", "wgmma: Q_rope K_rope^T (k 512..575), then += Q_nope V^T (k 0..511) in one "
-                                       "accumulator, blocks walked last to first"),
-        "max": ("raw scores", "running max of the raw scores, scaled after"),
-        "exp": ("ex2(fma(S, c, -fl(M c)))", "ex2.approx.ftz of fma(S, c, -fl(M c)), c = fl32(double(scale) log2 e)"),
-        "P": ("bf16", "the input format (BF16 or FP16), rounded once for both warpgroups"),
-        "row sum": ("4 lanes: 16 columns each", "4 lanes a row, 16 columns each in order (2t, 2t + 1, 2t + 8, ...); "
-                                                "fma(l, s, .); the lanes met xor 2, then xor 1"),
-        "normalise": _RCP,
-        "LSE": ("fma(M, fl(c ln 2), __logf L)", "fma(M, fl(c ln 2), fl(lg2(L) ln 2)), natural log"),
-        "combine": ("fa3-combine", "a warp a row: 32 lanes sum expf(lse_s - M), xor butterfly; lse = logf(sum) + M; "
-                                   "out = sum fma(expf(lse_s - M) rcp(sum), O_s, .)"),
-    },
-    "sglang-triton": {
-        "keys": ("bf16", "BF16"),
-        "schedule": ("sglang-num-kv-splits", "SGLang's get_num_kv_splits over the batch; equal splits of a multiple "
-                                             "of 32 tokens"),
-        "scores": ("mma.sync 512 + 64", "mma.sync m16n8k16: q[:512] K^T then q[512:] K_rope^T chained in one FP32 "
-                                        "accumulator, then times sm_scale"),
-        "max": ("natural units", "running max of the scaled scores (natural units)"),
-        "exp": ("ex2(fl(x log2 e))", "tl.exp: ex2.approx of fl(x log2 e)"),
-        "P": ("bf16", "BF16"),
-        "row sum": ("mma.sync layout", "mma.sync accumulator layout: 2 adjacent columns a thread, 4 threads, then the "
-                                       "warps"),
-        "normalise": ("div.full", "div.full (acc / l)"),
-        "LSE": ("m + logf(l)", "m + logf(l) (libdevice), per split"),
-        "combine": ("online merge", "stage 2: an online merge over the splits in order, natural-log weights, acc / l "
-                                    "at the end"),
-    },
-}
-NUMERICS["vllm-triton-mla"] = {
-    **NUMERICS["sglang-triton"],
-    "schedule": ("vllm-num-kv-splits", "vLLM's _compute_num_kv_splits: one count for the launch, next_pow2(longest "
-                                       "// 512) up to 2 x SMs; splits of cdiv(length, n) tokens"),
-    "LSE": ("m + logf(l), bf16", "m + logf(l) (libdevice) per split; the final LSE stored in BF16"),
-}
+#: kernel -> step -> (tag, what the model does), each kernel's :attr:`~.kernel.BatchKernel.numerics`. Two
+#: kernels' choices are the same where the tags are; the schedule is compared by the plans themselves.
+NUMERICS: Mapping[str, Mapping[str, tuple[str, str]]] = ByKernel("numerics")
 
 
 @dataclass(frozen=True)
@@ -136,6 +52,7 @@ class DiffReport:
 
     @property
     def identical(self) -> bool:
+        """Every stage of both kernels compared and bit for bit the same (a stage one returns alone never is)."""
         return self.comparison.bit_exact
 
     @property
@@ -147,9 +64,15 @@ class DiffReport:
     def explanation(self) -> str:
         if self.identical:
             return "the same bits: nothing to explain"
+        skipped = self.comparison.not_compared
+        if self.comparison.first_difference is None:
+            return (f"no compared bit differs ({', '.join(s.name for s in self.comparison.stages)}), but "
+                    + "; ".join(f"{k} was not compared ({v})" for k, v in skipped.items()) + ": not shown identical")
         steps = self.differing_steps
-        if self.aligned is not None and self.aligned.bit_exact:
-            return "the schedule: run on one split plan, the two give the same bits"
+        if self.aligned is not None and self.aligned.first_difference is None:
+            return ("the schedule: run on one split plan, the two give the same bits"
+                    + (f" in {', '.join(s.name for s in self.aligned.stages)} (the stages both return)"
+                       if skipped else ""))
         after = [s for s in steps if s != "schedule"]
         if self.aligned is not None and after:
             return (f"the arithmetic: run on one split plan the bits still differ; the first modelled difference "
@@ -197,16 +120,23 @@ class DiffReport:
 
 
 class _Algorithm:
-    """A built-in algorithm or plugin as the diff runs it: the request's whole kv, its numerics if stated."""
+    """A built-in algorithm or plugin as the diff runs it (``name`` or ``name:key=value``, as ``amla-sim run``
+    takes it): the request's whole kv, its numerics if stated."""
 
-    def __init__(self, name: str):
+    def __init__(self, spec: str):
+        from ..experiments.specs import parse_algorithm
+        from ..plugins import PluginError
+
+        try:
+            _, self.name, self.options = parse_algorithm(spec)
+        except (PluginError, ValueError, TypeError) as e:
+            raise ValueError(f"kernel: {str(e).removeprefix('algorithms: ')}") from None
         from ..plugins import get_algorithm
 
-        self.name = name
-        self.fn = get_algorithm(name)
+        self.fn = get_algorithm(self.name)
         stated = getattr(self.fn, "numerics", None) or {}
         if not isinstance(stated, Mapping) or set(stated) - set(STEPS):
-            raise ValueError(f"kernel: {name}'s numerics must map steps of {STEPS} to a tag or (tag, text), got "
+            raise ValueError(f"kernel: {spec}'s numerics must map steps of {STEPS} to a tag or (tag, text), got "
                              f"{stated!r:.80}")
         self.numerics = {k: (v, v) if isinstance(v, str) else tuple(v) for k, v in stated.items()}
 
@@ -214,45 +144,68 @@ class _Algorithm:
         from ..plugins import call_algorithm
 
         q, kv = req.arrays["q"][None, -s_q:], req.arrays["kv"][None]
-        res = call_algorithm(self.name, self.fn, q, kv)  # a plugin's result checked there
+        res = call_algorithm(self.name, self.fn, q, kv, **self.options)  # a plugin's result checked there
         return {"out": np.asarray(res.out)[0, -1]}
 
 
+#: What ``--kernel NAME:key=value`` may set for a modelled kernel: its launch's SM count, and the split count
+#: handed to a kernel whose API takes one.
+SIDE_OPTIONS = ("num_sms", "num_kv_splits")
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One kernel of a diff: a modelled kernel with its launch, or an algorithm."""
+
+    spec: str
+    kernel: BatchKernel | _Algorithm
+    num_sms: int
+    num_kv_splits: int | None = None
+
+
 def kernel_diff(a: str, b: str, *, length: int = 4096, heads: int = 128, dist: str = "flashmla", seed: int = 0,
-                s_q: int = 1, num_sms: int = 132) -> DiffReport:
-    """Kernels `a` and `b` (names of :data:`.kernels.BATCH_KERNELS`, built-in algorithms or plugins) on one request
-    drawn from `dist` and `seed` (`length` tokens, `heads` heads), alone in its launch: where their bits differ
-    and why (see the module docstring). A sparse FP8 kernel against a dense one sees the same tokens: the request
-    attends to every one of its `length` tokens."""
+                s_q: int = 1, num_sms: int = 132, max_memory: int | None = None) -> DiffReport:
+    """Kernels `a` and `b` on one request drawn from `dist` and `seed` (`length` tokens, `heads` heads), alone in
+    its launch: where their bits differ and why (see the module docstring). Each is a name of
+    :data:`.registry.BATCH_KERNELS`, optionally with its launch's ``:num_sms=N`` (in place of `num_sms`) or
+    ``:num_kv_splits=N`` (a kernel whose API takes a split count), or a built-in algorithm or plugin (with its
+    options, as ``amla-sim run`` takes them). A sparse FP8 kernel against a dense one sees the same tokens: the
+    request attends to every one of its `length` tokens. Every bound and the memory the run needs are checked
+    before the request is drawn (`max_memory`: the bytes it may take; None: what this machine has)."""
+    for which, v in (("first", a), ("second", b)):
+        if not isinstance(v, str) or not v:
+            raise TypeError(f"kernel: expected a kernel's name, got {v!r:.60} (the {which} kernel)")
     if a == b:
         raise ValueError(f"kernel: the two kernels are the same ({a!r})")
-    sides = [_side(name) for name in (a, b)]
-    req = get_batch_kernel("flashmla").request(dist=dist, seed=seed, length=length, heads=heads, s_q=s_q)
-    reqs = [k.adopt(req) if isinstance(k, BatchKernel) else req for k in sides]
-    launches = [Launch("alone", (r.length,), s_q=s_q, num_sms=num_sms) for r in reqs]
-    plans: list[Plan | None] = [k.plans(r, L)[0] if isinstance(k, BatchKernel) else None
-                                for k, r, L in zip(sides, reqs, launches)]
-    got = [k.run(r, L, p) if isinstance(k, BatchKernel) else k.run(r, s_q)
-           for k, r, L, p in zip(sides, reqs, launches, plans)]
+    check_int(seed, "seed", lo=0)
+    check_int(num_sms, "num_sms", lo=1, hi=INT32_MAX)
+    if not isinstance(dist, str):
+        raise TypeError(f"dist: expected a distribution's name, got {dist!r:.60}")
+    parse_dist(dist)
+    dense = get_batch_kernel("flashmla")  # the request as FlashMLA's dense decode takes it, adopted by the others
+    tokens = dense.check_request(length=length, heads=heads, s_q=s_q, options={})
+    sides = [_side(spec, num_sms) for spec in (a, b)]
+    launches, most = _launches(sides, length=length, heads=heads, s_q=s_q, num_sms=num_sms)
+    check_memory([("length, heads, s_q", request_bytes(heads=heads, s_q=s_q, tokens=tokens, splits=0)),
+                  ("heads, s_q, num_sms", split_bytes(rows=s_q * heads, splits=most))],
+                 what=f"the diff of {a} and {b} ({length} tokens, {heads} heads)", limit=max_memory)
+    req = dense.request(dist=dist, seed=seed, length=length, heads=heads, s_q=s_q)
+    reqs = [side.kernel.adopt(req) if isinstance(side.kernel, BatchKernel) else req for side in sides]
+    plans: list[Plan | None] = [side.kernel.plans(r, L)[0] if isinstance(side.kernel, BatchKernel) else None
+                                for side, r, L in zip(sides, reqs, launches)]
+    got = [side.kernel.run(r, L, p) if isinstance(side.kernel, BatchKernel) else side.kernel.run(r, s_q)
+           for side, r, L, p in zip(sides, reqs, launches, plans)]
     shared = [s for s in got[0] if s in got[1]]
-    notes = []
-    one_sided = sorted(set(got[0]) ^ set(got[1]))
-    if one_sided:
-        notes.append(f"only one kernel returns {', '.join(one_sided)}: compared {', '.join(shared)}")
-    rep = compare({s: got[0][s] for s in shared}, {s: got[1][s] for s in shared},
-                  meta={"a": a, "b": b, "launch": launches[0].to_dict()})
+    alone = {s: f"only {'AB'[i]} ({(a, b)[i]}) returns it" for i in (0, 1) for s in got[i] if s not in got[1 - i]}
+    notes = [f"{', '.join(alone)} not compared: only one kernel returns it; compared {', '.join(shared)}"] \
+        if alone else []
+    rep = replace(compare({s: got[0][s] for s in shared}, {s: got[1][s] for s in shared},
+                          meta={"a": a, "b": b, "launch": launches[0].to_dict()}), skipped=alone)
     aligned = None
-    if not rep.bit_exact and None not in plans and plans[0] != plans[1]:
-        for me, other, how in ((0, 1, "A under B's plan"), (1, 0, "B under A's plan")):
-            try:
-                mine = sides[me].run(reqs[me], launches[me], plans[other])
-            except ValueError as e:
-                notes.append(f"{'AB'[me]} cannot run {'AB'[other]}'s split plan: {str(e)[:120]}")
-                continue
-            pair = ({s: mine[s] for s in shared}, {s: got[other][s] for s in shared})
-            aligned = compare(*(pair if me == 0 else pair[::-1]), meta={"how": how})
-            break
-    numerics = [dict(NUMERICS[side.name]) if isinstance(side, BatchKernel) else side.numerics for side in sides]
+    if rep.first_difference is not None and None not in plans and plans[0] != plans[1]:
+        aligned = _aligned(sides, reqs, launches, plans, got, shared, notes)
+    numerics = [dict(NUMERICS[side.kernel.name]) if isinstance(side.kernel, BatchKernel) else side.kernel.numerics
+                for side in sides]
     steps = []
     for s in STEPS:
         x, y = numerics[0].get(s), numerics[1].get(s)
@@ -260,12 +213,73 @@ def kernel_diff(a: str, b: str, *, length: int = 4096, heads: int = 128, dist: s
         if s == "schedule" and None not in plans:
             same = plans[0] == plans[1]  # measured: the plans themselves
         steps.append((s, x and x[1], y and y[1], same))
-    steps = tuple(steps)
-    info = {"length": length, "heads": heads, "dist": dist, "seed": seed, "s_q": s_q, "num_sms": num_sms}
-    return DiffReport(a, b, info, rep, steps, (plans[0], plans[1]), aligned, tuple(notes))
+    info = {"length": length, "heads": heads, "dist": dist, "seed": seed, "s_q": s_q,
+            "num_sms": [side.num_sms for side in sides] if sides[0].num_sms != sides[1].num_sms else num_sms}
+    return DiffReport(a, b, info, rep, tuple(steps), (plans[0], plans[1]), aligned, tuple(notes))
 
 
-def _side(name: str) -> BatchKernel | _Algorithm:
-    if not isinstance(name, str):
-        raise TypeError(f"kernel: expected a name, got {name!r}")
-    return get_batch_kernel(name) if name in BATCH_KERNELS else _Algorithm(name)
+def _aligned(sides: list[_Side], reqs: list[Request], launches: list[Launch], plans: list[Plan | None],
+             got: list[dict[str, np.ndarray]], shared: list[str], notes: list[str]) -> ComparisonReport | None:
+    """A under B's split plan against B (or B under A's): whether the schedule alone explains the difference."""
+    for me, other, how in ((0, 1, "A under B's plan"), (1, 0, "B under A's plan")):
+        k, plan = cast(BatchKernel, sides[me].kernel), cast(Plan, plans[other])  # both modelled: both planned
+        if len(plan) > k.max_splits(launches[me], heads=reqs[me].heads):
+            notes.append(f"{'AB'[me]} cannot run {'AB'[other]}'s split plan: {len(plan)} splits, more than "
+                         f"{k.name} runs a request in")
+            continue
+        try:
+            mine = k.run(reqs[me], launches[me], plan)
+        except ValueError as e:
+            notes.append(f"{'AB'[me]} cannot run {'AB'[other]}'s split plan: {str(e)[:120]}")
+            continue
+        pair = ({s: mine[s] for s in shared}, {s: got[other][s] for s in shared})
+        return compare(*(pair if me == 0 else pair[::-1]), meta={"how": how})
+    return None
+
+
+def _side(spec: str, num_sms: int) -> _Side:
+    """``name``, ``name:num_sms=N``, ``name:num_kv_splits=N`` for a modelled kernel; else an algorithm."""
+    head, _, rest = spec.partition(":")
+    if head not in BATCH_KERNELS:
+        return _Side(spec, _Algorithm(spec), num_sms)
+    k = get_batch_kernel(head)
+    given: dict[str, int] = {}
+    for opt in rest.split(":") if rest else ():
+        key, eq, raw = opt.partition("=")
+        allowed = [o for o in SIDE_OPTIONS if o != "num_kv_splits" or k.takes_num_kv_splits]
+        if not eq or key not in allowed:
+            raise ValueError(f"kernel: {spec!r}: {opt!r} is not an option of {head} here; a modelled kernel takes "
+                             f"{', '.join(o + '=N' for o in allowed)}")
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"kernel: {spec!r}: {key} takes an int, got {raw!r}") from None
+        try:
+            given[key] = check_int(value, key, lo=1, hi=INT32_MAX)
+        except ValueError as e:
+            raise ValueError(f"kernel: {spec!r}: {e}") from None
+    return _Side(spec, k, given.get("num_sms", num_sms), given.get("num_kv_splits"))
+
+
+def _launches(sides: list[_Side], *, length: int, heads: int, s_q: int,
+              num_sms: int) -> tuple[list[Launch], int]:
+    """Each side's launch, the request alone, checked against its kernel's bounds; the most splits of a run."""
+    launches, most = [], 0
+    for side in sides:
+        k = side.kernel
+        if not isinstance(k, BatchKernel):
+            launches.append(Launch("alone", (length,), s_q=s_q, num_sms=side.num_sms))
+            continue
+        n = k.adopted_length(length=length, heads=heads, s_q=s_q)
+        L = Launch("alone", (n,), s_q=s_q, num_sms=side.num_sms, num_kv_splits=side.num_kv_splits)
+        try:
+            one, _ = check_launches(k, [L], length=n, heads=heads, options=k.options())
+        except ValueError as e:
+            named = [a.strip() for a in str(e).partition(":")[0].split(",")]
+            if side.spec != k.name and ("num_kv_splits" in named or (
+                    "num_sms" in named and side.num_sms != num_sms)):  # set by the side's own options
+                raise ValueError(f"kernel: {side.spec!r}: {e}") from None
+            raise ValueError(f"{e} ({side.spec})") from None
+        launches.append(L)
+        most = max(most, one)  # the other side's plan, where this one runs it, is no longer than that side's
+    return launches, most

@@ -10,7 +10,15 @@ import numpy as np
 
 from .._validate import check_int
 
-__all__ = ["Launch", "variations"]
+__all__ = ["Launch", "variations", "MAX_BATCH", "MAX_REQUESTS", "INT32_MAX"]
+
+#: The most requests a launch of the study holds: more than any serving engine batches in one decode step (the
+#: schedulers' host walks are Python loops over the batch).
+MAX_BATCH = 65536
+#: The most requests a study's launches hold together.
+MAX_REQUESTS = 1 << 20
+#: Lengths and SM counts are int32 in every modelled kernel's API.
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -30,13 +38,17 @@ class Launch:
     num_kv_splits: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.lengths:
-            raise ValueError(f"lengths: a launch holds at least the request itself ({self.label})")
+        if not isinstance(self.lengths, tuple) or not self.lengths:
+            raise ValueError(f"lengths: a launch holds a tuple of at least the request's own length, got "
+                             f"{self.lengths!r:.80} ({self.label!r})")
+        if len(self.lengths) > MAX_BATCH:
+            raise ValueError(f"lengths: {len(self.lengths)} requests in a launch, more than the study takes "
+                             f"({MAX_BATCH}) ({self.label!r})")
         for n in self.lengths:
-            check_int(n, "lengths", lo=1)
+            check_int(n, "lengths", lo=1, hi=INT32_MAX)
         check_int(self.position, "position", lo=0, hi=len(self.lengths) - 1)
         check_int(self.s_q, "s_q", lo=1)
-        check_int(self.num_sms, "num_sms", lo=1)
+        check_int(self.num_sms, "num_sms", lo=1, hi=INT32_MAX)
         if self.num_kv_splits is not None:
             check_int(self.num_kv_splits, "num_kv_splits", lo=1)
 
@@ -58,30 +70,42 @@ def variations(length: int, *, batchmates: Sequence[int] = (1, 3, 7), mixed: int
                num_sms: Sequence[int] = (132,), s_q: Sequence[int] = (1,),
                num_kv_splits: Sequence[int] = (), seed: int = 0) -> list[Launch]:
     """The request alone, then one change at a time: `batchmates` more requests of its own length; `mixed`
-    batchmates of lengths drawn from 64 .. 2 `length` (seeded), with the request first and then last; each other SM
-    count of `num_sms` and each other `s_q`; each split count of `num_kv_splits`. The first of `num_sms` and
-    `s_q` is the reference's."""
-    check_int(length, "length", lo=1)
-    for n in batchmates:
-        check_int(n, "batchmates", lo=1)
-    if not num_sms or not s_q:
+    batchmates of lengths drawn between 64 and twice its length (seeded), with the request first and then last;
+    each other SM count of `num_sms` and each other `s_q`; each split count of `num_kv_splits`. The first of
+    `num_sms` and `s_q` is the reference's. Every argument is checked before a launch is built."""
+    check_int(length, "length", lo=1, hi=INT32_MAX)
+    for name, values in (("batchmates", batchmates), ("num_sms", num_sms), ("s_q", s_q),
+                         ("num_kv_splits", num_kv_splits)):
+        if not isinstance(values, (Sequence, np.ndarray)) or isinstance(values, (str, bytes)):
+            raise TypeError(f"{name}: expected a sequence of ints, got {values!r:.80}")
+        if len(values) > MAX_REQUESTS:
+            raise ValueError(f"{name}: {len(values)} values, a launch each: more than the study takes")
+    batchmates = [check_int(n, "batchmates", lo=1, hi=MAX_BATCH - 1) for n in batchmates]
+    if not len(num_sms) or not len(s_q):
         raise ValueError("num_sms, s_q: each needs at least one value (the first is the reference's)")
-    sms0, sq0 = check_int(num_sms[0], "num_sms", lo=1), check_int(s_q[0], "s_q", lo=1)
+    num_sms = [check_int(n, "num_sms", lo=1, hi=INT32_MAX) for n in num_sms]
+    s_q = [check_int(n, "s_q", lo=1) for n in s_q]
+    num_kv_splits = [check_int(n, "num_kv_splits", lo=1) for n in num_kv_splits]
+    if mixed is not None:
+        check_int(mixed, "mixed", lo=0, hi=MAX_BATCH - 1)
+    check_int(seed, "seed", lo=0)
+    total = 1 + sum(n + 1 for n in batchmates) + 2 * ((mixed or 0) + 1) + len(num_sms) + len(s_q) + len(num_kv_splits)
+    if total > MAX_REQUESTS:
+        raise ValueError(f"batchmates: the launches would hold {total} requests in all, more than the study takes "
+                         f"({MAX_REQUESTS})")
+    sms0, sq0 = num_sms[0], s_q[0]
     base = {"num_sms": sms0, "s_q": sq0}
     out = [Launch("alone", (length,), **base)]
     out += [Launch(f"with {n} batchmate{'s' * (n > 1)} of its length", (length,) * (n + 1), **base)
             for n in batchmates]
     if mixed:
-        check_int(mixed, "mixed", lo=1)
-        rng = np.random.default_rng([check_int(seed, "seed", lo=0), 41])
-        mates = tuple(int(v) for v in rng.integers(64, 2 * length + 1, mixed))
-        out.append(Launch(f"first of {mixed + 1}, batchmates {', '.join(map(str, mates))} long", (length,) + mates,
-                          **base))
+        rng = np.random.default_rng([seed, 41])
+        lo, hi = sorted((64, 2 * length))
+        mates = tuple(int(v) for v in rng.integers(lo, min(hi, INT32_MAX) + 1, mixed))
+        shown = ", ".join(map(str, mates[:8])) + (f", ... ({mixed} in all)" if mixed > 8 else "")
+        out.append(Launch(f"first of {mixed + 1}, batchmates {shown} long", (length,) + mates, **base))
         out.append(Launch(f"last of {mixed + 1}, the same batchmates", mates + (length,), position=mixed, **base))
-    out += [Launch(f"alone on {n} SMs", (length,), num_sms=check_int(n, "num_sms", lo=1), s_q=sq0)
-            for n in num_sms[1:]]
-    out += [Launch(f"alone with s_q = {n}", (length,), num_sms=sms0, s_q=check_int(n, "s_q", lo=1))
-            for n in s_q[1:]]
-    out += [Launch(f"alone, num_kv_splits = {n}", (length,), num_kv_splits=check_int(n, "num_kv_splits", lo=1),
-                   **base) for n in num_kv_splits]
+    out += [Launch(f"alone on {n} SMs", (length,), num_sms=n, s_q=sq0) for n in num_sms[1:]]
+    out += [Launch(f"alone with s_q = {n}", (length,), num_sms=sms0, s_q=n) for n in s_q[1:]]
+    out += [Launch(f"alone, num_kv_splits = {n}", (length,), num_kv_splits=n, **base) for n in num_kv_splits]
     return out

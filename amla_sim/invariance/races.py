@@ -29,13 +29,17 @@ import numpy.typing as npt
 
 from .._validate import check_int
 from ..algorithms._common import D_V
+from ..algorithms.deployed.flashmla.combine import combine_width
 from ..algorithms.deployed.flashmla.scheduler import etap_num_sm_parts, etap_schedule
+from ..resources import check_fits
+from .launches import INT32_MAX, MAX_BATCH
 
 __all__ = ["Race", "ETAP_RACES", "RequestExposure", "RaceExposure", "etap_race_exposure"]
 
 BLOCK_M = 16  # Flash_fwd_kernel_traits_mla<576, 16, 64, 8>: query rows a tile
 LAST_HALF = 8  # the second n8 half of a thread's queries: stored last
 FIRST_READ = (range(64), range(256, 320))  # d_v columns read first: each warpgroup's first m64 fragment
+_PER_ROW = 120  # bytes of an exposed row's (s, h) pair, half the rows exposed
 
 
 @dataclass(frozen=True)
@@ -129,14 +133,19 @@ def etap_race_exposure(seqlens: npt.ArrayLike, *, s_q: int = 1, heads: int = 128
     """For a FlashMLA-ETAP launch (requests of `seqlens` tokens, `s_q` query rows of `heads` heads each), the
     rows of each request its two races can change from run to run, and the tiles that run them."""
     lens = np.asarray(seqlens)
-    if lens.ndim != 1 or lens.size == 0 or lens.dtype.kind not in "iu" or (lens < 1).any():
-        raise ValueError(f"seqlens: a list of request lengths >= 1, got {seqlens!r}")
+    if lens.ndim != 1 or lens.size == 0 or lens.dtype.kind not in "iu" or (lens < 1).any() or lens.size > MAX_BATCH \
+            or (lens > INT32_MAX).any():
+        raise ValueError(f"seqlens: a list of 1 to {MAX_BATCH} request lengths in [1, {INT32_MAX}], got "
+                         f"{seqlens!r:.80}")
     s_q = check_int(s_q, "s_q", lo=1)
     heads = check_int(heads, "heads", lo=1)
-    num_sms = check_int(num_sms, "num_sms", lo=1)
+    num_sms = check_int(num_sms, "num_sms", lo=1, hi=INT32_MAX)
     parts = etap_num_sm_parts(s_q=s_q, heads_q=heads, num_sms=num_sms)
     if parts < 1:
         raise ValueError(f"num_sms: {num_sms} SMs leave no part for {s_q} x {heads} query rows")
+    combine_width(parts, num_sms)  # the model's own bound: at most 160 parts
+    check_fits(_PER_ROW * s_q * heads, what=f"heads, s_q: the race exposure of {s_q} x {heads} query rows",
+               lower="them")
     _, cum = etap_schedule(lens, parts)
     m_blocks = -(-(s_q * heads) // BLOCK_M)
     rows = tuple((r // heads, r % heads) for r in range(s_q * heads) if r % BLOCK_M >= LAST_HALF)

@@ -9,7 +9,7 @@ runs the same launches under a batch-invariant plan: its bits (one answer for ev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +17,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .._validate import check_int, strict_json
-from ..algorithms._common import check_kernel_inputs
 from ..comparison import ComparisonReport, compare
-from .kernels import BatchKernel, Plan, Request, describe_plan, get_batch_kernel
+from ..experiments.inputs import parse_dist
+from ..resources import plan_bytes, split_bytes
+from .kernel import BatchKernel, Plan, Request, checked_inputs, describe_plan
 from .launches import Launch, variations
+from .preflight import check_launches, check_memory, check_what_if, request_bytes
 from .races import runs
+from .registry import get_batch_kernel
 
 __all__ = ["invariance", "InvarianceReport", "LaunchResult", "WhatIf", "project"]
 
@@ -151,20 +154,31 @@ class InvarianceReport:
         return self.format()
 
 
-def project(out: np.ndarray, projection: np.ndarray) -> np.ndarray:
+def project(out: npt.ArrayLike, projection: npt.ArrayLike) -> np.ndarray:
     """Logits of a row of interest: its (heads, 512) output flattened, times `projection` (heads * 512, vocab),
     in float64."""
-    return np.asarray(out, np.float64).reshape(-1) @ projection
+    o, p = np.asarray(out), np.asarray(projection)
+    if p.ndim != 2 or p.shape[0] != o.size:
+        raise ValueError(f"projection: expected ({o.size}, vocab) for an output of shape {o.shape}, got {p.shape}")
+    return np.asarray(o, np.float64).reshape(-1) @ p
 
 
-def _check_projection(projection: npt.ArrayLike | None, heads: int) -> np.ndarray | None:
+def _projection_shape(projection: npt.ArrayLike | None, heads: int) -> np.ndarray | None:
+    """The projection, its shape and dtype checked (its values once memory is known to suffice)."""
     if projection is None:
         return None
     p = np.asarray(projection)
-    if p.ndim != 2 or p.shape[0] != heads * 512 or p.shape[1] < 2 or p.dtype.kind != "f" \
-            or not np.isfinite(p).all():
+    if p.ndim != 2 or p.shape[0] != heads * 512 or p.shape[1] < 2 or p.dtype.kind != "f":
         raise ValueError(f"projection: expected finite floats of shape ({heads * 512}, vocab >= 2) (the row's heads x "
                          f"512 outputs to logits), got {p.dtype} {p.shape}")
+    return p
+
+
+def _finite_projection(p: np.ndarray | None) -> np.ndarray | None:
+    if p is None:
+        return None
+    if not np.isfinite(p).all():
+        raise ValueError(f"projection: expected finite floats, {int(np.size(p) - np.isfinite(p).sum())} are not")
     return p.astype(np.float64)
 
 
@@ -175,7 +189,7 @@ def invariance(
     heads: int = 128,
     dist: str = "flashmla",
     seed: int = 0,
-    inputs: dict[str, np.ndarray] | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
     launches: Sequence[Launch] | None = None,
     batchmates: Sequence[int] = (1, 3, 7),
     mixed: int | None = 3,
@@ -184,44 +198,112 @@ def invariance(
     num_kv_splits: Sequence[int] = (),
     projection: npt.ArrayLike | None = None,
     split_tokens: int | None | bool = False,
+    max_memory: int | None = None,
     **options: Any,
 ) -> InvarianceReport:
     """Run a request alone and in other launches through `kernel`'s model and say whether, where and why its
     bits change.
 
     The request: drawn from `dist` and `seed` (`length` tokens, or topk slots for the sparse decode; `heads`), or
-    `inputs` (``q`` (s_q, heads, 576) and ``kv`` (length, 576) BF16, as the kernel takes them). launches: the
-    launches to compare, the first being the reference; default :func:`.launches.variations` (`batchmates`,
-    `mixed`, `num_sms`, `s_q`, `num_kv_splits`). projection: (heads * 512, vocab) floats; each launch's argmax of
-    the row's logits is reported (a near tie flips where the bits change). split_tokens: also run the
-    batch-invariant what-if, splits of that many tokens (None: one split each; False: no what-if). options: the
-    kernel's own (``tokens`` for the sparse decode's cache, ``format`` for ETAP, ``max_context_len`` for SGLang).
+    `inputs` (``q`` (s_q, heads, 576) and ``kv`` (length, 576) of one request, in a format the kernel takes).
+    launches: the launches to compare, the first being the reference; default :func:`.launches.variations`
+    (`batchmates`, `mixed`, `num_sms`, `s_q`, `num_kv_splits`). projection: (heads * 512, vocab) floats; each
+    launch's argmax of the row's logits is reported (a near tie flips where the bits change). split_tokens: also
+    run the batch-invariant what-if, splits of that many tokens (None: one split each; False: no what-if).
+    max_memory: the bytes the run may take (None: what this machine has). options: the kernel's own (``tokens``
+    for the sparse decode's cache, ``format`` for ETAP and FA3, ``max_context_len`` for SGLang).
 
-    Long: the checks of the request and its launches, then one loop over the launches, then the what-if.
+    Every bound (the kernels' and the study's) and the memory the run needs are checked before the request is
+    drawn or a plan built.
     """
     k = get_batch_kernel(kernel) if isinstance(kernel, str) else kernel
+    if not isinstance(k, BatchKernel):
+        raise TypeError(f"kernel: expected a kernel's name or a BatchKernel, got {kernel!r:.60}")
+    opts = k.options(**options)
+    req, launches, terms = _prepare(k, opts, options, inputs=inputs, length=length, heads=heads, launches=launches,
+                                    batchmates=batchmates, mixed=mixed, num_sms=num_sms, s_q=s_q,
+                                    num_kv_splits=num_kv_splits, seed=seed, dist=dist, split_tokens=split_tokens)
+    proj = _projection_shape(projection, req["heads"])
+    if proj is not None:
+        terms.append(("projection", 9 * proj.size))
+    check_memory(terms, what=f"the study of {k.name} ({req['length']} tokens, {req['heads']} heads, "
+                             f"{len(launches)} launches)", limit=max_memory)
+    proj = _finite_projection(proj)
+    request = req["request"] or k.request(dist=dist, seed=seed, length=length, heads=heads,
+                                          s_q=max(L.s_q for L in launches), **options)
+    results, ref = _run_launches(k, request, launches, proj)
+    report_proj = {}
+    if proj is not None:
+        logits = project(ref["out"], proj)
+        top2 = np.sort(logits)[-2:]
+        report_proj = {"argmax": int(np.argmax(logits)), "margin": float(top2[1] - top2[0]),
+                       "flips": sum(r.argmax != results[0].argmax for r in results[1:])}
+    what = None
+    if split_tokens is not False:
+        inv = [k.invariant_plans(request, L, split_tokens) for L in launches]
+        plan = inv[0][launches[0].position]
+        what = WhatIf(split_tokens, k.what_if, plan, compare(k.run(request, launches[0], plan), ref),
+                      [k.units(request, L, p) for L, p in zip(launches, inv)])
+    info = {"length": request.length, "heads": request.heads,
+            **{key: v for key, v in request.recipe.items() if key != "heads"}}
+    return InvarianceReport(k.name, k.summary, info, tuple(results), what, report_proj,
+                            _races(k, request, launches[0]))
+
+
+def _prepare(k: BatchKernel, opts: dict[str, Any], options: dict[str, Any], *, inputs: Any, length: int,
+             heads: int, launches: Sequence[Launch] | None, split_tokens: int | None | bool,
+             **shape: Any) -> tuple[dict[str, Any], list[Launch], list[tuple[str, int]]]:
+    """The study's checks, nothing drawn or planned: the request (its length, heads and, from `inputs`, itself),
+    the launches, and the memory terms (the arguments that set each, its bytes)."""
+    s_q, num_kv_splits = shape["s_q"], shape["num_kv_splits"]
     if launches is None:
+        if isinstance(s_q, (str, bytes)) or not isinstance(s_q, (Sequence, np.ndarray)) or not len(s_q):
+            raise ValueError(f"s_q: expected one or more query row counts, got {s_q!r:.60}")
         if not k.takes_s_q and tuple(s_q) != (1,):
             raise ValueError(f"s_q: {k.name} takes one query a request")
         if num_kv_splits and not k.takes_num_kv_splits:
             raise ValueError(f"num_kv_splits: {k.name}'s API takes no split count")
-        sq_max = max(check_int(n, "s_q", lo=1) for n in s_q) if s_q else 1
+        sq_max = max(check_int(n, "s_q", lo=1) for n in s_q)
     else:
+        if isinstance(launches, (str, bytes)) or not isinstance(launches, Sequence):
+            raise TypeError(f"launches: expected a sequence of Launch objects, got {launches!r:.60}")
         launches = list(launches)
-        if not launches:
-            raise ValueError("launches: at least the reference launch")
+        if not launches or not all(isinstance(L, Launch) for L in launches):
+            raise ValueError("launches: at least the reference launch, each a Launch")
         sq_max = max(L.s_q for L in launches)
-    req = _request(k, inputs, dist=dist, seed=seed, length=length, heads=heads, s_q=sq_max, **options)
+    if inputs is None:
+        if not isinstance(shape["dist"], str):
+            raise TypeError(f"dist: expected a distribution's name, got {shape['dist']!r:.60}")
+        parse_dist(shape["dist"])
+        check_int(shape["seed"], "seed", lo=0)
+        tokens = k.check_request(length=length, heads=heads, s_q=sq_max, options=opts)
+        req: dict[str, Any] = {"request": None, "length": length, "heads": heads}
+        source = "length, heads, s_q" + (", tokens" if "tokens" in opts else "")
+    else:
+        q, kv = checked_inputs(k, inputs, sq_max)
+        r = k.from_arrays(q, kv, s_q=sq_max, **options)
+        req, tokens, source = {"request": r, "length": r.length, "heads": r.heads}, kv.shape[0], "inputs"
     if launches is None:
-        launches = variations(req.length, batchmates=batchmates, mixed=mixed if k.lengths_vary else None,
-                              num_sms=num_sms, s_q=s_q, num_kv_splits=num_kv_splits, seed=seed)
-    for L in launches:
-        if L.length != req.length:
-            raise ValueError(f"launches: {L.label!r} gives the request {L.length} tokens, it has {req.length}")
-        if not k.lengths_vary and set(L.lengths) != {req.length}:
-            raise ValueError(f"launches: every request of a {k.name} launch is {req.length} slots long "
-                             f"({L.label!r} has {sorted(set(L.lengths))})")
-    proj = _check_projection(projection, req.heads)
+        launches = variations(req["length"], batchmates=shape["batchmates"],
+                              mixed=shape["mixed"] if k.lengths_vary else None, num_sms=shape["num_sms"], s_q=s_q,
+                              num_kv_splits=num_kv_splits, seed=shape["seed"])
+    most, planned = check_launches(k, launches, length=req["length"], heads=req["heads"], options=opts)
+    splitter = "num_kv_splits" if any(L.num_kv_splits for L in launches) else "num_sms"
+    if split_tokens is not False:
+        n, extra = check_what_if(k, launches, length=req["length"], heads=req["heads"], split_tokens=split_tokens)
+        splitter = "split_tokens" if n > most else splitter
+        most, planned = max(most, n), planned + extra
+    terms = [(source, request_bytes(heads=req["heads"], s_q=sq_max, tokens=tokens, splits=0)),
+             (f"{'heads' if inputs is None else 'inputs'}, s_q, {splitter}",
+              split_bytes(rows=sq_max * req["heads"], splits=most)),
+             ("batchmates, mixed" if shape.get("batchmates") is not None else "launches", plan_bytes(planned))]
+    return req, launches, terms
+
+
+def _run_launches(k: BatchKernel, req: Request, launches: Sequence[Launch],
+                  proj: np.ndarray | None) -> tuple[list[LaunchResult], dict[str, np.ndarray]]:
+    """Every launch's result against the first's, and the first's bits; a plan is run once, whichever launches
+    share it."""
     ref_launch = launches[0]
     ref_plan = k.plans(req, ref_launch)[ref_launch.position]
     ref = k.run(req, ref_launch, ref_plan)
@@ -241,21 +323,7 @@ def invariance(
         arg = None if proj is None else int(np.argmax(project(got["out"], proj)))
         results.append(LaunchResult(L, plan, plan == ref_plan, rep, k.reason(req, L), k.units(req, L, plans), arg,
                                     got))
-    report_proj = {}
-    if proj is not None:
-        logits = project(ref["out"], proj)
-        top2 = np.sort(logits)[-2:]
-        report_proj = {"argmax": int(np.argmax(logits)), "margin": float(top2[1] - top2[0]),
-                       "flips": sum(r.argmax != results[0].argmax for r in results[1:])}
-    what = None
-    if split_tokens is not False:
-        inv = [k.invariant_plans(req, L, split_tokens) for L in launches]
-        plan = inv[0][ref_launch.position]
-        bits = k.run(req, ref_launch, plan)
-        what = WhatIf(split_tokens, k.what_if, plan, compare(bits, ref),
-                      [k.units(req, L, p) for L, p in zip(launches, inv)])
-    info = {"length": req.length, "heads": req.heads, **{key: v for key, v in req.recipe.items() if key != "heads"}}
-    return InvarianceReport(k.name, k.summary, info, tuple(results), what, report_proj, _races(k, req, ref_launch))
+    return results, ref
 
 
 def _races(k: BatchKernel, req: Request, launch: Launch) -> dict[str, Any]:
@@ -267,21 +335,3 @@ def _races(k: BatchKernel, req: Request, launch: Launch) -> dict[str, Any]:
     heads = [h for s, h in mine.rows if s == launch.s_q - 1]
     return {"races": [r.name for r in exp.races], "exposed_heads": heads, "tiles": mine.tiles,
             "exposed_text": runs(heads)}
-
-
-def _request(k: BatchKernel, inputs: dict[str, np.ndarray] | None, **kw: Any) -> Request:
-    if inputs is None:
-        return k.request(**kw)
-    if not isinstance(inputs, dict) or "q" not in inputs or "kv" not in inputs:
-        raise ValueError("inputs: expected a mapping with q (s_q, heads, 576) and kv (length, 576)")
-    q, kv = np.asarray(inputs["q"]), np.asarray(inputs["kv"])
-    if q.ndim == 3:
-        q = q[None]
-    if kv.ndim == 2:
-        kv = kv[None]
-    qa, kva, _ = check_kernel_inputs(q, kv, None)
-    if qa.shape[1] < kw["s_q"]:
-        raise ValueError(f"inputs: q holds {qa.shape[1]} query rows, the launches need {kw['s_q']}")
-    if set(inputs) - {"q", "kv"}:
-        raise ValueError(f"inputs: unexpected arrays {sorted(set(inputs) - {'q', 'kv'})} (q and kv only)")
-    return k.from_arrays(qa[0], kva[0], s_q=kw["s_q"])
