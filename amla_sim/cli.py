@@ -190,7 +190,8 @@ def _capture_deployed(args: argparse.Namespace) -> ReplayReport:
     spec = KERNELS[args.kernel]
     with tempfile.TemporaryDirectory() as tmp:
         path = args.save or os.path.join(tmp, "capture.npz")
-        capture(args.kernel, path, source=getattr(args, _dest(spec.source_flag)), seed=args.seed)
+        capture(args.kernel, path, source=getattr(args, _dest(spec.source_flag)), seed=args.seed,
+                scales=args.scales)
         return replay(path, kernel=args.kernel)
 
 
@@ -237,6 +238,9 @@ def _capture_own(args: argparse.Namespace) -> ReplayReport:
 
 
 def _cmd_crosscheck(args: argparse.Namespace) -> int:
+    if args.scales is not None and (args.replay or (args.kernel or "amla-sim") == "amla-sim"):
+        raise ValueError("--scales: runs a deployed --kernel's scale table on a GPU (a replay reads the scales its "
+                         "capture records)")
     if args.replay:
         from .crosscheck import CaptureError, replay
 
@@ -245,7 +249,7 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
         except CaptureError as e:  # every error about the file names it
             if args.replay in str(e):
                 raise
-            raise CaptureError(f"replay: {args.replay}: {e}") from None
+            raise CaptureError(f"replay: {args.replay}: {str(e).removeprefix('replay: ')}") from None
     elif (args.kernel or "amla-sim") == "amla-sim":
         report = _capture_own(args)
     else:
@@ -710,6 +714,10 @@ def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exp", default="poly", choices=["poly", "hw"], help="kernel exp mode (poly: modelled exactly)")
     p.add_argument("--dist", default="normal:1")
     p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--scales", type=_int_at_least(0), metavar="N",
+                   help="a deployed --kernel: run its scale table instead of its cases (one small launch for each "
+                        "of DeepSeek's softmax scales and N random ones in [0.03, 0.3]; descales and cache scales "
+                        "drawn too)")
     p.add_argument("--save", help="write inputs and device stages to this .npz")
     p.add_argument("--replay", help="compare a saved capture on the CPU (no GPU needed)")
     p.add_argument("--json", action="store_true")
@@ -885,6 +893,60 @@ def _add_roofline(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_roofline)
 
 
+_PREFILL_DECODE_WORK = 2e7  # (key, head) products: a few minutes of the models on one core
+
+
+def _cmd_prefill_decode(args: argparse.Namespace) -> int:
+    """Each stack's prefill of the request against each listed token's decode; exit 3 when a token's bits part."""
+    from .invariance.prefill_decode import STACKS, prefill_vs_decode, request_inputs
+
+    if args.heads > 128:
+        raise ValueError(f"--heads: the kernels take at most 128 query heads, got {args.heads}")
+    stacks = list(STACKS) if args.stack == "all" else [args.stack]
+    tokens = None if args.tokens is None else [t if t >= 0 else args.length + t for t in args.tokens]
+    if tokens is not None and not all(0 <= t < args.length for t in tokens):
+        raise ValueError(f"--tokens: expected positions in 0..{args.length - 1} (or -1 for the last), got "
+                         f"{args.tokens}")
+    work = args.heads * (sum(min(t + 1, args.topk) for t in range(args.length))
+                         + args.decode_batch * args.topk * len(tokens or range(4)))
+    if work > _PREFILL_DECODE_WORK:
+        raise ValueError(f"--length, --topk, --heads: {work:.3g} (key, head) products to model, over the "
+                         f"{_PREFILL_DECODE_WORK:.0e} a CPU runs in a few minutes; ask for a shorter request")
+    q, kv, idx = request_inputs(args.length, heads=args.heads, topk=args.topk, dist=args.dist, seed=args.seed)
+    reports = [prefill_vs_decode(s, q, kv, idx, tokens=tokens, decode_batch=args.decode_batch) for s in stacks]
+    if args.json:
+        print(dumps_strict([{"stack": r.stack.name, "tokens": [{**vars(v), "identical": v.identical}
+                                                                for v in r.tokens]} for r in reports], indent=2))
+    else:
+        print("\n".join(r.format() for r in reports))
+    return 0 if all(v.identical for r in reports for v in r.tokens) else 3
+
+
+def _add_prefill_decode(sub: argparse._SubParsersAction) -> None:
+    from .invariance.prefill_decode import STACKS
+
+    p = sub.add_parser("prefill-decode", help="DeepSeek V3.2's sparse attention: does a token's prefill give the "
+                                              "bits of its decode, per serving stack, and why not",
+                       description="A request's tokens (each with its top-k list of its prefix) through a serving "
+                                   "stack's prefill launch and, token by token, its decode launches, on the models "
+                                   "of the kernels each stack runs on Hopper with a BF16 cache: which output and "
+                                   "LSE bits differ and why (two kernels, or one kernel's split plan). Exit status: "
+                                   "0 every token identical, 3 bits differ, 1 or 2 an error.")
+    p.add_argument("--stack", default="all", choices=["all", *STACKS],
+                   help="; ".join(f"{s.name}: {s.what}" for s in STACKS.values()))
+    p.add_argument("--length", type=_int_at_least(1), default=400, help="the request's tokens (prefilled at once)")
+    p.add_argument("--heads", type=_int_at_least(1), default=16, help="query heads a GPU holds (V3.2: 128 / TP)")
+    p.add_argument("--topk", type=_int_at_least(128), default=2048, help="the indexer's list length (V3.2: 2048)")
+    p.add_argument("--tokens", type=_csv(int), help="positions whose decode to compare (default: the last 4; "
+                                                    "-1 is the last)")
+    p.add_argument("--decode-batch", type=_int_at_least(1), default=1,
+                   help="tokens in each decode launch (the token and batchmates with lists as long)")
+    p.add_argument("--dist", default="normal:1")
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_prefill_decode)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(
@@ -893,8 +955,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"amla-sim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_lemma, _add_run, _add_crosscheck, _add_compare, _add_invariance, _add_diff, _add_reproduce,
-                _add_sweep, _add_pipeline, _add_roofline):
+    for add in (_add_lemma, _add_run, _add_crosscheck, _add_compare, _add_invariance, _add_diff, _add_prefill_decode,
+                _add_reproduce, _add_sweep, _add_pipeline, _add_roofline):
         add(sub)
     return parser
 

@@ -146,6 +146,7 @@ SPARSE_CASES = [
     (1000, 16, 4000, 512, (512, *(0,) * 48, 3), "bf16", "normal:1", 105, 0, 8),  # over 992 tokens: one split
     (8, 64, 5000, 1024, (1024, 1024, 512, 100, 1024, 7, 1000, 1024), "bf16", "rope-outliers", 106, 0, 4),
     (24, 16, 8000, 1024, (1024,), "bf16", "normal:1", 107, 0, 2),  # a decode batch: a few splits each
+    (2, 128, 3000, 2048, (600, 300), "bf16", "normal:1", 108, 0, 2),  # short lists: the bound is still topk's
 ]
 
 

@@ -395,7 +395,7 @@ class _SparsePrefill(DeployedKernel):
                 for sq, H, d, s_kv, topk, tlen, invalid, far, tail, sink, dist, s, scale in SPARSE_PREFILL_CASES]
 
     def scale_template(self) -> dict:  # 64 heads: the kernel's fewest
-        return {"batch": 1, "sq": 2, "heads": 64, "d_qk": 576, "seqlens": [600], "topk": 256, "topk_length": None,
+        return {"batch": 1, "sq": 1, "heads": 64, "d_qk": 576, "seqlens": [600], "topk": 256, "topk_length": None,
                 "invalid": 0.1, "out_of_range": 0.05, "tail": False, "sink": "normal", "dist": "normal:1",
                 "seed": 500, "scale": None}
 

@@ -1,0 +1,186 @@
+"""Does a token's prefill give the same bits as its decode? DeepSeek V3.2's sparse attention as each serving stack
+runs it on Hopper with a BF16 cache.
+
+A request's tokens are prefilled in one launch and, token by token, decoded in others; reinforcement learning
+recomputes a sampled token's log-probabilities with a prefill and compares them with the decode's. The token's
+query and top-k list are the same in both (the indexer is deterministic), so attention can part only through the
+kernel each launch runs and how that kernel's plan depends on the launch:
+
+- ``sglang-dsa`` (SGLang 0.5.23's DSA backend, ``dsa_backend.py``): prefill through FlashMLA's sparse prefill kernel
+  (:func:`~amla_sim.algorithms.deployed.flashmla.sparse_prefill.flashmla_sparse_prefill`, heads zero-padded to 64),
+  decode through FA3's sparse call (:func:`~amla_sim.algorithms.deployed.fa3.sparse.fa3_mla_sparse`, num_splits 0;
+  ``sglang-dsa-deterministic``: 1): two kernels, so two arithmetics;
+- ``vllm-fa3-sparse`` (vLLM 0.33's ``FLASH_ATTN_MLA_SPARSE``): both through FA3's sparse call, whose split count of a
+  token comes from every token of its launch (none past 992 tokens): the same arithmetic, cut differently;
+- ``vllm-flashmla-sparse`` (vLLM 0.33's ``FLASHMLA_SPARSE`` with a BF16 cache): both through the sparse prefill
+  kernel, which has no split and computes each (token, head) row alone: bit for bit the same.
+
+:func:`prefill_vs_decode` runs the models of both launches and says, per token, which output elements and LSE
+values differ and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from .._validate import check_int
+from ..algorithms.deployed.fa3.sparse import fa3_mla_sparse
+from ..algorithms.deployed.flashmla.sparse_prefill import flashmla_sparse_prefill
+from ..experiments.inputs import make_inputs
+
+__all__ = ["STACKS", "Stack", "TokenVerdict", "PrefillDecodeReport", "prefill_vs_decode", "request_inputs"]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A serving stack's sparse attention: the kernel of its prefill and of its decode, as it calls them."""
+
+    name: str
+    prefill: str  # "flashmla-sparse-prefill" or "fa3-mla-sparse"
+    decode: str
+    num_splits: int = 0  # what the stack passes FA3 (SGLang's deterministic mode: 1)
+    what: str = ""
+
+
+STACKS: dict[str, Stack] = {s.name: s for s in (
+    Stack("sglang-dsa", "flashmla-sparse-prefill", "fa3-mla-sparse",
+          what="SGLang 0.5.23 DSA on Hopper, BF16 cache: flashmla_sparse prefill, fa3 decode"),
+    Stack("sglang-dsa-deterministic", "flashmla-sparse-prefill", "fa3-mla-sparse", num_splits=1,
+          what="the same with --enable-deterministic-inference (FA3 num_splits = 1)"),
+    Stack("vllm-fa3-sparse", "fa3-mla-sparse", "fa3-mla-sparse",
+          what="vLLM 0.33 FLASH_ATTN_MLA_SPARSE: FA3's sparse call for prefill and decode"),
+    Stack("vllm-flashmla-sparse", "flashmla-sparse-prefill", "flashmla-sparse-prefill",
+          what="vLLM 0.33 FLASHMLA_SPARSE, BF16 cache: FlashMLA's sparse prefill kernel for both"),
+)}
+
+
+@dataclass(frozen=True)
+class TokenVerdict:
+    """One token: how many of its output elements and LSE values differ between its prefill and its decode, the
+    largest difference in ULPs, and why."""
+
+    token: int
+    out_differ: int
+    out_total: int
+    lse_differ: int
+    max_ulp: int
+    why: str
+
+    @property
+    def identical(self) -> bool:
+        return self.out_differ == 0 and self.lse_differ == 0
+
+
+@dataclass(frozen=True)
+class PrefillDecodeReport:
+    """Every compared token's verdict for one stack; the prefill's and the decode's outputs and LSEs of those
+    tokens, (tokens, h, 512) BF16 and (tokens, h) natural log, for a device check to compare with; and the whole
+    prefill launch (every token's out, lse and split count), to compare other decodes with."""
+
+    stack: Stack
+    tokens: list[TokenVerdict]
+    prefill: dict[str, np.ndarray] = field(repr=False)
+    decode: dict[str, np.ndarray] = field(repr=False)
+    prefill_launch: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
+
+    def format(self) -> str:
+        same = sum(v.identical for v in self.tokens)
+        lines = [f"{self.stack.name} ({self.stack.what}): {same} of {len(self.tokens)} tokens bit-identical "
+                 f"between prefill and decode"]
+        for v in self.tokens:
+            if not v.identical:
+                lines.append(f"  token {v.token}: {v.out_differ} of {v.out_total} output elements (max {v.max_ulp} "
+                             f"ULP), {v.lse_differ} LSE values differ: {v.why}")
+        return "\n".join(lines)
+
+
+def request_inputs(length: int, *, heads: int, topk: int, dist: str = "normal:1",
+                   seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A request of `length` tokens as V3.2 sees it: q (T, h, 576) BF16, its cache rows (T, 576), and each token's
+    top-k list (T, topk) int32: token t attends to min(t + 1, topk) rows of its prefix, itself included (the
+    indexer's choice, drawn from the seed), in the order drawn, -1 after them."""
+    check_int(length, "length", lo=1, hi=1 << 17)
+    check_int(topk, "topk", lo=128, hi=1 << 14)
+    if topk % 128:
+        raise ValueError(f"topk: the prefill kernel takes a multiple of 128, got {topk}")
+    q, kv = make_inputs(dist, batch=1, heads=check_int(heads, "heads", lo=1, hi=128), sq=length, context=length,
+                        seed=seed)
+    rng = np.random.default_rng([seed, 17])
+    idx = np.full((length, topk), -1, np.int32)
+    for t in range(length):
+        n = min(t + 1, topk)
+        idx[t, :n] = np.concatenate([[t], rng.choice(t, n - 1, replace=False)]) if n > 1 else [t]
+    return q[0], kv[0], idx
+
+
+def _run(kernel: str, q: np.ndarray, kv: np.ndarray, idx: np.ndarray, valid: np.ndarray, *, scale: float | None,
+         num_splits: int) -> dict[str, np.ndarray]:
+    """One launch of `kernel` over the tokens of `q`: out (T, h, 512), lse (T, h), and FA3's split counts."""
+    if kernel == "fa3-mla-sparse":
+        res = fa3_mla_sparse(q, kv, idx, valid_counts=valid, scale=scale, num_splits=num_splits, trace=True)
+        return {"out": res.out, "lse": res.lse.T, "splits": np.array(res.trace["schedule"][0].splits)}
+    h = q.shape[1]
+    padded = max(64, -(-h // 64) * 64)  # vLLM and SGLang pad the heads with zeros up to 64
+    qp = np.concatenate([q, np.zeros((q.shape[0], padded - h, q.shape[2]), q.dtype)], axis=1) if padded > h else q
+    res = flashmla_sparse_prefill(qp, kv[:, None], idx[:, None], topk_length=valid, scale=scale)
+    return {"out": res.out[:, :h], "lse": res.lse[:, :h], "splits": np.ones(len(q), np.int64)}
+
+
+def _why(stack: Stack, pre: dict, dec: dict, t: int, j: int) -> str:
+    if stack.prefill != stack.decode:
+        return f"two kernels ({stack.prefill} in the prefill, {stack.decode} in the decode)"
+    if stack.prefill == "fa3-mla-sparse" and pre["splits"][t] != dec["splits"][j]:
+        return (f"FA3 cuts the token's {int(dec['valid'][j])} keys into {int(pre['splits'][t])} split(s) in the "
+                f"prefill launch and {int(dec['splits'][j])} in the decode launch")
+    return "the same kernel and plan: not expected"
+
+
+def prefill_vs_decode(stack: str | Stack, q: npt.ArrayLike, kv: npt.ArrayLike, indices: npt.ArrayLike, *,
+                      tokens: list[int] | None = None, decode_batch: int = 1, scale: float | None = None,
+                      prefill_launch: dict[str, np.ndarray] | None = None) -> PrefillDecodeReport:
+    """`stack`'s prefill of the whole request (one launch of all its tokens) against the decode of each of
+    `tokens` (default: the last 4), each in a launch of `decode_batch` tokens (the token and copies of it, standing
+    for batchmates with lists as long). q (T, h, 576) BF16, kv (T, 576) the request's cache rows, indices (T,
+    topk) each token's list, -1 after its valid entries (:func:`request_inputs` makes all three). prefill_launch:
+    an earlier report's ``.prefill_launch`` for the same stack and inputs, to compare other decodes without
+    modelling the prefill again."""
+    st = STACKS[stack] if isinstance(stack, str) and stack in STACKS else stack
+    if not isinstance(st, Stack):
+        raise ValueError(f"stack: expected one of {tuple(STACKS)}, got {stack!r}")
+    qa, kva, idx = np.asarray(q), np.asarray(kv), np.asarray(indices)
+    T = qa.shape[0]
+    check_int(decode_batch, "decode_batch", lo=1, hi=4096)
+    todo = list(range(max(0, T - 4), T)) if tokens is None else [check_int(t, "tokens", lo=0, hi=T - 1)
+                                                                  for t in tokens]
+    valid = (idx >= 0).sum(axis=1)
+    pre = prefill_launch or _run(st.prefill, qa, kva, idx, valid, scale=scale, num_splits=st.num_splits)
+    dec: dict[str, list] = {"out": [], "lse": [], "splits": [], "valid": []}
+    for t in todo:
+        rep = np.repeat(np.array([t]), decode_batch)
+        got = _run(st.decode, qa[rep], kva, idx[rep], valid[rep], scale=scale, num_splits=st.num_splits)
+        for k in ("out", "lse", "splits"):
+            dec[k].append(got[k][0])
+        dec["valid"].append(valid[t])
+    decode = {k: np.array(v) for k, v in dec.items()}
+    verdicts = []
+    for j, t in enumerate(todo):
+        a, b = pre["out"][t].view(np.uint16).astype(np.int32), decode["out"][j].view(np.uint16).astype(np.int32)
+        differ = int((a != b).sum())
+        lse_differ = int((pre["lse"][t].astype(np.float32).view(np.uint32)
+                          != decode["lse"][j].astype(np.float32).view(np.uint32)).sum())
+        ulp = _max_ulp(pre["out"][t], decode["out"][j])
+        why = "" if differ == lse_differ == 0 else _why(st, pre, decode, t, j)
+        verdicts.append(TokenVerdict(t, differ, a.size, lse_differ, ulp, why))
+    return PrefillDecodeReport(st, verdicts, {k: pre[k][todo] for k in ("out", "lse")}, decode, pre)
+
+
+def _max_ulp(a: np.ndarray, b: np.ndarray) -> int:
+    """The largest difference of two BF16 arrays in units of the last place of the larger of each pair (a
+    difference across zero counts in the larger's ULPs, not as the bit patterns' distance)."""
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    m = np.maximum(np.abs(x), np.abs(y))
+    ulp = np.exp2(np.floor(np.log2(np.where(m > 0, m, 1.0))) - 7)  # BF16: 8 significant bits
+    return int(np.max(np.abs(x - y) / ulp, initial=0))
