@@ -91,7 +91,7 @@ def test_every_bound_is_checked_before_a_plan_is_built(no_work, kernel, kwargs, 
     (lambda: Launch("a", (64,) * (MAX_BATCH + 1)), "^lengths: 65537 requests"),
     (lambda: Launch("a", (2**31,)), "^lengths: expected an int in"),
     (lambda: Launch("a", (64,), num_sms=2**31), "^num_sms"),
-    (lambda: Launch("a", [64]), "^lengths: a launch holds a tuple"),
+    (lambda: Launch("a", "64"), "^lengths: a launch holds at least the request's own length"),
     (lambda: variations(256, batchmates=(65535,) * 20), "^batchmates: the launches would hold"),
     (lambda: variations(256, batchmates=range(1, 10**9)), "^batchmates: 999999999 values, a launch each"),
     (lambda: variations(256, batchmates=5), "^batchmates: expected a sequence"),
@@ -117,6 +117,7 @@ def test_the_public_functions_refuse_odd_values_by_name(make, match):
 
 def test_numpy_counts_make_the_same_launches():
     assert variations(256, batchmates=np.array([1, 2]), mixed=None) == variations(256, batchmates=(1, 2), mixed=None)
+    assert Launch("a", np.array([64, 128])) == Launch("a", [64, 128]) == Launch("a", (64, 128))
 
 
 def test_an_address_space_limit_is_the_memory_available():

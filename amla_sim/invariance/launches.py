@@ -38,14 +38,14 @@ class Launch:
     num_kv_splits: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.lengths, tuple) or not self.lengths:
-            raise ValueError(f"lengths: a launch holds a tuple of at least the request's own length, got "
-                             f"{self.lengths!r:.80} ({self.label!r})")
-        if len(self.lengths) > MAX_BATCH:
-            raise ValueError(f"lengths: {len(self.lengths)} requests in a launch, more than the study takes "
+        lengths = self.lengths
+        if isinstance(lengths, (str, bytes)) or not isinstance(lengths, (Sequence, np.ndarray)) or not len(lengths):
+            raise ValueError(f"lengths: a launch holds at least the request's own length, got {lengths!r:.80} "
+                             f"({self.label!r})")
+        if len(lengths) > MAX_BATCH:
+            raise ValueError(f"lengths: {len(lengths)} requests in a launch, more than the study takes "
                              f"({MAX_BATCH}) ({self.label!r})")
-        for n in self.lengths:
-            check_int(n, "lengths", lo=1, hi=INT32_MAX)
+        object.__setattr__(self, "lengths", tuple(check_int(n, "lengths", lo=1, hi=INT32_MAX) for n in lengths))
         check_int(self.position, "position", lo=0, hi=len(self.lengths) - 1)
         check_int(self.s_q, "s_q", lo=1)
         check_int(self.num_sms, "num_sms", lo=1, hi=INT32_MAX)

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..resources import (address_space_bytes, available_bytes, check_fits, plan_bytes, query_bytes, run_bytes,
-                         split_bytes)
+from ..resources import address_space_bytes, available_bytes, check_fits, query_bytes, run_bytes, split_bytes
 from .kernel import BatchKernel
 from .launches import MAX_REQUESTS, Launch
 

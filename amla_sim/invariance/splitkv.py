@@ -1,7 +1,7 @@
-"""What the split/merge Triton decodes share in the invariance study (SGLang's, :mod:`.sglang`, and vLLM's,
-:mod:`.vllm`): one query a request, each request cut into a count of equal splits
-(:func:`~amla_sim.algorithms.deployed.splitkv.split_ranges`), and stage 1's grid, which holds the split count in
-CUDA's z extent and the head tiles in its y extent (at most 65535 each).
+"""What the split/merge Triton decodes share in the invariance study (SGLang's,
+:mod:`~amla_sim.invariance.sglang`, and vLLM's, :mod:`~amla_sim.invariance.vllm`): one query a request, each
+request cut into a count of equal splits (:func:`~amla_sim.algorithms.deployed.splitkv.split_ranges`), and stage
+1's grid, which holds the split count in CUDA's z extent and the head tiles in its y extent (at most 65535 each).
 """
 
 from __future__ import annotations

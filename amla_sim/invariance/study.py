@@ -56,7 +56,8 @@ class LaunchResult:
     def cause(self) -> str:
         if self.same_plan:
             return "the same splits as the reference: no bit can differ"
-        return f"split differently: {describe_plan(self.plan)} (the reference: {self.comparison.meta['reference_plan']})"
+        ref = self.comparison.meta["reference_plan"]
+        return f"split differently: {describe_plan(self.plan)} (the reference: {ref})"
 
 
 @dataclass(frozen=True)
