@@ -1,6 +1,6 @@
 """Does a token's prefill give the bits of its decode? The prediction for each V3.2 serving stack against the
-device: a request's prefill launch and its tokens' decode launches, run on an H100 as each stack calls the kernels
-(scripts/capture_prefill_decode.py), every bit of both predicted, and each token's verdict the device's."""
+device: a request's prefill launch and its tokens' decode launches, run on an H100 and an H200 as each stack calls
+the kernels (scripts/capture_prefill_decode.py), every bit of both predicted, and each token's verdict the device's."""
 
 from __future__ import annotations
 
@@ -14,19 +14,27 @@ import pytest
 from amla_sim.cli import main
 from amla_sim.invariance.prefill_decode import STACKS, prefill_vs_decode, request_inputs
 
-CAPTURE = Path(__file__).parent / "data" / "prefill_decode_h100.npz"
+DATA = Path(__file__).parent / "data"
+CAPTURES = {"NVIDIA H100 80GB HBM3": DATA / "prefill_decode_h100.npz", "NVIDIA H200": DATA / "prefill_decode_h200.npz"}
 
 
-@pytest.fixture(scope="module")
-def device():
-    with np.load(CAPTURE) as z:
+def _load(path: Path) -> tuple[dict, dict]:
+    with np.load(path) as z:
         return json.loads(str(z["meta"])), {k: z[k] for k in z.files if k != "meta"}
 
 
+@pytest.fixture(scope="module", params=sorted(CAPTURES))
+def device(request):
+    meta, arrays = _load(CAPTURES[request.param])
+    assert meta["device"] == request.param
+    return meta, arrays
+
+
 @pytest.fixture(scope="module")
-def predicted(device):
-    """Each case's report; cases on the same request and stack share the modelled prefill launch."""
-    meta, _ = device
+def predicted():
+    """Each case's report (both devices ran the same cases); cases on the same request and stack share the
+    modelled prefill launch."""
+    meta, _ = _load(CAPTURES["NVIDIA H100 80GB HBM3"])
     reports, launches = [], {}
     for c in meta["cases"]:
         key = (c["stack"], c["length"], c["heads"], c["topk"], c["dist"], c["seed"])
@@ -44,7 +52,7 @@ def _bits(x: np.ndarray) -> np.ndarray:
 
 def test_every_bit_of_both_launches_is_predicted(device, predicted, fastest_engine):
     meta, arrays = device
-    assert meta["device"] == "NVIDIA H100 80GB HBM3" and len(predicted) == len(meta["cases"]) == 5
+    assert len(predicted) == len(meta["cases"]) == 5
     for k, rep in enumerate(predicted):
         for side, got in (("prefill", rep.prefill), ("decode", rep.decode)):
             for stage in ("out", "lse"):
