@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._validate import from_registry
+from .arith import mma as _mma
 from .arith.memory import GlobalMemory
 from .engine import get_engine
 from .formats import FormatLike, get_format
@@ -133,6 +134,22 @@ class Machine:
         if self.logarithm.ln is None:
             raise ValueError(f"machine: {self.name} has no model of its natural log")
         return self.logarithm.log(self.f(x))
+
+    def require(self, *, kernel: str, suggest: str, natural_log: bool = False, log2: bool = False,
+                e4m3_products: bool = False) -> None:
+        """Refuse, naming ``machine``, before any work, to run `kernel` on a machine without a unit it needs
+        (``tl.log``, ``lg2``, tensor cores that take E4M3 operands); `suggest` is the machine it runs on."""
+        if natural_log and self.logarithm.ln is None:
+            raise ValueError(f"machine: {kernel} takes tl.log (libdevice's logf), which {self.name} does not model; "
+                             f"run it on {suggest}")
+        if log2 and self.logarithm.lg2 is None:
+            raise ValueError(f"machine: {kernel} takes lg2, which {self.name} does not model; run it on {suggest}")
+        model = self.matrix.model
+        if e4m3_products and model != "fp64":
+            m = _mma.get_model(model)
+            if m.kind == "tfdpa" and "e4m3" not in m.rows:
+                raise ValueError(f"machine: {kernel} multiplies E4M3 operands, which {self.name}'s tensor cores "
+                                 f"({m.name}: {', '.join(sorted(m.rows))}) do not take; run it on {suggest}")
 
     def log2(self, x: npt.ArrayLike) -> np.ndarray:
         """log2 (CUDA's ``log2f``; under ``--use_fast_math``: ``lg2.approx.ftz``)."""

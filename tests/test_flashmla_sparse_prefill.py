@@ -208,7 +208,7 @@ BAD = [
     (_set("scale", -1.0), ValueError, "^scale: expected a positive finite float32 number"),
     (_set("scale", math.inf), ValueError, "^scale: expected a positive"),
     (_set("scale", 1e-50), ValueError, "^scale: .* outside float32's normal range"),
-    (_set("machine", "sm90-triton"), ValueError, "^machine: flashmla-sparse-prefill takes lg2.approx"),
+    (_set("machine", "sm90-triton"), ValueError, "^machine: flashmla-sparse-prefill takes lg2, which sm90-triton does not model"),
     (_set("machine", "h100"), ValueError, "^machine: unknown machine"),
 ]
 

@@ -12,7 +12,6 @@ import numpy as np
 import numpy.typing as npt
 
 from .._validate import check_int
-from ..arith.mma import get_model
 from ..formats import as_native, get_format, is_float_dtype
 from ..machines import Machine, get_machine
 from ..schedules import Schedule, get_schedule
@@ -261,22 +260,6 @@ def online_softmax_step(
 def safe_max(m: np.ndarray) -> np.ndarray:
     """m with -inf (a row that has seen no key yet) replaced by 0, so that exp(S - m) stays 0, not NaN."""
     return np.where(np.isneginf(m), 0, m).astype(m.dtype)
-
-
-def check_machine(mc: Machine, *, kernel: str, natural_log: bool = False, e4m3_products: bool = False,
-                  suggest: str) -> None:
-    """Refuse, naming ``machine``, a machine that lacks a unit `kernel`'s model needs (``tl.log``; tensor cores
-    that take E4M3 operands), before any work; `suggest` is the machine the kernel runs on."""
-    if natural_log and mc.logarithm.ln is None:
-        raise ValueError(f"machine: {kernel} takes tl.log (libdevice's logf), which {mc.name} does not model; "
-                         f"run it on {suggest}")
-    model = mc.matrix.model
-    if e4m3_products and model != "fp64":
-        m = get_model(model)
-        if m.kind == "tfdpa" and "e4m3" not in m.rows:
-            raise ValueError(f"machine: {kernel} multiplies E4M3 operands, which {mc.name}'s tensor cores "
-                             f"({m.name}: {', '.join(sorted(m.rows))}) do not take; run it on {suggest}")
-
 
 
 def check_causal_lengths(lens: npt.ArrayLike, s_q: int, *, kernel: str) -> None:

@@ -41,7 +41,7 @@ __all__ = ["Grid", "GridResult", "run_grid", "load_grid", "parse_algorithm"]
 
 KEYS = ("machine", "distribution", "context", "heads", "sq", "block", "sample", "algorithm")
 METRICS = ("rel_frobenius", "rmse", "cos_diff", "max_abs")
-FIELDS = KEYS + METRICS
+GRID_FIELDS = KEYS + METRICS
 REFERENCES = ("golden", "golden-bf16")  # FP64 attention of the inputs as drawn, or of their BF16 rounding
 
 
@@ -409,7 +409,7 @@ def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs:
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
     identity = grid.identity()
-    with ResultStore(out, FIELDS, len(KEYS), repair=repair) as store:
+    with ResultStore(out, GRID_FIELDS, len(KEYS), repair=repair) as store:
         claim_folder(out, identity, filename="grid.json", what="grid")
         store.compact(sorted(store.rows, key=_sort_key))
         labels = {parse_algorithm(a)[0] for a in grid.algorithms}

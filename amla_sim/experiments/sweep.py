@@ -27,7 +27,7 @@ from .schedulers import check_run, execute, progress_bar
 from .store import ResultStore, StoreCorrupt, atomic_write, claim_folder
 from .tables import TABLE_METRICS, TABLES, Table, run_sample, table_specs, with_algorithms
 
-FIELDS = ("distribution", "sample", "algorithm", *TABLE_METRICS)
+TABLE_FIELDS = ("distribution", "sample", "algorithm", *TABLE_METRICS)
 
 
 @dataclass
@@ -50,13 +50,13 @@ def _task(args: tuple) -> tuple[list[dict], float]:
 
 
 def _fields(r: dict) -> tuple[str, ...]:
-    return (r["distribution"], str(r["sample"]), r["algorithm"], *(repr(float(r[k])) for k in FIELDS[3:]))
+    return (r["distribution"], str(r["sample"]), r["algorithm"], *(repr(float(r[k])) for k in TABLE_FIELDS[3:]))
 
 
 def _row(values: tuple[str, ...]) -> dict:
     try:
         return {"distribution": values[0], "sample": int(values[1]), "algorithm": values[2],
-                **{k: float(v) for k, v in zip(FIELDS[3:], values[3:], strict=True)}}
+                **{k: float(v) for k, v in zip(TABLE_FIELDS[3:], values[3:], strict=True)}}
     except ValueError:
         raise StoreCorrupt(f"results.csv: a row with a valid checksum does not parse: {values}") from None
 
@@ -105,7 +105,7 @@ def _table_row(table: Table, label: str, alg: str, vals: list[dict]) -> dict:
              "paper": table.paper.get((label, alg)), "samples": len(vals),
              "median": stats["median"], "nan": stats["nan"], "inf": stats["inf"],
              "worst_sample": worst["sample"]}
-    for k in FIELDS[3:]:
+    for k in TABLE_FIELDS[3:]:
         each = sample_stats(r[k] for r in vals)
         entry.update({f"mean_{k}": each["mean"], f"nan_{k}": each["nan"], f"inf_{k}": each["inf"]})
     return entry
@@ -234,7 +234,7 @@ def run_table(
     meta = {"table": name, "context": context, "heads": heads, "machine": machine, "schedule": schedule, "seed": seed}
     if algorithms:  # (absent otherwise: folders of the paper's columns alone resume as before)
         meta["algorithms"] = list(algorithms)
-    with ResultStore(out, FIELDS, 3, repair=repair) as store:
+    with ResultStore(out, TABLE_FIELDS, 3, repair=repair) as store:
         claim_folder(out, meta, filename="run.json", what="run")
         store.compact(_order(store, table))  # set a torn last line aside before appending
         done = _tasks(store, table)

@@ -36,7 +36,7 @@ from .launches import INT32_MAX, MAX_BATCH
 
 __all__ = ["Race", "ETAP_RACES", "RequestExposure", "RaceExposure", "etap_race_exposure"]
 
-BLOCK_M = 16  # Flash_fwd_kernel_traits_mla<576, 16, 64, 8>: query rows a tile
+ETAP_BLOCK_M = 16  # Flash_fwd_kernel_traits_mla<576, 16, 64, 8>: query rows a tile
 LAST_HALF = 8  # the second n8 half of a thread's queries: stored last
 FIRST_READ = (range(64), range(256, 320))  # d_v columns read first: each warpgroup's first m64 fragment
 _PER_ROW = 120  # bytes of an exposed row's (s, h) pair, half the rows exposed
@@ -85,7 +85,7 @@ class RaceExposure:
     def mask(self, *, first_read: bool = False) -> np.ndarray:
         """Bool (b, s_q, heads, 512): True where a race can change the output; `first_read`, only the columns
         read first after the racing stores (d_v 0-63 and 256-319)."""
-        rows = np.arange(self.s_q * self.heads).reshape(self.s_q, self.heads) % BLOCK_M >= LAST_HALF
+        rows = np.arange(self.s_q * self.heads).reshape(self.s_q, self.heads) % ETAP_BLOCK_M >= LAST_HALF
         cols = np.zeros(D_V, bool)
         if first_read:
             for r in FIRST_READ:
@@ -99,7 +99,7 @@ class RaceExposure:
         n = self.s_q * self.heads
         lines = [f"FlashMLA-ETAP's races (the published build; the model is the race-free one), s_q {self.s_q}, "
                  f"{self.heads} heads: rows r = s * heads + h with r mod 16 in 8..15 are exposed, "
-                 f"{sum(1 for r in range(n) if r % BLOCK_M >= LAST_HALF)} of {n} a request; d_v 0-63 first"]
+                 f"{sum(1 for r in range(n) if r % ETAP_BLOCK_M >= LAST_HALF)} of {n} a request; d_v 0-63 first"]
         for race in self.races:
             lines.append(f"  {race.name}: {race.where}; missing: {race.missing}")
         for e in self.requests:
@@ -147,8 +147,8 @@ def etap_race_exposure(seqlens: npt.ArrayLike, *, s_q: int = 1, heads: int = 128
     check_fits(_PER_ROW * s_q * heads, what=f"heads, s_q: the race exposure of {s_q} x {heads} query rows",
                lower="them")
     _, cum = etap_schedule(lens, parts)
-    m_blocks = -(-(s_q * heads) // BLOCK_M)
-    rows = tuple((r // heads, r % heads) for r in range(s_q * heads) if r % BLOCK_M >= LAST_HALF)
+    m_blocks = -(-(s_q * heads) // ETAP_BLOCK_M)
+    rows = tuple((r // heads, r % heads) for r in range(s_q * heads) if r % ETAP_BLOCK_M >= LAST_HALF)
     requests = tuple(RequestExposure(i, rows, s_q * heads, int(n), int(n) * m_blocks)
                      for i, n in enumerate(np.diff(cum)))
     return RaceExposure(s_q, heads, requests)

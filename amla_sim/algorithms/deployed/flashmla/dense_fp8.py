@@ -39,8 +39,8 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import (D_K, D_V, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout,
-                        check_machine)
+from ..._common import (D_K, D_V, AttentionResult, check_causal_lengths, check_kernel_inputs,
+                        check_kernel_layout)
 from ..scalars import api_float, scale_log2, softmax_scale
 from ..row_sums import lane_sums as _lane_sum
 from ..row_sums import quad_total as _row_total
@@ -85,7 +85,7 @@ def flashmla_dense_fp8(
     :func:`amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` allows).
     """
     mc = get_machine(machine)
-    check_machine(mc, kernel="flashmla-dense-fp8", e4m3_products=True, suggest="sm90-cuda")
+    mc.require(kernel="flashmla-dense-fp8", e4m3_products=True, suggest="sm90-cuda")
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("e4m3",))
     scale = softmax_scale(scale)
     dq, dk = api_float(descale_q, "descale_q"), api_float(descale_k, "descale_k")

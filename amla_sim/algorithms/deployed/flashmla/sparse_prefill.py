@@ -46,7 +46,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ...._validate import quiet_fp
-from ....arith.elementwise import rcp_approx
 from ....machines import Machine, get_machine
 from ..._common import D_V, AttentionResult, _check_storage
 from ..fast_math import logf
@@ -157,9 +156,7 @@ def flashmla_sparse_prefill(
     pad here the same way (``np.concatenate([q, zeros], axis=1)``) and slice ``out[:, :h]``.
     """
     mc = get_machine(machine)
-    if mc.logarithm.lg2 is None:
-        raise ValueError(f"machine: flashmla-sparse-prefill takes lg2.approx (logf under --use_fast_math), which "
-                         f"{mc.name} does not model; run it on sm90-cuda")
+    mc.require(kernel="flashmla-sparse-prefill", log2=True, suggest="sm90-cuda")
     qa, kva, idx, lengths, has_len, sink, sm = _check(q, kv, indices, topk_length, attn_sink, scale)
     s_q, H, _ = qa.shape
     s_kv, topk = kva.shape[0], idx.shape[1]
@@ -303,11 +300,9 @@ def _sink_term(mc: Machine, sink: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 def _reciprocal(mc: Machine, x: np.ndarray) -> np.ndarray:
-    """``1.0f / x`` (206) under ``-prec-div=false``: NVPTX selects ``rcp.approx.ftz.f32`` for a numerator of 1.0
-    (MUFU.RCP: ``div.full``'s bits for x in [2^-126, 2^126]; above, a result below 2^-126 flushed to zero). On a
-    machine whose division unit is not sm90's, that unit's ``1 / x``."""
-    if getattr(mc.division, "mode", None) == "sm90":
-        return rcp_approx(x)
+    """``1.0f / x`` (206) under ``-prec-div=false``: NVPTX selects ``rcp.approx.ftz.f32`` for a numerator of 1.0,
+    which is the machine's ``1 / x`` (MUFU.RCP has ``div.full``'s bits for x in [2^-126, 2^126], and x here is a
+    row sum of at most topk + 1 terms of at most 1), as in the sparse decode."""
     return mc.div(mc.f(1.0), x)
 
 

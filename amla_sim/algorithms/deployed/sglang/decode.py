@@ -19,7 +19,7 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine, get_machine
 from ....resources import check_fits
-from ..._common import check_kernel_inputs, check_machine
+from ..._common import check_kernel_inputs
 from ..scalars import api_float, softmax_scale
 from ..splitkv import SplitKVResult, split_ranges, stage1, stage2
 
@@ -92,7 +92,7 @@ def splitkv_decode(
     pipelining; addressing) and are checked only.
     """
     mc = get_machine(machine)
-    check_machine(mc, kernel="sglang-triton", natural_log=True, suggest="sm90-triton")
+    mc.require(kernel="sglang-triton", natural_log=True, suggest="sm90-triton")
     qa, kva, lens, splits, max_splits = _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h,
                                                min_block_kv, page_size, logit_cap, num_warps, num_stages)
     sm, vs = softmax_scale(scale), api_float(v_scale, "v_scale")

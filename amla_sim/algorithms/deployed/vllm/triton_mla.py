@@ -29,8 +29,7 @@ from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....resources import check_fits
 from ....schedules import Schedule
-from ..._common import (D_K, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout,
-                        check_machine)
+from ..._common import D_K, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout
 from ..scalars import api_float, softmax_scale
 from ..splitkv import split_ranges, stage1, stage2
 from .fp8 import quantize_cache_fp8
@@ -97,7 +96,7 @@ def vllm_triton_mla(
     split's token range, ``mid`` and ``split_lse`` stage 1's partial outputs and LSEs.
     """
     mc = get_machine(machine)
-    check_machine(mc, kernel="vllm-triton-mla", natural_log=True, suggest="sm90-triton")
+    mc.require(kernel="vllm-triton-mla", natural_log=True, suggest="sm90-triton")
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, kv_formats=("bf16", "e4m3"))
     sm, ks = softmax_scale(scale), api_float(k_scale, "k_scale")
     check_int(sms, "sms", lo=1)
