@@ -102,6 +102,25 @@ def test_a_selection_of_cases_is_checked_before_any_work(cases, words, no_work):
         replay_deployed(DATA / "sglang_decode.npz", meta, arrays, cases=cases)
 
 
+RECIPES = {  # an edit of case 0's recipe -> the words of the error
+    "scale past any float": ({"scale": 10**400}, "case 0: a number of its recipe is out of range"),
+    "no input CRC": ({"input_crc": None}, "case 0: 'input_crc' should be the CRC-32 of its inputs, got none"),
+    "a CRC of 33 bits": ({"input_crc": 2**32}, "case 0: 'input_crc' should be the CRC-32"),
+    "repeat_identical not a flag": ({"repeat_identical": "yes"}, "case 0: 'repeat_identical' should be true or false"),
+    "repeat_identical 1": ({"repeat_identical": 1}, "case 0: 'repeat_identical' should be true or false, got 1"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(RECIPES))
+def test_what_a_case_records_of_its_run_is_checked(damage, tmp_path, capsys, no_work):
+    edit, words = RECIPES[damage]
+    meta, arrays = _read("fa3_mla_h100.npz")
+    meta["cases"][0].update(edit)
+    path = _write(tmp_path / "c.npz", meta, arrays)
+    code, _, err = _exit(["crosscheck", "--replay", str(path)], capsys)
+    assert code == 1 and words in err and str(path) in err and len(err.strip().splitlines()) == 1, err
+
+
 def _stages_reading(*names: str):
     """A model whose stages are the device's own arrays `names` (it reads nothing else)."""
     def stages(self, case, i, arrays):

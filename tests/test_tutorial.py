@@ -100,6 +100,8 @@ REFUSED = {  # what a capture holds -> (edit of (meta, arrays), the words of the
                           "case 0: member 'c0_l' should have shape (2, 3, 16)"),
     "a recipe without heads": (lambda m, a: m["cases"][0].pop("heads"), "case 0: its recipe has no 'heads'"),
     "other inputs": (lambda m, a: m["cases"][0].update(seed=99), "case 0: its recipe draws other inputs"),
+    "a distribution that is no name": (lambda m, a: m["cases"][0].update(dist=5), "case 0: its recipe draws no inputs"),
+    "a context past memory": (lambda m, a: m["cases"][0].update(context=10**12), "case 0: its recipe draws no inputs"),
 }
 
 

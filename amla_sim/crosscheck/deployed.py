@@ -50,9 +50,9 @@ def kernel_of(meta: dict, path: str | Path | None = None) -> DeployedKernel:
     """The kernel a capture's meta names (`path`: the capture, named in the error)."""
     name = meta.get("kernel") or next((k for key, k in _LEGACY.items() if key in meta), None)
     if not isinstance(name, str) or name not in KERNELS:
-        where = "the capture" if path is None else str(path)
+        where = "" if path is None else f" {path}:"
         got = "none" if name is None else repr(name)[:40]
-        raise CaptureError(f"replay: {where}: 'meta' names no kernel of {tuple(KERNELS)} (got {got})")
+        raise CaptureError(f"replay:{where} 'meta' names no kernel of {tuple(KERNELS)} (got {got})")
     return KERNELS[name]
 
 

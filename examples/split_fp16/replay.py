@@ -33,6 +33,21 @@ def shapes(c: dict) -> dict[str, tuple[int, ...]]:
     return {"m": (2, b, sq * G), "l": (2, b, sq * G), "O": (2, b, sq * G, 512), "out": (b, sq, G, 512)}
 
 
+def inputs(path: str | Path, i: int, c: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Case `i`'s inputs drawn again from its recipe `c`, checked against the CRC the capture recorded."""
+    try:
+        q, kv = make_inputs(c["dist"], batch=c["batch"], sq=c["sq"], heads=c["heads"], context=c["context"],
+                            seed=c["seed"])
+        crc = c["crc"]
+    except KeyError as e:
+        raise CaptureError(f"replay: {path}: case {i}: its recipe has no {e}") from None
+    except (ValueError, TypeError, AttributeError, MemoryError) as e:
+        raise CaptureError(f"replay: {path}: case {i}: its recipe draws no inputs ({e})") from None
+    if input_crc(q.view(np.uint16), kv.view(np.uint16)) != crc:
+        raise CaptureError(f"replay: {path}: case {i}: its recipe draws other inputs than the device's (CRC differs)")
+    return q, kv
+
+
 def replay(path: str | Path, cases: list[int] | None = None, model: Callable = split_fp16) -> list[ComparisonReport]:
     """One report per case of the capture at `path` (or of `cases`), of `model` (a variant, to see what a choice
     is worth) against the device."""
@@ -44,19 +59,11 @@ def replay(path: str | Path, cases: list[int] | None = None, model: Callable = s
     reports = []
     for i in todo:
         c = meta["cases"][i]
-        try:
-            q, kv = make_inputs(c["dist"], batch=c["batch"], sq=c["sq"], heads=c["heads"], context=c["context"],
-                                seed=c["seed"])  # 3.
-            if input_crc(q.view(np.uint16), kv.view(np.uint16)) != c["crc"]:
-                raise ValueError("its recipe draws other inputs than the device's (the CRC differs)")
-            res = model(q, kv, trace=True)  # 4.
-            sim = {k: np.stack(res.trace[k]) for k in ("m", "l", "O")} | {"out": res.out}
-            dev = device[i] | {"out": device[i]["out"].view(ml_dtypes.bfloat16)}
-            reports.append(compare(dev, sim, stages=list(STAGES), meta={**c, "device": meta.get("device")}))  # 5.
-        except KeyError as e:
-            raise CaptureError(f"replay: {path}: case {i}: its recipe has no {e}") from None
-        except (ValueError, TypeError) as e:
-            raise CaptureError(f"replay: {path}: case {i}: {e}") from None
+        q, kv = inputs(path, i, c)  # 3.
+        res = model(q, kv, trace=True)  # 4.
+        sim = {k: np.stack(res.trace[k]) for k in ("m", "l", "O")} | {"out": res.out}
+        dev = device[i] | {"out": device[i]["out"].view(ml_dtypes.bfloat16)}
+        reports.append(compare(dev, sim, stages=list(STAGES), meta={**c, "device": meta.get("device")}))  # 5.
     return reports
 
 
