@@ -14,6 +14,8 @@ from .amla import amla
 from .base import base
 from .etap import etap
 from .deployed.fa3.mla import fa3_mla, fa3_mla_decode
+from .deployed.fa3.sparse import fa3_mla_sparse, fa3_mla_sparse_decode
+from .deployed.flashmla.sparse_prefill import flashmla_sparse_prefill, flashmla_sparse_prefill_decode
 from .deployed.flashmla.dense import flashmla, flashmla_decode
 from .deployed.flashmla.dense_fp8 import flashmla_dense_fp8, flashmla_dense_fp8_decode
 from .deployed.flashmla.etap import flashmla_etap, flashmla_etap_decode
@@ -31,9 +33,11 @@ from .snapmla import snapmla
 ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "etap": etap, "snapmla": snapmla,
               "flashmla-etap": flashmla_etap_decode, "flashmla": flashmla_decode,
               "flashmla-sparse-fp8": flashmla_sparse_fp8_decode, "fa3-mla": fa3_mla_decode,
-              "flashmla-dense-fp8": flashmla_dense_fp8_decode, "vllm-triton-mla": vllm_triton_mla_decode}
+              "flashmla-dense-fp8": flashmla_dense_fp8_decode, "vllm-triton-mla": vllm_triton_mla_decode,
+              "fa3-mla-sparse": fa3_mla_sparse_decode, "flashmla-sparse-prefill": flashmla_sparse_prefill_decode}
 
 __all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "flashmla_etap", "flashmla_sparse_fp8", "fa3_mla",
+           "fa3_mla_sparse", "flashmla_sparse_prefill",
            "flashmla_dense_fp8", "vllm_triton_mla", "quantize_query_fp8", "quantize_cache_fp8", "quantize_kv_cache",
            "dequantize_kv_cache", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla",
            "naive", "seesaw", "etap", "snapmla",

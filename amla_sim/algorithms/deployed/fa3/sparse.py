@@ -20,12 +20,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ...._validate import check_int
-from ....machines import Machine
 from ....formats import get_format
-from ..._common import D_K, AttentionResult, _check_storage
+from ....machines import Machine
+from ....schedules import Schedule
+from ..._common import D_K, AttentionResult, _check_storage, check_kernel_layout
 from .mla import fa3_mla
+from .scheduler import KBLOCK_N
 
-__all__ = ["fa3_mla_sparse", "sparse_rows"]
+__all__ = ["fa3_mla_sparse", "fa3_mla_sparse_decode", "sparse_rows"]
 
 
 def sparse_rows(kv_cache: np.ndarray, indices: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -97,3 +99,41 @@ def fa3_mla_sparse(
                   varlen_q=True, num_sms=num_sms, max_seqlen_k=bound, machine=machine,
                   trace=trace)
     return AttentionResult(res.out[:, 0], res.lse, res.trace, res.hazards)
+
+
+def fa3_mla_sparse_decode(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine = "sm90-cuda",
+    schedule: str | Schedule = "reference",
+    block: int = KBLOCK_N,
+    scale: float | None = None,
+    num_sms: int = 132,
+    trace: bool = False,
+) -> AttentionResult:
+    """:func:`fa3_mla_sparse` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): query s of
+    request i a token of the launch whose list is request i's rows up to its causal end ``S - s_q + s`` (topk =
+    S), the LSE as (b, s_q, h). The kernel lays its work out itself: `block` must be its 64 and `schedule` is
+    checked, not used."""
+    check_kernel_layout(schedule, block, KBLOCK_N)
+    qa = np.asarray(q)
+    kva = np.asarray(kv)
+    if qa.ndim != 4 or kva.ndim != 3 or kva.shape[0] != qa.shape[0]:
+        raise ValueError(f"q, kv: expected (b, s_q, h, 576) and (b, S, 576), got {qa.shape} and {kva.shape}")
+    b, s_q, H, _ = qa.shape
+    S = kva.shape[1]
+    idx = _causal_lists(b, s_q, S)
+    res = fa3_mla_sparse(qa.reshape(b * s_q, H, -1), kva.reshape(b * S, -1), idx.astype(np.int32), scale=scale,
+                         num_sms=num_sms, machine=machine, trace=trace)
+    return AttentionResult(res.out.reshape(b, s_q, H, -1), res.lse.T.reshape(b, s_q, H), res.trace, res.hazards)
+
+
+def _causal_lists(b: int, s_q: int, S: int) -> np.ndarray:
+    """(b s_q, S) int32: query s of request i lists request i's rows 0 .. S - s_q + s (all of them for s_q = 1),
+    as rows of the flat cache ``i S + t``, -1 after."""
+    t = np.arange(S)
+    ends = S - s_q + np.arange(s_q)  # the last row each query sees
+    idx = np.where(t[None, None, :] <= ends[None, :, None], np.arange(b)[:, None, None] * S + t, -1)
+    return idx.reshape(b * s_q, S).astype(np.int32)
+

@@ -47,11 +47,12 @@ import numpy.typing as npt
 
 from ...._validate import quiet_fp
 from ....machines import Machine, get_machine
-from ..._common import D_V, AttentionResult, _check_storage
+from ....schedules import Schedule
+from ..._common import D_V, AttentionResult, _check_storage, check_kernel_layout
 from ..fast_math import logf
 from ..scalars import scale_log2_f32, softmax_scale
 
-__all__ = ["flashmla_sparse_prefill", "SparsePrefillResult", "B_TOPK", "HEADS", "D_QK", "CHOICES"]
+__all__ = ["flashmla_sparse_prefill", "SparsePrefillResult", "B_TOPK", "HEADS", "D_QK", "CHOICES", "flashmla_sparse_prefill_decode"]
 
 #: Slots per block (``B_TOPK``, config.h:27); topk must be a multiple of two blocks (phase1.cuh:577).
 B_TOPK = 64
@@ -315,3 +316,40 @@ def _lse(mc: Machine, L: np.ndarray, m: np.ndarray, ln2: np.ndarray) -> np.ndarr
     """``logf(rL) + rM * CUDART_LN2_F`` (449) under fast math: ``fma(lg2(L), ln 2, fl(m ln 2))`` (``__logf``'s
     multiply contracted into the add; the other product is max_logits' too), as the decodes' LSE."""
     return logf(mc, L, plus=_max_logits(mc, m, ln2))
+
+
+def flashmla_sparse_prefill_decode(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine = "sm90-cuda",
+    schedule: str | Schedule = "reference",
+    block: int = 64,
+    scale: float | None = None,
+    trace: bool = False,
+) -> AttentionResult:
+    """:func:`flashmla_sparse_prefill` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``):
+    query s of request i a token of the launch whose list is request i's rows up to its causal end ``S - s_q + s``
+    (topk the next multiple of 128 above S, -1 after), the heads zero-padded to 64 as vLLM and SGLang pad them,
+    the LSE as (b, s_q, h).
+    The kernel lays its work out itself: `block` must be its 64 and `schedule` is checked, not used."""
+    check_kernel_layout(schedule, block, 64)
+    qa, kva = np.asarray(q), np.asarray(kv)
+    if qa.ndim != 4 or kva.ndim != 3 or kva.shape[0] != qa.shape[0]:
+        raise ValueError(f"q, kv: expected (b, s_q, h, 576) and (b, S, 576), got {qa.shape} and {kva.shape}")
+    b, s_q, H, d = qa.shape
+    S = kva.shape[1]
+    if H > 128:
+        raise ValueError(f"q: the kernel takes at most 128 heads, got {H}")
+    topk = -(-S // 128) * 128
+    idx = np.full((b, s_q, topk), -1, np.int32)
+    t = np.arange(S)
+    ends = S - s_q + np.arange(s_q)  # query s sees rows 0 .. S - s_q + s
+    idx[..., :S] = np.where(t[None, None, :] <= ends[None, :, None], np.arange(b)[:, None, None] * S + t, -1)
+    padded = 64 if H <= 64 else 128
+    qp = np.zeros((b * s_q, padded, d), qa.dtype)
+    qp[:, :H] = qa.reshape(b * s_q, H, d)
+    res = flashmla_sparse_prefill(qp, kva.reshape(b * S, 1, d), idx.reshape(b * s_q, 1, topk), scale=scale,
+                                  machine=machine, trace=trace)
+    return AttentionResult(res.out[:, :H].reshape(b, s_q, H, -1), res.lse[:, :H].reshape(b, s_q, H), res.trace,
+                           res.hazards)
