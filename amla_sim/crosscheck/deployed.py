@@ -21,7 +21,7 @@ import numpy as np
 from .._files import atomic_savez
 from .._validate import check_int
 from ..comparison import ComparisonReport, compare
-from .fa3 import FA3_MLA
+from .fa3 import FA3_MLA, FA3_MLA_SPARSE
 from .files import CaptureError, split_cases
 from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8, FLASHMLA_SPARSE_PREFILL
 from .kernel import DeployedKernel, check_recipe
@@ -33,7 +33,7 @@ __all__ = ["KERNELS", "HELD_NOT_COMPARED", "kernel_of", "replay_deployed", "capt
 
 #: The deployed kernels the cross-check covers, by the name ``crosscheck --kernel`` takes.
 KERNELS: dict[str, DeployedKernel] = {k.name: k for k in (SGLANG, FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8,
-                                                          FA3_MLA, FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA,
+                                                          FA3_MLA, FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA, FA3_MLA_SPARSE,
                                                           FLASHMLA_SPARSE_PREFILL)}
 _LEGACY = {"sglang": "sglang-triton", "flashmla_commit": "flashmla"}  # captures written before meta named a kernel
 
@@ -178,21 +178,25 @@ def _replay_case(spec: DeployedKernel, path: str | Path, i: int, case: dict, arr
     return row, label
 
 
-def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: int = 0) -> None:
+def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: int = 0,
+            scales: int | None = None) -> None:
     """Run `kernel`'s case table on this machine's GPU and write a capture.
 
     source: where the kernel is (the kernel's ``source_flag`` says what: a build folder or a kernel file).
-    seed: added to every case's seed, for inputs no committed capture used."""
+    seed: added to every case's seed, for inputs no committed capture used.
+    scales: run the kernel's scale table instead (:meth:`.kernel.DeployedKernel.scale_recipes`): DeepSeek's
+    softmax scales and this many random ones, each a small launch."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {tuple(KERNELS)}, got {kernel!r}")
     spec = KERNELS[kernel]
+    todo = spec.recipes(seed) if scales is None else spec.scale_recipes(seed, scales)
     if source is None and spec.needs_source:
         raise ValueError(f"source: {spec.name} is run from {spec.source_help}; name it ({spec.source_flag})")
     import torch
 
     built = spec.load(source)
     arrays, recipes = {}, []
-    for i, recipe in enumerate(spec.recipes(seed)):
+    for i, recipe in enumerate(todo):
         got, recipe = spec.run(built, i, recipe)
         arrays.update({f"c{i}_{k}": v for k, v in got.items()})
         recipes.append(recipe)
