@@ -32,14 +32,17 @@ def test_the_capture_is_predicted_in_every_bit(fastest_engine):
 
 
 def test_the_capture_covers_the_calls():
-    """Decode batches that split (1 to 24 splits a token), SGLang's deterministic num_splits = 1, a launch of 1000
-    tokens that never splits, tokens with no valid row, BF16 and FP16, 16 to 128 heads, topk 512 to 2048."""
+    """Decode batches that split (1 to 24 splits a token), short lists in a topk-2048 launch (split by topk's
+    bound), SGLang's deterministic num_splits = 1, a launch of 1000 tokens that never splits, tokens with no valid
+    row, BF16 and FP16, 16 to 128 heads, topk 512 to 2048."""
     meta = _meta()
     cases = meta["cases"]
     assert meta["device"] == "NVIDIA H100 80GB HBM3" and all(c["repeat_identical"] for c in cases)
     with np.load(CAPTURE) as z:  # the metadata holds split counts where the launch may split
         splits = {i: z[f"c{i}_splits"] for i in range(len(cases)) if f"c{i}_splits" in z.files}
-    assert {int(s.max()) for s in splits.values()} == {4, 7, 14, 16, 24}
+    assert {int(s.max()) for s in splits.values()} == {4, 7, 10, 14, 16, 24}
+    longest = scheduler.fa3_schedule(cases[7]["seqlens"], s_q=1, heads=128, page_size=1)  # the bound from 600
+    assert splits[7].tolist() == [10, 5] and max(longest.splits) < 10  # the device took topk's bound
     assert 4 not in splits and cases[4]["batch"] > scheduler.MAX_SPLIT_BATCH  # never split
     assert any(0 in c["seqlens"] for c in cases) and {c["format"] for c in cases} == {"bf16", "fp16"}
     assert {c["num_splits"] for c in cases} == {0, 1}
