@@ -112,6 +112,7 @@ def test_flashmla_dense_192_is_one_ulp_of_the_constant():
     (0.0, "positive finite"), (-0.1, "positive finite"), (float("nan"), "positive finite"),
     (float("inf"), "positive finite"), (True, "positive finite"), ("0.1", "positive finite"), (1e300, "normal range"),
     (1e-300, "normal range"), (1e-40, "normal range"), (np.float64(3.5e38), "normal range"),
+    (10**400, "positive finite"),
 ])
 def test_a_scale_that_is_not_a_positive_normal_float32_is_refused(value, match):
     with pytest.raises(ValueError, match=f"^scale: .*{match}"):

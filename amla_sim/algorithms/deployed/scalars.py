@@ -41,7 +41,10 @@ def api_float(x: object, name: str) -> np.float32:
     kernels' ``-ftz`` arithmetic; an overflow or underflow in the conversion changes the softmax altogether)."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name}: expected a positive finite float32 number, got {x!r}")
-    v = float(x)
+    try:
+        v = float(x)
+    except OverflowError:  # an int beyond any float
+        v = math.inf
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name}: expected a positive finite float32 number, got {x!r}")
     with np.errstate(over="ignore", under="ignore"):
