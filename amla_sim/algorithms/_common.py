@@ -270,3 +270,13 @@ def check_causal_lengths(lens: npt.ArrayLike, s_q: int, *, kernel: str) -> None:
     if short:
         raise ValueError(f"seqlens: a causal step of s_q = {s_q} query tokens needs every request at least {s_q} "
                          f"tokens long ({kernel}); got {short[:4]}")
+
+
+def causal_lists(b: int, s_q: int, S: int, width: int) -> np.ndarray:
+    """(b s_q, width) int32 top-k lists of a sparse kernel run as a dense decode: query s of request i lists
+    request i's rows ``0 .. S - s_q + s`` of the flat cache (``i S + t``), -1 after them."""
+    t = np.arange(width)
+    ends = S - s_q + np.arange(s_q)  # the last row each query sees
+    idx = np.where(t[None, None, :] <= ends[None, :, None], np.arange(b)[:, None, None] * S + t, -1)
+    return idx.reshape(b * s_q, width).astype(np.int32)
+

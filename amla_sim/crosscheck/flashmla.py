@@ -94,12 +94,7 @@ def sparse_inputs(case: dict) -> dict[str, np.ndarray | None]:
             k = min(topk, n)
             idx[i, j, :k] = base[i] + rng.choice(n, k, replace=False)
             idx[i, j, rng.random(topk) < case.get("invalid", 0.0)] = -1
-    tl_ = None if case.get("topk_length") is None else np.array(case["topk_length"], np.int32)
-    sink = None
-    if case.get("sink") is not None:
-        sink = rng.normal(6.0, 2.0, H).astype(np.float32)
-        if case["sink"] == "edge":
-            sink[:3] = [-np.inf, np.inf, 0.0]
+    tl_, sink = _length_and_sink(case, rng, H)
     got = {"q": q, "kv_cache": cache, "indices": idx, "topk_length": tl_, "attn_sink": sink}
     if "input_crc" in case and _sparse_crc(got) != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
@@ -122,6 +117,18 @@ def quant_inputs(case: dict) -> np.ndarray:
         x[5, :] = np.float32(1.75 * 2.0**-20) * np.sign(x[5])
         x[6, :lay.tile] = np.float32(-0.3)
     return round_to(x, "bf16").astype(np.float32).reshape(case["pages"], SPARSE_PAGE_SIZE, 1, lay.d)
+
+
+def _length_and_sink(case: dict, rng: np.random.Generator, H: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A sparse case's topk_length (int32, or None) and attention sink drawn from `rng` after its indices: "normal"
+    is N(6, 2) a head, "edge" that with heads 0-2 at -inf, +inf and 0."""
+    tl_ = None if case.get("topk_length") is None else np.array(case["topk_length"], np.int32)
+    sink = None
+    if case.get("sink") is not None:
+        sink = rng.normal(6.0, 2.0, H).astype(np.float32)
+        if case["sink"] == "edge":
+            sink[:3] = [-np.inf, np.inf, 0.0]
+    return tl_, sink
 
 
 def _sparse_crc(inputs: dict) -> int:
@@ -347,12 +354,7 @@ def sparse_prefill_inputs(case: dict) -> dict[str, np.ndarray | None]:
         idx[j, rng.random(topk) < case.get("invalid", 0.0)] = -1
         far = rng.random(topk) < case.get("out_of_range", 0.0)
         idx[j, far] = rng.integers(s_kv, 2**31 - 1, int(far.sum()), endpoint=True)
-    tl_ = None if case.get("topk_length") is None else np.array(case["topk_length"], np.int32)
-    sink = None
-    if case.get("sink") is not None:
-        sink = rng.normal(6.0, 2.0, H).astype(np.float32)
-        if case["sink"] == "edge":
-            sink[:3] = [-np.inf, np.inf, 0.0]
+    tl_, sink = _length_and_sink(case, rng, H)
     got = {"q": q[0], "kv": kv[0][:, None, :], "indices": idx.astype(np.int32)[:, None, :], "topk_length": tl_,
            "attn_sink": sink}
     if "input_crc" in case and _sparse_crc(got) != case["input_crc"]:

@@ -18,11 +18,20 @@ from ..algorithms.deployed.fa3.scheduler import KBLOCK_M, KBLOCK_N, MAX_SPLIT_BA
 from .kernel import RCP_NORMALISE, DenseDecode, Plan, Request, query_rows
 from .launches import Launch
 
-__all__ = ["Fa3MLA", "MAX_NUM_SPLITS"]
+__all__ = ["Fa3MLA", "MAX_NUM_SPLITS", "split_bounds"]
 
 #: The most splits FA3 takes (``num_splits <= 256`` in ``mha_fwd``; the combine kernel's bound).
 MAX_NUM_SPLITS = 256
 _HEURISTIC_MAX = 128  # num_splits_heuristic's max_splits
+
+
+def split_bounds(launch: Launch) -> tuple[int, int]:
+    """FA3's most splits of one request of `launch` and of the whole launch (``mha_fwd``'s num_splits checked as
+    the study's ``num_kv_splits``; none past 992 requests; a split holds a block at least)."""
+    if launch.num_kv_splits is not None:
+        check_int(launch.num_kv_splits, "num_kv_splits", lo=1, hi=MAX_NUM_SPLITS)
+    most = 1 if launch.batch > MAX_SPLIT_BATCH else (launch.num_kv_splits or _HEURISTIC_MAX)
+    return min(most, -(-launch.length // KBLOCK_N)), most * launch.batch
 
 
 class Fa3MLA(DenseDecode):
@@ -54,10 +63,7 @@ class Fa3MLA(DenseDecode):
     }
 
     def bounds(self, launch: Launch, *, heads: int, options: Mapping[str, Any]) -> tuple[int, int]:
-        if launch.num_kv_splits is not None:  # the model's own bound (fa3_mla's num_splits), named as the study's
-            check_int(launch.num_kv_splits, "num_kv_splits", lo=1, hi=MAX_NUM_SPLITS)
-        most = 1 if launch.batch > MAX_SPLIT_BATCH else (launch.num_kv_splits or _HEURISTIC_MAX)
-        return min(most, -(-launch.length // KBLOCK_N)), most * launch.batch  # a split holds a block at least
+        return split_bounds(launch)
 
     def max_splits(self, launch: Launch, *, heads: int) -> int:
         return MAX_NUM_SPLITS

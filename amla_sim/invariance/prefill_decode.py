@@ -30,6 +30,7 @@ from .._validate import check_int
 from ..algorithms.deployed.fa3.sparse import fa3_mla_sparse
 from ..algorithms.deployed.flashmla.sparse_prefill import flashmla_sparse_prefill
 from ..experiments.inputs import make_inputs
+from ..testing import ulp_distance
 
 __all__ = ["STACKS", "Stack", "TokenVerdict", "PrefillDecodeReport", "prefill_vs_decode", "request_inputs"]
 
@@ -171,16 +172,8 @@ def prefill_vs_decode(stack: str | Stack, q: npt.ArrayLike, kv: npt.ArrayLike, i
         differ = int((a != b).sum())
         lse_differ = int((pre["lse"][t].astype(np.float32).view(np.uint32)
                           != decode["lse"][j].astype(np.float32).view(np.uint32)).sum())
-        ulp = _max_ulp(pre["out"][t], decode["out"][j])
+        ulp = int(ulp_distance(pre["out"][t], decode["out"][j]).max(initial=0))
         why = "" if differ == lse_differ == 0 else _why(st, pre, decode, t, j)
         verdicts.append(TokenVerdict(t, differ, a.size, lse_differ, ulp, why))
     return PrefillDecodeReport(st, verdicts, {k: pre[k][todo] for k in ("out", "lse")}, decode, pre)
 
-
-def _max_ulp(a: np.ndarray, b: np.ndarray) -> int:
-    """The largest difference of two BF16 arrays in units of the last place of the larger of each pair (a
-    difference across zero counts in the larger's ULPs, not as the bit patterns' distance)."""
-    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    m = np.maximum(np.abs(x), np.abs(y))
-    ulp = np.exp2(np.floor(np.log2(np.where(m > 0, m, 1.0))) - 7)  # BF16: 8 significant bits
-    return int(np.max(np.abs(x - y) / ulp, initial=0))

@@ -41,7 +41,7 @@ from ..algorithms.deployed.fa3.scheduler import (KBLOCK_M, KBLOCK_N, MAX_SPLIT_B
 from ..algorithms.deployed.fa3.sparse import sparse_rows
 from ..algorithms.deployed.flashmla.sparse_prefill import B_TOPK, HEADS, flashmla_sparse_prefill
 from ..experiments.inputs import make_inputs
-from .fa3 import _HEURISTIC_MAX, MAX_NUM_SPLITS, Fa3MLA
+from .fa3 import MAX_NUM_SPLITS, Fa3MLA, split_bounds
 from .kernel import RCP_NORMALISE, BatchKernel, Plan, Request, mate_seed
 from .launches import Launch
 
@@ -181,10 +181,7 @@ class Fa3MLASparse(SparseTokenKernel):
     }
 
     def bounds(self, launch: Launch, *, heads: int, options: Mapping[str, Any]) -> tuple[int, int]:
-        if launch.num_kv_splits is not None:  # mha_fwd's bound, named as the study's
-            check_int(launch.num_kv_splits, "num_kv_splits", lo=1, hi=MAX_NUM_SPLITS)
-        most = 1 if launch.batch > MAX_SPLIT_BATCH else (launch.num_kv_splits or _HEURISTIC_MAX)
-        return min(most, -(-launch.length // KBLOCK_N)), most * launch.batch  # a split holds a block at least
+        return split_bounds(launch)
 
     def max_splits(self, launch: Launch, *, heads: int) -> int:
         return MAX_NUM_SPLITS

@@ -23,7 +23,7 @@ from ...._validate import check_int
 from ....formats import get_format
 from ....machines import Machine
 from ....schedules import Schedule
-from ..._common import D_K, AttentionResult, _check_storage, check_kernel_layout
+from ..._common import D_K, AttentionResult, _check_storage, causal_lists, check_kernel_layout
 from .mla import fa3_mla
 from .scheduler import KBLOCK_N
 
@@ -123,17 +123,8 @@ def fa3_mla_sparse_decode(
         raise ValueError(f"q, kv: expected (b, s_q, h, 576) and (b, S, 576), got {qa.shape} and {kva.shape}")
     b, s_q, H, _ = qa.shape
     S = kva.shape[1]
-    idx = _causal_lists(b, s_q, S)
+    idx = causal_lists(b, s_q, S, S)
     res = fa3_mla_sparse(qa.reshape(b * s_q, H, -1), kva.reshape(b * S, -1), idx.astype(np.int32), scale=scale,
                          num_sms=num_sms, machine=machine, trace=trace)
     return AttentionResult(res.out.reshape(b, s_q, H, -1), res.lse.T.reshape(b, s_q, H), res.trace, res.hazards)
-
-
-def _causal_lists(b: int, s_q: int, S: int) -> np.ndarray:
-    """(b s_q, S) int32: query s of request i lists request i's rows 0 .. S - s_q + s (all of them for s_q = 1),
-    as rows of the flat cache ``i S + t``, -1 after."""
-    t = np.arange(S)
-    ends = S - s_q + np.arange(s_q)  # the last row each query sees
-    idx = np.where(t[None, None, :] <= ends[None, :, None], np.arange(b)[:, None, None] * S + t, -1)
-    return idx.reshape(b * s_q, S).astype(np.int32)
 

@@ -48,7 +48,7 @@ import numpy.typing as npt
 from ...._validate import quiet_fp
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_V, AttentionResult, _check_storage, check_kernel_layout
+from ..._common import D_V, AttentionResult, _check_storage, causal_lists, check_kernel_layout
 from ..fast_math import logf
 from ..scalars import scale_log2_f32, softmax_scale
 
@@ -342,14 +342,11 @@ def flashmla_sparse_prefill_decode(
     if H > 128:
         raise ValueError(f"q: the kernel takes at most 128 heads, got {H}")
     topk = -(-S // 128) * 128
-    idx = np.full((b, s_q, topk), -1, np.int32)
-    t = np.arange(S)
-    ends = S - s_q + np.arange(s_q)  # query s sees rows 0 .. S - s_q + s
-    idx[..., :S] = np.where(t[None, None, :] <= ends[None, :, None], np.arange(b)[:, None, None] * S + t, -1)
+    idx = causal_lists(b, s_q, S, topk)
     padded = 64 if H <= 64 else 128
     qp = np.zeros((b * s_q, padded, d), qa.dtype)
     qp[:, :H] = qa.reshape(b * s_q, H, d)
-    res = flashmla_sparse_prefill(qp, kva.reshape(b * S, 1, d), idx.reshape(b * s_q, 1, topk), scale=scale,
+    res = flashmla_sparse_prefill(qp, kva.reshape(b * S, 1, d), idx[:, None], scale=scale,
                                   machine=machine, trace=trace)
     return AttentionResult(res.out[:, :H].reshape(b, s_q, H, -1), res.lse[:, :H].reshape(b, s_q, H), res.trace,
                            res.hazards)
