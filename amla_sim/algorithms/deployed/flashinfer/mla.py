@@ -1,0 +1,319 @@
+"""FlashInfer's sm90 MLA decode (``BatchMLAPagedAttentionWrapper``, backend ``fa3``: what ``backend="auto"``
+runs on Hopper, SGLang's ``flashinfer`` MLA backend), written against a machine.
+
+Upstream: flashinfer-python 0.7.2, ``include/flashinfer/attention/mla_hopper.cuh`` (the kernel), ``mla.cuh``
+(``StandardAttention``, ``finalize_m_``, ``DevicePersistentMergeStates``), ``state.cuh`` (``state_t``),
+``math.cuh`` (``ptx_exp2``, ``ptx_log2``, ``ptx_rcp``), ``vec_dtypes.cuh`` (the FP8 dequant); the plan is
+:mod:`amla_sim.algorithms.deployed.flashinfer.scheduler`. Built with ``-use_fast_math -O3`` for sm_90a; the
+contractions below were read off the PTX nvcc 13.0 makes of the kernel.
+
+A work item is one query tile of a request (64 packed rows a CTA, one or two CTAs) and one KV chunk [lo, hi);
+its 64-key tiles, which start at lo, are walked from the last. With ``c = fl(fl32(scale) * fl32(log2 e))``
+(``sm_scale_log2``, an FP32 product) and the running max ``m`` of the raw scores:
+
+- ``S = Q_pe K_pe^T`` then ``+= Q_nope CKV^T``, one FP32 accumulator (wgmma m64n64k16, 4 + 32 steps); keys past
+  hi, or after the row's query when causal, get -inf;
+- ``m' = max(m, rowmax S)``, ``ms = max(fl(m' c), -FLT_MAX)``; ``o_scale = ex2(fma(m, c, -ms))`` (0 on the first
+  tile; *not* 1 when the max stays, but 2 to the rounding error of ``fl(m c)``); ``P = ex2(fma(S, c, -ms))``;
+- each of a row's four lanes sums its pairs of columns ``(8k + 2t, 8k + 2t + 1)`` in k order, and
+  ``d = fma(d, o_scale, that)`` (d starts at 1, so the first tile gives the sum);
+- P rounded to the input format, ``O = fl(O o_scale) + P V`` on the tensor cores (4 k16 steps, O from 0).
+
+At the end the lanes meet, ``(d0 + d2) + (d1 + d3)``; ``O = fl(O rcp(d))`` (0 where m is -inf) and ``lse =
+lg2(d) + fl(m c)``, base 2 (-inf where m is -inf). A tile of one chunk writes O in the input format and its LSE
+(``return_lse_base_on_e``: ``fl(lse ln 2)``). A split tile writes every chunk's O *in the input format* (BF16
+partials) with its FP32 LSE, and the merge, per row over the chunks in order from ``m = -inf, d = 1, o = 0``:
+``m' = max(m, lse_k)``, ``f1 = ex2(max(m - m', -inf))``, ``f2 = ex2(max(lse_k - m', -inf))``, ``d = fma(d, f1,
+f2)``, ``o = fma(f1, o, fl(f2 o_k))``; then ``o = fl(o rcp(d))`` (0 where d is 0) and ``lse = m + lg2(d)``.
+``ex2``, ``lg2`` and ``rcp`` are MUFU's ``.approx.ftz``.
+
+An E4M3 cache (BF16 q) is dequantised to BF16 before every product: ``bf16(e4m3 * bf16(scale))`` with
+``ckv_scale`` for the 512 latent columns (also V) and ``kpe_scale`` for the 64 rope columns; with
+``ckv_scale_arr`` (FP32 per token and 128 columns) ``bf16(fl(e4m3 * s))``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import numpy.typing as npt
+
+from ...._validate import quiet_fp
+from ....formats import get_format
+from ....machines import Machine, get_machine
+from ....schedules import Schedule
+from ..._common import D_K, D_V, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout
+from ..fast_math import ln2
+from ..row_sums import quad_total as _row_total
+from ..scalars import api_float, scale_log2_f32, softmax_scale
+from .scheduler import CTA_TILE_KV, FlashInferPlan, TileWork, flashinfer_mla_plan
+
+__all__ = ["flashinfer_mla", "flashinfer_mla_decode", "FLASHINFER_VERSION"]
+
+#: The flashinfer-python release the model follows.
+FLASHINFER_VERSION = "0.7.2"
+_FLT_MAX = float(np.finfo(np.float32).max)
+_KERNEL = "FlashInfer's MLA decode"
+
+
+class _Units:
+    """The machine's operations and the kernel's constants."""
+
+    def __init__(self, mc: Machine, fmt: str, scale: np.float32):
+        self.mc = mc
+        self.dt = mc.dtype
+        self.fmt = fmt
+        self.c = _scale_log2(mc, scale)
+        self.loge2 = ln2(mc)  # math::loge2 = 0.693147180559945309417f (math.cuh:32)
+        self.neg_max = mc.f(-_FLT_MAX)
+
+
+def _scale_log2(mc: Machine, scale: np.float32) -> np.ndarray:
+    """``sm_scale_log2 = params.sm_scale * math::log2e`` (mla.cuh:44): an FP32 product of the float scale."""
+    return scale_log2_f32(mc, scale)
+
+
+@quiet_fp
+def flashinfer_mla(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    seqlens: npt.ArrayLike | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+    page_size: int = 1,
+    ckv_scale: float | None = None,
+    kpe_scale: float | None = None,
+    ckv_scale_arr: npt.ArrayLike | None = None,
+    return_lse_base_on_e: bool = False,
+    num_sms: int = 132,
+    machine: str | Machine = "sm90-cuda",
+    trace: bool = False,
+) -> AttentionResult:
+    """FlashInfer 0.7.2's sm90 MLA kernel on `machine` (see the module docstring).
+
+    q: (b, s_q, h, 576) BF16 or FP16 (q_nope the first 512 columns, q_pe the last 64); kv: (b, S_max, 576), the
+    format of q, or E4M3 with a BF16 q (``kv_data_type=float8_e4m3fn``, ``scale_mode="kv-per-tensor"``: then
+    ``kpe_scale`` and one of ``ckv_scale`` / ``ckv_scale_arr`` (b, S_max, 4) FP32); request i's keys are
+    ``kv[i, :seqlens[i]]`` (0 keys: out 0, LSE -inf). causal: the plan's mask (bottom-right; SGLang passes it
+    for its multi-token steps). page_size: the cache's page (it moves the data, not the bits). num_sms: the
+    device's SM count (132 on an H100 SXM and an H200), which the plan splits the KV over.
+
+    Returns ``.out`` (b, s_q, h, 512) in q's format (float64 on golden) and ``.lse`` (b * s_q, h) as the wrapper
+    returns it: base 2, natural with `return_lse_base_on_e`; with `trace`, the plan (``plan``).
+    """
+    mc = get_machine(machine)
+    mc.require(kernel=_KERNEL, suggest="sm90-cuda", log2=True)
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"),
+                                        kv_formats=("bf16", "fp16", "e4m3"), empty=True)
+    fmt, kv_fmt = get_format(qa.dtype).name, get_format(kva.dtype).name
+    if kv_fmt != fmt and not (kv_fmt == "e4m3" and fmt == "bf16"):
+        raise TypeError(f"kv: the kernel takes a cache of q's format ({fmt.upper()}) or E4M3 with a BF16 q, got "
+                        f"{kv_fmt.upper()}")
+    scales = _kv_scales(kv_fmt, kva.shape, ckv_scale, kpe_scale, ckv_scale_arr)
+    sm = softmax_scale(scale)
+    for name, v in (("causal", causal), ("return_lse_base_on_e", return_lse_base_on_e), ("trace", trace)):
+        if not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True or False, got {v!r}")
+    b, s_q, H, _ = qa.shape
+    lens = [int(n) for n in lens]
+    if causal:
+        check_causal_lengths(lens, s_q, kernel="flashinfer-mla")
+    plan = flashinfer_mla_plan(lens, heads=H, q_lens=s_q, causal=bool(causal), num_sms=num_sms,
+                               page_size=page_size)
+    u = _Units(mc, fmt, sm)
+    Q = mc.cast(qa, fmt).reshape(b, s_q * H, D_K)
+    out = np.zeros((b, s_q * H, D_V), mc.dtype)
+    lse = np.full((b, s_q * H), -np.inf, mc.dtype)
+    K, at = None, -1
+    for tile in plan.tiles:  # a request's tiles are consecutive
+        i = tile.request
+        if i != at:
+            K, at = _keys(u, kva[i, :lens[i]], scales, i), i
+        rows = slice(tile.row_start, tile.row_stop)
+        out[i, rows], lse[i, rows] = _tile(u, plan, tile, Q[i, rows], K, lens[i], s_q, H, bool(causal))
+    if return_lse_base_on_e:
+        lse = mc.f(lse * u.loge2)  # final_lse *= math::loge2 (mla_hopper.cuh:755-757, mla.cuh:807-809)
+    hazards: Counter = Counter()
+    if np.isnan(out).any():
+        hazards["nan_outputs"] += int(np.isnan(out).sum())
+    res = mc.cast(out, fmt).reshape(b, s_q, H, D_V)
+    tr = {"plan": [plan]} if trace else {}
+    return AttentionResult(res, np.ascontiguousarray(lse.reshape(b * s_q, H)), tr, hazards)
+
+
+def _kv_scales(kv_fmt: str, shape: tuple[int, ...], ckv_scale: object, kpe_scale: object,
+               ckv_scale_arr: npt.ArrayLike | None) -> tuple[np.float32, np.float32, np.ndarray | None] | None:
+    """The FP8 cache's scales as the kernel reads them (float; the array FP32), or an error naming the argument:
+    exactly one of ckv_scale / ckv_scale_arr and kpe_scale with an E4M3 cache, none otherwise
+    (_fa_common.py:691-724)."""
+    given = [n for n, v in (("ckv_scale", ckv_scale), ("kpe_scale", kpe_scale), ("ckv_scale_arr", ckv_scale_arr))
+             if v is not None]
+    if kv_fmt != "e4m3":
+        if given:
+            raise ValueError(f"{given[0]}: only an E4M3 cache takes scales (kv is {kv_fmt.upper()})")
+        return None
+    if (ckv_scale is None) == (ckv_scale_arr is None):
+        raise ValueError("ckv_scale: an E4M3 cache takes exactly one of ckv_scale and ckv_scale_arr")
+    if kpe_scale is None:
+        raise ValueError("kpe_scale: an E4M3 cache needs kpe_scale")
+    arr = None
+    if ckv_scale_arr is not None:
+        arr = np.asarray(ckv_scale_arr)
+        want = (shape[0], shape[1], D_V // 128)
+        if arr.dtype != np.float32 or arr.shape != want or not np.isfinite(arr).all():
+            raise ValueError(f"ckv_scale_arr: expected finite float32 of shape {want}, got {arr.dtype} {arr.shape}")
+    ckv = np.float32(1) if ckv_scale is None else api_float(ckv_scale, "ckv_scale")
+    return ckv, api_float(kpe_scale, "kpe_scale"), arr
+
+
+def _keys(u: _Units, kv: np.ndarray, scales: tuple | None, i: int) -> np.ndarray:
+    """A request's keys as the tensor cores read them: the cache itself, or an E4M3 cache dequantised to BF16."""
+    if scales is None:
+        return u.mc.cast(kv, u.fmt)
+    ckv, kpe, arr = scales
+    return _dequant(u.mc, kv, ckv, kpe, None if arr is None else arr[i, :kv.shape[0]])
+
+
+def _dequant(mc: Machine, kv: np.ndarray, ckv_scale: np.float32, kpe_scale: np.float32,
+             arr: np.ndarray | None) -> np.ndarray:
+    """``repack_fp8_kv_to_bf16`` (mla_hopper.cuh:352-439): E4M3 to BF16 exactly (``fast_dequant_f8f16x4``), then
+    ``__hmul2`` by the scale rounded to BF16, one rounding; with the per-token array, an FP32 product rounded to
+    BF16."""
+    x = mc.f(kv)
+    if arr is None:
+        nope = mc.cast(x[:, :D_V] * mc.cast(mc.f(ckv_scale), "bf16"), "bf16")
+    else:
+        nope = mc.cast(mc.f(x[:, :D_V] * mc.f(np.repeat(arr, 128, axis=1))), "bf16")
+    pe = mc.cast(x[:, D_V:] * mc.cast(mc.f(kpe_scale), "bf16"), "bf16")
+    return np.concatenate([nope, pe], axis=1)
+
+
+def _tile(u: _Units, plan: FlashInferPlan, tile: TileWork, Q: np.ndarray, K: np.ndarray, seqlen: int, s_q: int,
+          H: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A query tile's rows over its chunks: (O normalised, base-2 lse), merged when the tile is split."""
+    mc = u.mc
+    q_idx = np.arange(tile.row_start, tile.row_stop) // H
+    last = seqlen - s_q + q_idx if causal else np.full(q_idx.shape, seqlen - 1)  # a row's last key
+    res = []
+    for lo, hi in tile.chunks:
+        # the kernel's own bound: floor((q_start + cluster_tile_q) / heads) (mla_hopper.cuh:1072-1077)
+        end = min(hi, seqlen - s_q + (tile.row_start + plan.cluster_tile_q) // H) if causal else hi
+        O, m, d = _chunk(u, Q, K, seqlen, lo, hi, end, last)
+        res.append((O, _split_lse(u, m, d)))
+    if not tile.split:
+        return res[0]
+    return _merge(u, [(mc.f(mc.cast(O, u.fmt)), L) for O, L in res])  # partial_o is DTypeO
+
+
+def _chunk(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, end: int,
+           last: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One work item: keys [lo, hi), tiles of 64 from lo, ``ceil(end / 64) - lo / 64`` of them walked from the
+    last (mla_hopper.cuh:1062-1242). Returns O normalised (FP32), the raw max m and the row sum d."""
+    mc, dt = u.mc, u.dt
+    R = Q.shape[0]
+    tiles = max(-(-end // CTA_TILE_KV) - lo // CTA_TILE_KV, 0)
+    m = np.full(R, -np.inf, dt)
+    lanes = np.ones((R, 4), dt)  # init_states_: d = 1.f in every lane
+    O = np.zeros((R, D_V), dt)
+    if tiles:
+        t = lo + np.arange(tiles * CTA_TILE_KV)
+        Ks = np.where((t < seqlen)[:, None], K[np.minimum(t, seqlen - 1)], 0).astype(K.dtype)
+        valid = (t[None, :] < hi) & (t[None, :] <= last[:, None])  # logits_mask_ (:551-573)
+        S_all = _scores(u, Q, Ks)
+        Vs = mc.operand(Ks[:, :D_V])
+    for j in range(tiles - 1, -1, -1):
+        cols = slice(j * CTA_TILE_KV, (j + 1) * CTA_TILE_KV)
+        S = np.where(valid[:, cols], S_all[:, cols], -np.inf).astype(dt)
+        m_prev, m = m, np.fmax(m, S.max(axis=1))
+        ms = np.fmax(mc.f(m * u.c), u.neg_max)  # update_md_ (:609)
+        o_scale = mc.exp2(mc.mul_add(m_prev, u.c, -ms))
+        P = mc.exp2(mc.mul_add(S, u.c, -ms[:, None]))
+        lanes = _lane_sums(mc, lanes, o_scale, P)
+        O = mc.matmul(mc.operand(mc.cast(P, u.fmt)), Vs[cols], mc.f(O * o_scale[:, None]))
+    d = _row_total(mc, lanes)
+    inv = np.where(np.isneginf(m), 0, mc.div(mc.f(1), d)).astype(dt)  # normalize_d_ (:641-655)
+    return mc.f(O * inv[:, None]), m, d
+
+
+def _scores(u: _Units, Q: np.ndarray, Ks: np.ndarray) -> np.ndarray:
+    """``compute_mla_qk`` (:441-509): Q_pe K_pe^T (4 k16 steps, from 0) then Q_nope CKV^T (32 steps) in one
+    accumulator, every 64-key tile at once (:meth:`Machine.by_blocks`)."""
+    mc = u.mc
+    KT = np.ascontiguousarray(Ks.T)
+    Qm = mc.operand(Q)
+
+    def product(kt: np.ndarray) -> np.ndarray:
+        kt = mc.operand(kt)
+        return mc.matmul(Qm[:, :D_V], kt[:D_V], mc.matmul(Qm[:, D_V:], kt[D_V:]))
+
+    return mc.f(mc.by_blocks(product, KT, rows=Q.shape[0], block=CTA_TILE_KV))
+
+
+def _lane_sums(mc: Machine, lanes: np.ndarray, s: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """``update_md_`` (:611-619): lane t adds its pairs ``P[8k + 2t] + P[8k + 2t + 1]`` for k in order (from 0),
+    then ``d = fma(d, o_scale, that)``. lanes (R, 4) -> (R, 4)."""
+    Pl = P.reshape(P.shape[0], 8, 4, 2)  # column 8k + 2t + e -> (k, t, e)
+    local = mc.f(Pl[:, 0, :, 0] + Pl[:, 0, :, 1])
+    for k in range(1, 8):
+        local = mc.f(local + mc.f(Pl[:, k, :, 0] + Pl[:, k, :, 1]))
+    return mc.mul_add(lanes, s[:, None], local)
+
+
+def _split_lse(u: _Units, m: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """``finalize_m_`` then ``write_o`` (mla.cuh:750-761, mla_hopper.cuh:715-716): ``lg2(d) + fl(m c)``, base 2;
+    -inf where m is -inf (the multiply sits behind a select: no contraction)."""
+    mc = u.mc
+    return np.where(np.isneginf(m), -np.inf, mc.f(mc.log2(d) + mc.f(m * u.c))).astype(u.dt)
+
+
+def _merge(u: _Units, parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """``DevicePersistentMergeStates`` over a row's chunks in order (mla.cuh:763-814, state.cuh:37-83)."""
+    mc, dt = u.mc, u.dt
+    R = parts[0][1].shape[0]
+    m = np.full(R, -np.inf, dt)
+    d = np.ones(R, dt)
+    o = np.zeros((R, D_V), dt)
+    for O_k, lse_k in parts:
+        m_prev, m = m, np.fmax(m, lse_k)
+        f1 = mc.exp2(np.fmax(mc.f(m_prev - m), -np.inf))  # max() drops the NaN of -inf - -inf
+        f2 = mc.exp2(np.fmax(mc.f(lse_k - m), -np.inf))
+        d = mc.mul_add(d, f1, f2)  # d_prev * f1 + 1 * f2
+        o = _merge_o(mc, o, f1, O_k, f2)
+    inv = np.where(d > 0, mc.div(mc.f(1), d), 0).astype(dt)  # __fdividef(1.f, d)
+    return mc.f(o * inv[:, None]), _merge_lse(mc, m, d)
+
+
+def _merge_o(mc: Machine, o: np.ndarray, f1: np.ndarray, O_k: np.ndarray, f2: np.ndarray) -> np.ndarray:
+    """``o * f1 + other_o * f2``: the PTX fuses ``o * f1`` (``fma.rn(f1, o, fl(f2 o_k))``)."""
+    return mc.mul_add(o, f1[:, None], mc.f(O_k * f2[:, None]))
+
+
+def _merge_lse(mc: Machine, m: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """``state_t::get_lse``: ``m + lg2(d)``, base 2."""
+    return mc.f(m + mc.log2(d))
+
+
+def flashinfer_mla_decode(
+    q: npt.ArrayLike,
+    kv: npt.ArrayLike,
+    *,
+    machine: str | Machine = "sm90-cuda",
+    schedule: str | Schedule = "reference",
+    block: int = CTA_TILE_KV,
+    scale: float | None = None,
+    num_sms: int = 132,
+    trace: bool = False,
+) -> AttentionResult:
+    """:func:`flashinfer_mla` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): every
+    request the whole of kv, causal when s_q > 1 (as SGLang plans its multi-token steps), the LSE natural
+    (``return_lse_base_on_e``) as (b, s_q, h). The kernel lays its work out itself: `block` must be its 64 and
+    `schedule` is checked, not used."""
+    check_kernel_layout(schedule, block, CTA_TILE_KV)
+    s_q = np.shape(q)[1] if np.ndim(q) == 4 else 1
+    res = flashinfer_mla(q, kv, scale=scale, causal=s_q > 1, return_lse_base_on_e=True, num_sms=num_sms,
+                         machine=machine, trace=trace)
+    b, s_q, H = res.out.shape[:3]
+    return AttentionResult(res.out, res.lse.reshape(b, s_q, H), res.trace, res.hazards)
+
