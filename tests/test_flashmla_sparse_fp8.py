@@ -271,40 +271,56 @@ def test_sparse_fp8_matches_golden_on_fp8_keys_within_bf16():
 
 
 def test_the_fp8_table_runs_through_reproduce(tmp_path):
-    """`reproduce fp8-mla`: on sm90-cuda unless told, FlashMLA's dense and sparse decodes and vLLM's FP8 decodes as
-    sweep algorithms (the Triton one on sm90-triton); their rows are their errors on the same draw, computed here
-    directly (the sparse one from a cache and indices built here, vLLM's from inputs quantized here)."""
+    """`reproduce fp8-mla` (the low-precision cache table): on sm90-cuda unless told, its columns as data
+    (LOW_PRECISION_CACHE), each one's row its error on the same draw computed here directly: FlashMLA's dense
+    decode, DeepSeek V3.2's sparse attention with one top-k list (every token of the request) through its FP8
+    cache and FlashMLA's sparse decode, and through its BF16 cache and FA3's sparse call and FlashMLA's sparse
+    prefill, vLLM's FP8 decodes on inputs quantized here. Every BF16 cache's error is below every FP8 cache's."""
     import csv
 
     from amla_sim._seeds import derive_seed
     from amla_sim.algorithms import (
+        fa3_mla_sparse,
         flashmla,
         flashmla_dense_fp8,
+        flashmla_sparse_prefill,
         quantize_cache_fp8,
         quantize_query_fp8,
         vllm_triton_mla,
     )
     from amla_sim.cli import main
+    from amla_sim.experiments.tables import LOW_PRECISION_CACHE, TABLES
 
+    table = TABLES["fp8-mla"]
+    assert table.algorithms == tuple(c.label for c in LOW_PRECISION_CACHE)
     assert main(["reproduce", "fp8-mla", "--samples", "1", "--context", "100", "--heads", "64", "--out",
                  str(tmp_path), "--quiet"]) == 0
     with open(tmp_path / "fp8-mla" / "results.csv") as f:
         rows = list(csv.DictReader(f))
     summary = json.loads((tmp_path / "fp8-mla" / "summary.json").read_text())
-    assert summary["machine"] == "sm90-cuda" and len(rows) == 3 * 9
+    assert summary["machine"] == "sm90-cuda" and len(rows) == 3 * len(LOW_PRECISION_CACHE)
     assert "| rel. Frobenius | RMSE | cos diff |" in (tmp_path / "fp8-mla" / "table.md").read_text()
     q, kv = make_inputs("rope-outliers", heads=64, context=100, seed=derive_seed(0, "fp8-mla", "rope-outliers", 0))
     ref = golden(q, kv).out
     pg, base = pages(kv)
-    idx = np.full((1, 1, 128), -1, np.int32)
-    idx[0, 0, :100] = np.arange(100)
+    assert base[0] == 0  # one request: its cache rows are its tokens, paged or flat
+    sel = np.full(128, -1, np.int32)  # the one top-k list: every token, -1 after (topk a multiple of 128)
+    sel[:100] = np.arange(100)
     for alg, out in (("flashmla", flashmla(q, kv, seqlens=None).out),
-                     ("flashmla-sparse-fp8", flashmla_sparse_fp8(q, quantize_kv_cache(pg), idx).out),
+                     ("flashmla-sparse-fp8", flashmla_sparse_fp8(q, quantize_kv_cache(pg), sel[None, None]).out),
+                     # FA3's list is as long as the context (the call's max_seqlen_k), the same valid rows
+                     ("fa3-mla-sparse", fa3_mla_sparse(q[0], kv[0], sel[None, :100]).out[None]),
+                     ("flashmla-sparse-prefill", flashmla_sparse_prefill(q[0], kv[0][:, None], sel[None, None]).out),
                      ("flashmla-dense-fp8", flashmla_dense_fp8(quantize_query_fp8(q), quantize_cache_fp8(kv)).out),
                      ("vllm-triton-fp8", vllm_triton_mla(q, quantize_cache_fp8(kv), machine="sm90-triton").out)):
-        want = np.sqrt(np.mean((out.astype(np.float64) - ref) ** 2))
+        want = np.sqrt(np.mean((out.astype(np.float64).reshape(ref.shape) - ref) ** 2))
         got = next(float(r["rmse"]) for r in rows if r["algorithm"] == alg and r["distribution"] == "rope-outliers")
         assert got == pytest.approx(want, rel=1e-12), alg
+    for dist, _ in table.distributions:
+        rmse = {r["algorithm"]: float(r["rmse"]) for r in rows if r["distribution"] == dist}
+        bf16 = [rmse[c.label] for c in LOW_PRECISION_CACHE if c.precision == "bf16"]
+        fp8 = [rmse[c.label] for c in LOW_PRECISION_CACHE if c.precision == "fp8"]
+        assert len(bf16) == 3 and max(bf16) < min(fp8), (dist, rmse)
 
 
 # --- bad input ----------------------------------------------------------------------------------------------

@@ -122,6 +122,23 @@ def test_a_plot_of_nan_rows_alone_has_no_legend_and_no_warning(tmp_path, name):
     assert plot_table(summary, tmp_path / "table.png")  # (a warning is an error here)
 
 
+def test_a_plot_of_more_columns_than_colours_tells_each_apart(tmp_path, monkeypatch):
+    """The low-precision cache table has more columns than matplotlib's 10 colours: each its own colour and
+    marker, every point within 0.4 of its distribution's tick (no overlap with the next one's)."""
+    import amla_sim.plots as plots
+
+    figs = []
+    monkeypatch.setattr(plots, "save_png", lambda fig, path: figs.append(fig))
+    summary = _summary("fp8-mla", [1e-3, 2e-3])
+    assert len(TABLES["fp8-mla"].algorithms) > 10 and plot_table(summary, tmp_path / "table.png")
+    ax = figs[0].axes[0]
+    points = {c.get_label(): c.lines[0] for c in ax.containers}  # each column's errorbar: its points' line
+    assert sorted(points) == sorted(TABLES["fp8-mla"].algorithms)
+    assert len({(p.get_color(), p.get_marker()) for p in points.values()}) == len(points)
+    xs = [x for p in points.values() for x in p.get_xdata()]
+    assert max(abs(x - round(x)) for x in xs) <= 0.4
+
+
 def test_reproduce_with_a_nan_column_writes_its_files_and_resumes(tmp_path, capsys):
     """Naive softmax overflows on U(-60, 60): a column of NaN, on the first run and the re-run."""
     argv = ["reproduce", "amla-table4", "--algorithms", "naive", "--machine", "ieee32", "--samples", "2",

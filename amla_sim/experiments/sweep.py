@@ -167,6 +167,7 @@ def plot_table(summary: dict, path: Path) -> bool:
     algs = list(dict.fromkeys(r["algorithm"] for r in summary["rows"]))
     ratios = any(r["paper"] is not None for r in summary["rows"])
     width = 1.3 * len(dists) + 3
+    step = min(0.12, 0.8 / len(algs))  # a distribution's points within 0.8 of its tick, however many columns
     fig, ax = plt.subplots(figsize=(width, 3.4))
     for j, alg in enumerate(algs):
         xs, ys, errs = [], [], []
@@ -174,11 +175,12 @@ def plot_table(summary: dict, path: Path) -> bool:
             r = next((r for r in summary["rows"] if r["distribution"] == d and r["algorithm"] == alg), None)
             if r is not None and (r["paper"] is not None or not ratios) and math.isfinite(r["ours"]):
                 unit = r["paper"] if ratios else 1.0
-                xs.append(i + (j - (len(algs) - 1) / 2) * 0.12)
+                xs.append(i + (j - (len(algs) - 1) / 2) * step)
                 ys.append(r["ours"] / unit)
                 errs.append(error_bar(r.get("sem")) / unit)
         if xs:  # a column with no published or finite number has no point, and no legend entry
-            ax.errorbar(xs, ys, yerr=errs, fmt="o", capsize=3, ms=4, label=alg)
+            # a marker a round of the 10 default colours, so no two columns look alike
+            ax.errorbar(xs, ys, yerr=errs, fmt="osD^v"[j // 10 % 5], capsize=3, ms=4, label=alg)
     if ratios:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_ylabel(f"{summary['metric']}: ours / paper (± s.e.)", fontsize=8)
@@ -187,8 +189,8 @@ def plot_table(summary: dict, path: Path) -> bool:
         ax.set_ylabel(f"{summary['metric']} (± s.e.)", fontsize=8)
     ax.set_xticks(range(len(dists)), dists, fontsize=7)
     ax.set_title(textwrap.fill(summary["title"], int(14 * width)), fontsize=8)  # wrapped to the figure, not clipped
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # many columns: the legend beside the axes, off the points
+        ax.legend(fontsize=7, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if len(algs) > 6 else {}))
     fig.tight_layout()
     save_png(fig, path)
     return True

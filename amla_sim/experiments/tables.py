@@ -46,6 +46,43 @@ def _paper(values: dict[str, tuple[float, float]]) -> dict[tuple[str, str], floa
     return out
 
 
+@dataclass(frozen=True)
+class CacheColumn:
+    """One column of the low-precision cache table: MLA over one cache format through one kernel, as deployed."""
+
+    label: str  # the column (the algorithm of results.csv and summary.json)
+    spec: str  # the sweep spec that runs it (label=algorithm:options), on the table's BF16 inputs
+    precision: str  # the cache's element format as a short name: bf16, fp8 (E4M3), ...
+    cache: str  # what the cache holds, and how it is quantized
+    kernel: str  # the kernel, and who runs it
+
+
+_V32_BF16 = "BF16, DeepSeek V3.2's sparse attention (every token selected: the dense decode's keys)"
+_SNAPMLA = {"snapmla": "E4M3 content, per-token scales, RoPE in BF16",
+            "A": "E4M3 RoPE and content, one per-token scale over all 576 dims",
+            "B": "E4M3 content, static scale 1.0, RoPE in BF16",
+            "C": "E4M3 content, a per-tensor (dynamic) scale, RoPE in BF16",
+            "D": "E4M3 content, per-block scales, RoPE in BF16"}
+
+#: The low-precision cache table's columns (``reproduce fp8-mla``), each over the same BF16 draws: another cache
+#: format or kernel is one more entry (its algorithm registered, its spec here).
+LOW_PRECISION_CACHE: tuple[CacheColumn, ...] = (
+    CacheColumn("flashmla", "flashmla", "bf16", "BF16", "FlashMLA's dense decode"),
+    CacheColumn("fa3-mla-sparse", "fa3-mla-sparse", "bf16", _V32_BF16,
+                "FA3's sparse call (vLLM's FLASH_ATTN_MLA_SPARSE, SGLang's DSA fa3 decode)"),
+    CacheColumn("flashmla-sparse-prefill", "flashmla-sparse-prefill", "bf16", _V32_BF16,
+                "FlashMLA's sparse prefill kernel (vLLM's FLASHMLA_SPARSE, SGLang's DSA prefill on Hopper)"),
+    CacheColumn("flashmla-sparse-fp8", "flashmla-sparse-fp8", "fp8", "DeepSeek V3.2's FP8 cache: E4M3 content with "
+                "per-tile power-of-two scales, RoPE in BF16 (every token selected)", "FlashMLA's sparse FP8 decode"),
+    CacheColumn("flashmla-dense-fp8", "flashmla-dense-fp8", "fp8", "E4M3, per-tensor scale 1 (Q in E4M3 too)",
+                "vLLM's FLASHMLA backend with an FP8 cache: FlashMLA's dense FP8 decode"),
+    CacheColumn("vllm-triton-fp8", "vllm-triton-fp8=vllm-triton-mla:kv_cache=fp8:run_on=sm90-triton", "fp8",
+                "E4M3, per-tensor scale 1", "vLLM's TRITON_MLA decode with an FP8 cache (on sm90-triton)"),
+    *(CacheColumn(cfg, "snapmla" if cfg == "snapmla" else f"{cfg}=snapmla:config={cfg}", "fp8", cache,
+                  "SnapMLA" if cfg == "snapmla" else f"SnapMLA, ablation config {cfg}")
+      for cfg, cache in _SNAPMLA.items()),
+)
+
 TABLES: dict[str, Table] = {
     "amla-table3": Table(
         "amla-table3", "AMLA paper, Table 3: relative Frobenius error against Golden, Gaussian inputs",
@@ -76,17 +113,16 @@ TABLES: dict[str, Table] = {
         source="arXiv FlashMLA-ETAP, Table 1 (setup: Section 4; FP16, 16 heads, contexts 512-64K); FA3's figure "
                "is the FA3 paper's, on its own inputs",
     ),
-    "fp8-mla": Table(
-        "fp8-mla", "FP8 MLA side by side: FlashMLA's BF16 dense and FP8 sparse decodes (V3.2 cache, every token "
-        "selected), vLLM's FP8 decodes (dense FP8 FlashMLA, Triton with an FP8 cache; scales 1) and SnapMLA's "
-        "configs, against FP64 over the BF16 inputs",
+    "fp8-mla": Table(  # the low-precision cache table (its name seeds the draws: kept)
+        "fp8-mla", "Low-precision MLA caches as deployed: the same BF16 inputs through each cache and the kernel that "
+        "ships it (DeepSeek V3.2's every token selected; vLLM's scales 1), against FP64 over the BF16 inputs",
         (("flashmla", "FlashMLA test inputs"), ("normal:1", "N(0, 1)"),
          ("rope-outliers", "RoPE outliers ~1e3, content within +-10")),
-        ("flashmla", "flashmla-sparse-fp8", "flashmla-dense-fp8", "vllm-triton-fp8", "snapmla", "A", "B", "C", "D"),
+        tuple(c.label for c in LOW_PRECISION_CACHE),
         "rmse", {}, heads=128, context=4096, block=64, machine="sm90-cuda",
-        source="FlashMLA 9241ae3's decodes, vLLM's dense FP8 FlashMLA decode and vLLM's Triton decode with an FP8 "
-               "cache (bit-exact models; the Triton kernel on sm90-triton) and SnapMLA (arXiv SnapMLA, Section 4.3) on "
-               "the same BF16 inputs",
+        source="FlashMLA 9241ae3's decodes and sparse prefill, FA3's sparse call, vLLM's dense FP8 FlashMLA decode "
+               "and vLLM's Triton decode with an FP8 cache (bit-exact models; the Triton kernel on sm90-triton) and "
+               "SnapMLA (arXiv SnapMLA, Section 4.3) on the same BF16 inputs",
     ),
     "snapmla-configs": Table(
         "snapmla-configs", "SnapMLA paper, Table 2 configs: errors against the BF16 golden (the paper plots them)",
@@ -106,12 +142,7 @@ SPECS: dict[str, str] = {  # the tables' algorithm columns as sweep specs (label
     "etap": "etap:p_format=fp16:io_format=fp16",
     "flashmla-etap": "flashmla-etap",
     "fa3-mla": "fa3-mla",
-    "flashmla": "flashmla",
-    "flashmla-sparse-fp8": "flashmla-sparse-fp8",
-    "flashmla-dense-fp8": "flashmla-dense-fp8",
-    "vllm-triton-fp8": "vllm-triton-fp8=vllm-triton-mla:kv_cache=fp8:run_on=sm90-triton",
-    "snapmla": "snapmla",
-    **{cfg: f"{cfg}=snapmla:config={cfg}" for cfg in ("A", "B", "C", "D")},
+    **{c.label: c.spec for c in LOW_PRECISION_CACHE},
 }
 
 
