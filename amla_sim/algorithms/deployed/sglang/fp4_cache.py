@@ -6,19 +6,21 @@ Upstream: sgl-project/sglang 0.5.23 (the wheel). ``sglang/srt/layers/quantizatio
 (``MLATokenToKVPoolFP4``), ``sglang/srt/layers/attention/flashinfer_mla_backend.py``.
 
 The one FP4 mode an MLA model has on Hopper. ``--kv-cache-dtype`` offers ``nvfp4`` and ``fp4_mx_block16``
-(``arg_groups/fields/model.py:197-222``); ``nvfp4`` is refused below SM100/SM120 (``arg_groups/kv_cache_hook.py:
+(``arg_groups/fields/model.py:197-221``); ``nvfp4`` is refused below SM100/SM120 (``arg_groups/kv_cache_hook.py:
 125-131``), and an MLA model gets ``MLATokenToKVPoolFP4`` for either (``mem_cache/kv_cache_configurator.py:1874``),
-which quantizes with ``FP4MXBlock16KVQuantizeUtil`` only. Its attention backend is ``flashinfer`` or
-``trtllm_mla`` (``kv_cache_hook.py:297-304``).
+which quantizes with ``FP4MXBlock16KVQuantizeUtil`` only. Its attention backend must be ``flashinfer`` or
+``trtllm_mla`` (``kv_cache_hook.py:297-305``), and ``trtllm_mla`` is Blackwell's (``arg_groups/overrides.py:
+1210-1212``): on Hopper, FlashInfer's MLA kernel reads the BF16 keys.
 
 The quantizer (``kvfp4_tensor.py:58-97``), per block of 16 consecutive values of a ``(B, M, N)`` tensor (blocks run
 over ``M * N``, ``view(b, m * n // 16, 16)``, line 72):
 
 - ``amax`` = the block's largest ``|x|``, NaN if it holds one (line 75);
 - ``e = ceil(log2(max(amax / 6, 1e-10)))`` in FP32 (line 76): the least ``e`` with ``amax <= 6 * 2^e``, at least
-  -33. Compiled, the chain runs in FP32 with no BF16 rounding between ops (eager rounds ``log2`` to BF16, which
-  floors ``e`` for ``|e| >= 32`` when ``amax`` is just above ``6 * 2^(e-1)``); a GPU multiplies by ``fl32(1/6)``
-  where a CPU divides (Inductor's ``div_prim``): for every BF16 ``amax`` both give the exact ``e``;
+  -33. Compiled, the chain runs in FP32 with no BF16 rounding between ops (eager torch rounds each to BF16, and
+  its BF16 ``log2`` takes ``e`` one lower for 3113 of the finite BF16 ``amax``: just above ``6 * 2^(e-1)``, more of
+  them the larger ``|e|``); a GPU multiplies by ``fl32(1/6)`` where a CPU divides (Inductor's ``div_prim``): for
+  every BF16 ``amax`` both give the exact ``e``;
 - the scale byte is ``e + 127`` (line 77): 94 to 253 for finite input (E8M0's encoding of ``2^e``);
 - each value is ``q = x / 2^e`` in FP32 (line 80), its code ``sign << 3 | magnitude``: the sign bit is ``q < 0``
   (so -0, NaN and a negative ``q`` that underflows FP32 give +0; a negative ``q`` below 0.25 gives -0, code 8),
@@ -36,6 +38,10 @@ dequantizes every token to BF16 (``kvfp4_tensor.py:101-140``): the E2M1 value in
 then BF16. For a byte the quantizer writes the product is exact; 6 * 2^126 exceeds BF16, so a value that
 rounds to 4 or 6 under ``e = 126`` (``|x| >= 3.5 * 2^126``) comes back Inf. The backend casts the result to the
 query's dtype (``flashinfer_mla_backend.py:822``): no change for a BF16 model.
+
+SGLang's own functions, run from the wheel on a CPU (``scripts/capture_sglang_fp4.py``), give these bytes on every
+case of ``tests/data/sglang_fp4_cache.npz``. A GPU's differ only where ``device`` says (Inf blocks, scale byte 0,
+NaN bits), predicted from the Triton code Inductor writes until a CUDA capture joins the file.
 """
 
 from __future__ import annotations
@@ -168,9 +174,9 @@ def batched_dequantize(quant_tensor: npt.ArrayLike, scale_factors: npt.ArrayLike
     packed codes (B, M, N/2) and scale bytes (B, M*N/16) -> ``bf16(fl32(value * exp2(byte - 127)))`` (B, M, N),
     as ``ml_dtypes.bfloat16``.
 
-    device: what differs for bytes the quantizer writes only for Inf and NaN blocks or never: byte 0's
-    ``exp2(-127)`` (a GPU's libdevice flushes it to 0, a CPU keeps the subnormal) and the NaN a ``0 * Inf``
-    (byte 255) gives (0x7FFF on a GPU, 0x7FC0 on a CPU)."""
+    device: bytes the quantizer writes only for Inf and NaN blocks, or never, differ: byte 0's ``exp2(-127)``
+    (a GPU's libdevice flushes it to 0, a CPU keeps the subnormal) and the NaN of a ``0 * Inf`` (byte 255:
+    0x7FFF on a GPU, 0x7FC0 on a CPU)."""
     _device(device)
     p, s = _bytes(quant_tensor, "quant_tensor"), _bytes(scale_factors, "scale_factors")
     if p.ndim != 3:
