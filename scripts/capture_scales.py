@@ -29,6 +29,7 @@ CHECKOUTS = {
     "flash-attention": ["fa3-vllm-617264c-mla-src.tar.xz", "cutlass-62750a2-include.tar.xz"],
     "FlashMLA-vllm": ["flashmla-46d64a8-dense-fp8-src.tar.xz", "cutlass-3.9.0-include.tar.xz"],
     "vllm": ["vllm-0.33.0-triton-mla-src.tar.xz"],
+    "sgl-flash-attn": ["sgl-flash-attn-cb303cf-mla-src.tar.xz", "cutlass-57e3cfb-include.tar.xz"],
 }
 #: kernel -> (source flag, its path under .third_party)
 SOURCES = {
@@ -41,6 +42,8 @@ SOURCES = {
     "flashmla-dense-fp8": ("--flashmla-fp8-dir", "FlashMLA-vllm"),
     "vllm-triton-mla": ("--vllm-file", "vllm/vllm-0.33.0/vllm/v1/attention/ops/triton_decode_attention.py"),
     "sglang-triton": ("--sglang-file", "sglang/decode_attention.py"),
+    "sgl-fa3-mla": ("--sgl-fa3-dir", "sgl-flash-attn"),
+    "sgl-fa3-mla-sparse": ("--sgl-fa3-dir", "sgl-flash-attn"),
 }
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from .._files import atomic_savez
 from .._validate import check_int
 from ..comparison import ComparisonReport, compare
-from .fa3 import FA3_MLA, FA3_MLA_SPARSE
+from .fa3 import FA3_MLA, FA3_MLA_SPARSE, SGL_FA3_MLA, SGL_FA3_MLA_SPARSE
 from .files import CaptureError, split_cases
 from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8, FLASHMLA_SPARSE_PREFILL
 from .kernel import DeployedKernel, check_recipe
@@ -34,7 +34,8 @@ __all__ = ["KERNELS", "HELD_NOT_COMPARED", "kernel_of", "replay_deployed", "capt
 #: The deployed kernels the cross-check covers, by the name ``crosscheck --kernel`` takes.
 KERNELS: dict[str, DeployedKernel] = {k.name: k for k in (SGLANG, FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8,
                                                           FA3_MLA, FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA, FA3_MLA_SPARSE,
-                                                          FLASHMLA_SPARSE_PREFILL)}
+                                                          FLASHMLA_SPARSE_PREFILL, SGL_FA3_MLA,
+                                                          SGL_FA3_MLA_SPARSE)}
 _LEGACY = {"sglang": "sglang-triton", "flashmla_commit": "flashmla"}  # captures written before meta named a kernel
 
 

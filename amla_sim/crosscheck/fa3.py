@@ -18,12 +18,13 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms._common import D_K, D_V
-from ..algorithms.deployed.fa3 import FA3_COMMIT, fa3_mla, fa3_mla_sparse
+from ..algorithms.deployed.fa3 import FA3_COMMIT, SGL_FA3_COMMIT, fa3_mla, fa3_mla_sparse, sgl_fa3_mla
 from ..experiments.inputs import make_inputs
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, run_twice, stage
 
-__all__ = ["FA3_CASES", "FA3_MLA", "fa3_inputs", "SPARSE_CASES", "FA3_MLA_SPARSE", "fa3_sparse_inputs"]
+__all__ = ["FA3_CASES", "FA3_MLA", "fa3_inputs", "SPARSE_CASES", "FA3_MLA_SPARSE", "fa3_sparse_inputs", "SGL_CASES",
+           "SGL_FA3_MLA", "SGL_FA3_MLA_SPARSE"]
 
 _DS = 0.1352  # DeepSeek-V3's softmax scale (1 / sqrt(192) with its YaRN mscale)
 _192 = 192 ** -0.5
@@ -229,3 +230,111 @@ FA3_MLA_SPARSE = _Fa3Sparse(
     source_help=f"a vllm-project/flash-attention checkout at {FA3_COMMIT} with CUTLASS at csrc/cutlass (git clone "
                 "--recursive), compiled here")
 
+
+
+_MAX_CONTEXT = 163840  # DeepSeek-V3's context: SGLang's CUDA-graph page table holds this many keys
+#: SGLang's fa3 backend through its own build: (batch, s_q, heads, seqlens, format, dist, seed, scale, page,
+#: num_splits (0, or 1 in deterministic mode), page-table width in pages: the CUDA-graph decode's
+#: ceil(max_context_len / page) or an eager batch's longest request)
+SGL_CASES = [
+    (1, 1, 128, (600,), "bf16", "flashmla", 71, _V32, 1, 0, _MAX_CONTEXT),
+    (2, 1, 16, (300, 900), "bf16", "normal:1", 72, _V32, 64, 0, _MAX_CONTEXT // 64),
+    (3, 1, 64, (513, 2048, 129), "fp16", "normal:1", 73, _192, 64, 0, 40),
+    (4, 1, 16, (100, 2000, 7000, 1), "bf16", "normal:1", 74, _V32, 1, 0, _MAX_CONTEXT),
+    (2, 2, 64, (1000, 3001), "bf16", "normal:1", 75, _V32, 64, 0, _MAX_CONTEXT // 64),
+    (2, 1, 128, (8192, 77), "bf16", "flashmla", 76, _V32, 16, 1, _MAX_CONTEXT // 16),
+    (16, 1, 16, (512, 1, 2048, 777, 64, 1500, 65, 3000, 100, 2500, 63, 1024, 4096, 300, 129, 2000), "bf16",
+     "flashmla", 77, _192, 1, 0, _MAX_CONTEXT),
+    (8, 1, 16, (1, 63, 64, 65, 700, 2500, 4097, 129), "bf16", "normal:1", 78, _V32, 1, 0, 4097),
+    (1, 1, 16, (16000,), "fp16", "flashmla", 79, _DS, 1, 0, _MAX_CONTEXT),
+]
+_SGL_SOURCE = (f"a sgl-project/sgl-flash-attn checkout at {SGL_FA3_COMMIT} (sglang-kernel 0.4.10 pins f89bc23) with "
+               "CUTLASS 57e3cfb at csrc/cutlass, compiled here")
+
+
+class _SglFa3(_Fa3):
+    def recipes(self, seed: int) -> list[dict]:
+        return [{"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "format": fmt, "dist": dist,
+                 "seed": s + seed, "scale": scale, "page_size": page, "num_splits": ns, "table_pages": width,
+                 "varlen_q": True, "causal": True}
+                for b, sq, H, lens, fmt, dist, s, scale, page, ns, width in SGL_CASES]
+
+    def scale_template(self) -> dict:
+        return {**super().scale_template(), "page_size": 1, "table_pages": _MAX_CONTEXT}
+
+    def check(self, case: dict) -> None:
+        super().check(case)
+        page = check_int(case["page_size"], "page_size", lo=1)
+        width = check_int(case["table_pages"], "table_pages", lo=1, hi=1 << 20)
+        if width * page < max(case["seqlens"]):
+            raise ValueError(f"table_pages: {width} pages of {page} keys hold fewer than the longest request")
+        if case["num_splits"] not in (0, 1) or not case["varlen_q"] or not case["causal"]:
+            raise ValueError("num_splits: SGLang passes 0 or 1, cu_seqlens_q and causal")
+
+    def label(self, case: dict) -> str:
+        return f" {case['format']} page {case['page_size']} table {case['table_pages']} num_splits={case['num_splits']}"
+
+    def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+        q, kv = fa3_inputs(case)
+        res = sgl_fa3_mla(q, kv, seqlens=np.array(case["seqlens"]), table_pages=case["table_pages"],
+                          page_size=case["page_size"], scale=case["scale"], num_splits=case["num_splits"], trace=True)
+        fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16
+        b, sq, H = case["batch"], case.get("sq", 1), case["heads"]
+        return [("splits", arrays[f"c{i}_splits"], np.array(res.trace["schedule"][0].splits, np.int32)),
+                stage("lse", arrays[f"c{i}_lse"], res.lse.astype(np.float32), np.float32),
+                stage("out", arrays[f"c{i}_out"], res.out.reshape(b * sq, H, D_V), fmt)]
+
+    def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
+        return {**super().outputs(case), "splits": ((case["batch"],), np.int32, True)}
+
+    def load(self, source: str | None) -> Any:
+        from ..gpu.adapters.fa3 import build_fa3
+
+        return build_fa3(source, fork="sglang")
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        from ..gpu.adapters.fa3 import run_sgl_fa3
+
+        q, kv = fa3_inputs(recipe)
+        got, same = run_twice(lambda: run_sgl_fa3(kernel, q, kv, recipe))
+        return got, {**recipe, "input_crc": input_crc(q, kv), "repeat_identical": same}
+
+
+#: SGLang's fa3 MLA backend through SGLang's own FA3 build.
+SGL_FA3_MLA = _SglFa3(
+    name="sgl-fa3-mla",
+    summary=f"SGLang's fa3 MLA decode through its own FlashAttention-3 build (sgl-project/sgl-flash-attn "
+            f"{SGL_FA3_COMMIT}): the split bound from the page table's width, BF16 and FP16",
+    version_key="sgl_fa3_commit", version=SGL_FA3_COMMIT, source_flag="--sgl-fa3-dir", source_help=_SGL_SOURCE)
+
+
+class _SglFa3Sparse(_Fa3Sparse):
+    """SGLang's DSA decode (``_forward_fa3``) on the sparse cases of vLLM's call: the same inputs, the bound the
+    same (topk), so a capture of each build is compared with the same model."""
+
+    def check(self, case: dict) -> None:
+        super().check(case)
+        if case["num_splits"] not in (0, 1):
+            raise ValueError(f"num_splits: SGLang passes 0 or 1, got {case['num_splits']}")
+
+    def load(self, source: str | None) -> Any:
+        from ..gpu.adapters.fa3 import build_fa3
+
+        return build_fa3(source, fork="sglang")
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        from ..gpu.adapters.fa3 import run_sgl_fa3_sparse
+
+        q, rows, idx, valid = fa3_sparse_inputs(recipe)
+        recipe = {**recipe, "scale": 576**-0.5 if recipe["scale"] is None else recipe["scale"]}
+        got, same = run_twice(lambda: run_sgl_fa3_sparse(kernel, q, rows, idx, valid, recipe, recipe["keep"]))
+        return got, {**recipe, "input_crc": input_crc(q, rows, idx), "repeat_identical": same}
+
+
+#: SGLang's DSA decode (DeepSeek V3.2, BF16 cache) through SGLang's own FA3 build.
+SGL_FA3_MLA_SPARSE = _SglFa3Sparse(
+    name="sgl-fa3-mla-sparse",
+    summary=f"SGLang's DSA fa3 decode (DeepSeek V3.2, BF16 cache) through its own FlashAttention-3 build "
+            f"(sgl-project/sgl-flash-attn {SGL_FA3_COMMIT}), one-token pages",
+    version_key="sgl_fa3_commit", version=SGL_FA3_COMMIT, source_flag="--sgl-fa3-dir", empty_requests=True,
+    source_help=_SGL_SOURCE)

@@ -13,7 +13,7 @@ import numpy as np
 from ._build import CUDA_COMMON, SM90A, added_source, checkout_files, compile_extension
 from ._common import bits16, shuffled_pages
 
-__all__ = ["build_fa3", "run_fa3", "run_fa3_sparse"]
+__all__ = ["build_fa3", "run_fa3", "run_fa3_sparse", "run_sgl_fa3", "run_sgl_fa3_sparse", "FORKS"]
 
 _WHAT = "a vllm-project/flash-attention checkout with CUTLASS at csrc/cutlass (git clone --recursive)"
 # The ten instantiations of head dims 64 x 512: {bf16, fp16} x {plain, packgqa, paged (non-TMA), paged + split,
@@ -50,10 +50,88 @@ _ONLY_MLA = ["FLASHATTENTION_DISABLE_HDIM96", "FLASHATTENTION_DISABLE_HDIM128", 
              "FLASHATTENTION_DISABLE_SOFTCAP", "FLASHATTENTION_DISABLE_LOCAL"]
 _NAME = "amla_fa3_mla"
 
+#: SGLang's build (sgl-project/sgl-flash-attn, compiled into ``sglang-kernel``): its compile definitions for
+#: ``flash_ops`` (sglang ``python/sglang/kernels/aot/CMakeLists.txt``) with the sm8x kernels left out (host dispatch
+#: only), and no PACKGQA_ONLY, CLUSTER or APPENDKV switch (SGLang sets none).
+_SGL_DEFINES = ["FLASHATTENTION_DISABLE_BACKWARD", "FLASHATTENTION_DISABLE_DROPOUT", "FLASHATTENTION_DISABLE_UNEVEN_K",
+                "FLASHATTENTION_VARLEN_ONLY", "FLASHATTENTION_DISABLE_SPARSE_MASK", "FLASHATTENTION_DISABLE_SM8x",
+                "CUTE_USE_PACKED_TUPLE=1", "CUTLASS_ENABLE_TENSOR_CORE_MMA=1", "CUTLASS_VERSIONS_GENERATED",
+                "CUTLASS_TEST_LEVEL=0", "CUTLASS_TEST_ENABLE_CACHED_RESULTS=1", "CUTLASS_DEBUG_TRACE_LEVEL=0",
+                "CUTLASS_ENABLE_GDC_FOR_SM90", "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"]
+_SGL_WHAT = ("a sgl-project/sgl-flash-attn checkout with CUTLASS 57e3cfb (SGLang's pin, not the repository's "
+             "submodule) at csrc/cutlass")
+# sgl-flash-attn's flash_api.cpp defines mha_fwd and mha_fwd_get_scheduler_metadata but registers no op (SGLang does
+# it in its own flash_extension.cc): this binding declares them (cb303cf's signatures, {extra} for later ones that
+# add a sparse mask and only_qv) and exposes them with the arguments in mha_fwd's order.
+_SGL_BINDING = r"""#include <torch/extension.h>
+using OptT = std::optional<at::Tensor>;
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_fwd(
+    at::Tensor, at::Tensor, at::Tensor, OptT, OptT, OptT, OptT, OptT, OptT, OptT, OptT, OptT,
+    std::optional<int64_t>, std::optional<int64_t>, OptT, OptT, OptT, OptT, OptT, OptT, OptT, OptT, OptT,
+    std::optional<double>, bool, int64_t, int64_t, int64_t, double, bool, OptT, int64_t, std::optional<bool>, int64_t,
+    std::optional<const at::Tensor> &{decl});
+at::Tensor mha_fwd_get_scheduler_metadata(
+    int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, at::ScalarType, at::Tensor, OptT, OptT, OptT,
+    OptT, OptT, std::optional<int64_t>, int64_t, bool, int64_t, int64_t, int64_t, bool, int64_t, std::optional<bool>,
+    int64_t);
+static std::vector<at::Tensor> fwd(
+    at::Tensor q, at::Tensor k, at::Tensor v, OptT k_new, OptT v_new, OptT q_v, OptT out, OptT cu_seqlens_q,
+    OptT cu_seqlens_k, OptT cu_seqlens_k_new, OptT seqused_q, OptT seqused_k, std::optional<int64_t> max_seqlen_q,
+    std::optional<int64_t> max_seqlen_k, OptT page_table, OptT kv_batch_idx, OptT leftpad_k, OptT rotary_cos,
+    OptT rotary_sin, OptT seqlens_rotary, OptT q_descale, OptT k_descale, OptT v_descale,
+    std::optional<double> softmax_scale, bool is_causal, int64_t window_size_left, int64_t window_size_right,
+    int64_t attention_chunk, double softcap, bool is_rotary_interleaved, OptT scheduler_metadata, int64_t num_splits,
+    std::optional<bool> pack_gqa, int64_t sm_margin) {
+    std::optional<const at::Tensor> sinks;
+    auto [o, lse, o_accum, lse_accum] = mha_fwd(
+        q, k, v, k_new, v_new, q_v, out, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k_new, seqused_q, seqused_k,
+        max_seqlen_q, max_seqlen_k, page_table, kv_batch_idx, leftpad_k, rotary_cos, rotary_sin, seqlens_rotary,
+        q_descale, k_descale, v_descale, softmax_scale, is_causal, window_size_left, window_size_right,
+        attention_chunk, softcap, is_rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin,
+        sinks{call});
+    return {o, lse, o_accum, lse_accum};
+}
+static at::Tensor get_scheduler_metadata(
+    int64_t batch_size, int64_t max_seqlen_q, int64_t max_seqlen_k, int64_t num_heads, int64_t num_heads_k,
+    int64_t headdim, int64_t headdim_v, bool is_bf16, at::Tensor seqused_k, OptT cu_seqlens_q, OptT cu_seqlens_k,
+    OptT cu_seqlens_k_new, OptT seqused_q, OptT leftpad_k, std::optional<int64_t> page_size,
+    int64_t max_seqlen_k_new, bool is_causal, int64_t window_size_left, int64_t window_size_right,
+    int64_t attention_chunk, bool has_softcap, int64_t num_splits, std::optional<bool> pack_gqa, int64_t sm_margin) {
+    return mha_fwd_get_scheduler_metadata(
+        batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_heads_k, headdim, headdim_v,
+        is_bf16 ? at::ScalarType::BFloat16 : at::ScalarType::Half, seqused_k, cu_seqlens_q, cu_seqlens_k,
+        cu_seqlens_k_new, seqused_q, leftpad_k, page_size, max_seqlen_k_new, is_causal, window_size_left,
+        window_size_right, attention_chunk, has_softcap, num_splits, pack_gqa, sm_margin);
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("fwd", &fwd);
+    m.def("get_scheduler_metadata", &get_scheduler_metadata);
+}
+"""
+#: mha_fwd's arguments in order (sgl-flash-attn ``hopper/flash_api.cpp:653-688``), as the binding takes them.
+_SGL_FWD_ARGS = ("q k v k_new v_new q_v out cu_seqlens_q cu_seqlens_k cu_seqlens_k_new seqused_q seqused_k "
+                 "max_seqlen_q max_seqlen_k page_table kv_batch_idx leftpad_k rotary_cos rotary_sin seqlens_rotary "
+                 "q_descale k_descale v_descale softmax_scale is_causal window_size_left window_size_right "
+                 "attention_chunk softcap is_rotary_interleaved scheduler_metadata num_splits pack_gqa "
+                 "sm_margin").split()
+#: mha_fwd_get_scheduler_metadata's (``flash_api.cpp:502-525``), the dtype as ``is_bf16``.
+_SGL_META_ARGS = ("batch_size max_seqlen_q max_seqlen_k num_heads num_heads_k headdim headdim_v is_bf16 seqused_k "
+                  "cu_seqlens_q cu_seqlens_k cu_seqlens_k_new seqused_q leftpad_k page_size max_seqlen_k_new "
+                  "is_causal window_size_left window_size_right attention_chunk has_softcap num_splits pack_gqa "
+                  "sm_margin").split()
+_SGL_NAME = "amla_sgl_fa3_mla"
+FORKS = ("vllm", "sglang")
 
-def build_fa3(checkout: str | Path, *, verbose: bool = False) -> SimpleNamespace:
-    """The MLA forward compiled from `checkout` (about 150 seconds on 16 cores): its two torch ops, ``fwd`` and
-    ``get_scheduler_metadata`` (vLLM's ``torch.ops._vllm_fa3_C.*``, argument for argument)."""
+
+def build_fa3(checkout: str | Path, *, fork: str = "vllm", verbose: bool = False) -> SimpleNamespace:
+    """The MLA forward compiled from `checkout` (about 150 seconds on 16 cores): ``fwd`` and
+    ``get_scheduler_metadata``, taking keyword arguments. fork "vllm": a vllm-project/flash-attention checkout,
+    its two torch ops (vLLM's ``torch.ops._vllm_fa3_C.*``, argument for argument); "sglang": a
+    sgl-project/sgl-flash-attn checkout built with SGLang's switches, mha_fwd's arguments by name."""
+    if fork not in FORKS:
+        raise ValueError(f"fork: expected one of {', '.join(FORKS)}, got {fork!r}")
+    if fork == "sglang":
+        return _build_sgl(checkout, verbose)
     files = ["flash_api.cpp", "flash_api_torch_lib.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu",
              *_KERNELS]
     root = checkout_files(checkout, "fa3-mla", ["csrc/common/registration.h", "csrc/cutlass/include/cute/tensor.hpp",
@@ -71,6 +149,32 @@ def build_fa3(checkout: str | Path, *, verbose: bool = False) -> SimpleNamespace
 
     ops = getattr(torch.ops, _NAME)
     return SimpleNamespace(fwd=ops.fwd, get_scheduler_metadata=ops.get_scheduler_metadata)
+
+
+def _build_sgl(checkout: str | Path, verbose: bool) -> SimpleNamespace:
+    """SGLang's FA3 (sgl-flash-attn ``hopper/``), MLA path only, with SGLang's nvcc flags (C++17 throughout)."""
+    files = ["flash_api.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu", *_KERNELS]
+    root = checkout_files(checkout, "sgl-fa3-mla", ["csrc/cutlass/include/cute/tensor.hpp",
+                                                    *("hopper/" + f for f in files)], _SGL_WHAT)
+    hopper, cutlass = root / "hopper", root / "csrc" / "cutlass"
+    later = "only_qv" in (hopper / "flash_api.cpp").read_text()  # f89bc23 and later: a sparse mask and only_qv
+    binding = _SGL_BINDING.replace("{decl}", ", OptT, bool" if later else "").replace(
+        "{call}", ", std::nullopt, false" if later else "")
+    defines = ["-D" + d for d in _SGL_DEFINES + _ONLY_MLA]
+    sources = [*(hopper / f for f in files), added_source(_SGL_NAME, "stand_ins.cu", _STAND_INS),
+               added_source(_SGL_NAME, "binding.cpp", binding)]
+    mod = compile_extension(_SGL_NAME, sources, [hopper, cutlass / "include", cutlass / "tools" / "util" / "include"],
+                            ["-O3", "-std=c++17", "-DNDEBUG", *defines],
+                            ["-std=c++17", *CUDA_COMMON, *SM90A, "-Xcompiler=-fno-strict-aliasing", *defines],
+                            verbose=verbose)
+
+    def fwd(**kw):
+        return mod.fwd(*(kw[n] for n in _SGL_FWD_ARGS))
+
+    def get_scheduler_metadata(**kw):
+        return mod.get_scheduler_metadata(*(kw[n] for n in _SGL_META_ARGS))
+
+    return SimpleNamespace(fwd=fwd, get_scheduler_metadata=get_scheduler_metadata, fork="sglang")
 
 
 # fwd's arguments that the MLA decode leaves at their defaults (no new KV, rotary, FP8 descales, softcap, window,
@@ -180,3 +284,83 @@ def run_fa3_sparse(fa3, q: np.ndarray, rows: np.ndarray, indices: np.ndarray, va
         res["splits"] = m[rounded:rounded + T].astype(np.int32)
     return res
 
+
+
+# mha_fwd's arguments that SGLang's ``sgl_kernel.flash_attn.flash_attn_with_kvcache`` (sglang-kernel 0.4.10) leaves
+# at their defaults for MLA: no new KV, rotary, descales, window, chunk, softcap or scheduler metadata;
+# ``max_seqlen_k`` and ``cu_seqlens_k`` None (the bound is the page table's width), ``pack_gqa`` None, no sink.
+_SGL_UNUSED = {"k_new": None, "v_new": None, "out": None, "cu_seqlens_k": None, "seqused_q": None,
+               "max_seqlen_k": None, "kv_batch_idx": None, "leftpad_k": None, "rotary_cos": None, "rotary_sin": None,
+               "seqlens_rotary": None, "q_descale": None, "k_descale": None, "v_descale": None,
+               "window_size_left": -1, "window_size_right": -1, "attention_chunk": 0, "softcap": 0.0,
+               "is_rotary_interleaved": True, "scheduler_metadata": None, "pack_gqa": None, "sm_margin": 0}
+
+
+def _sgl_call(fa3, q, k_rope, kv_c, table, seqlens, s_q: int, scale: float, num_splits: int):
+    """``flash_attn_with_kvcache(q=q_rope, k_cache=k_rope, v_cache=kv_c, qv=q_nope, page_table, cache_seqlens,
+    cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal=True, num_splits)`` as SGLang's fa3 backend
+    (``flashattention_backend.py:2364-2383``) and its DSA decode (``dsa_backend.py:2784-2800``) make it: q (b s_q,
+    h, 576), pages (num_pages, page, 1, 64 | 512). Returns out, lse and the split counts that
+    ``get_scheduler_metadata`` gives for the same launch (SGLang passes no metadata for MLA)."""
+    import torch
+
+    b, h = len(seqlens), q.shape[1]
+    cu_q = torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32, device="cuda")
+    sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    cu_k = torch.from_numpy(np.concatenate([[0], np.cumsum(seqlens)]).astype(np.int32)).cuda()
+    out, lse, *_ = fa3.fwd(**_SGL_UNUSED, q=q[..., 512:], k=k_rope, v=kv_c, q_v=q[..., :512], cu_seqlens_q=cu_q,
+                           cu_seqlens_k_new=cu_k, seqused_k=sl, max_seqlen_q=s_q, page_table=table,
+                           softmax_scale=scale, is_causal=True, num_splits=num_splits)
+    # mha_fwd's bound on the splits: page_table.size(1) * page_size (flash_api.cpp:749)
+    width = table.shape[1] * k_rope.shape[1]
+    meta = fa3.get_scheduler_metadata(
+        batch_size=b, max_seqlen_q=s_q, max_seqlen_k=width, num_heads=h, num_heads_k=1, headdim=64, headdim_v=512,
+        is_bf16=q.dtype == torch.bfloat16, seqused_k=sl, cu_seqlens_q=cu_q, cu_seqlens_k=None,
+        cu_seqlens_k_new=None, seqused_q=None, leftpad_k=None, page_size=k_rope.shape[1], max_seqlen_k_new=0,
+        is_causal=True, window_size_left=-1, window_size_right=-1, attention_chunk=0, has_softcap=False,
+        num_splits=num_splits, pack_gqa=None, sm_margin=0)
+    torch.cuda.synchronize()
+    # sgl's metadata: the dynamic split counts, the m-blocks and each entry's batch, in the order the prepare kernel
+    # sorted the batches into (flash_api.cpp:604-613, flash_prepare_scheduler.cu:200-203)
+    m, rounded = meta.cpu().numpy(), -(-b // 4) * 4
+    splits = np.zeros(b, np.int32)
+    splits[m[2 * rounded:2 * rounded + b]] = m[:b]
+    return out, lse, splits
+
+
+def run_sgl_fa3(fa3, q: np.ndarray, kv: np.ndarray, recipe: dict) -> dict[str, np.ndarray]:
+    """One case of SGLang's dense fa3 backend on the GPU: q (b, s_q, h, 576) and kv (b, S_max, 576) bits of
+    `recipe`'s format, each request's rows in shuffled pages of ``page_size`` and a page table
+    ``table_pages`` wide (SGLang's CUDA-graph decode: ``ceil(max_context_len / page_size)``; eager: the batch's
+    longest request in pages), zero past each request's pages. Returns out (b * s_q, h, 512), lse (h, b * s_q) as
+    raw bits and the split counts."""
+    import torch
+
+    b, sq, H, _ = q.shape
+    lens, page, fmt, width = recipe["seqlens"], recipe["page_size"], recipe["format"], recipe["table_pages"]
+    qt = bits16(torch, q.reshape(b * sq, H, q.shape[-1]), fmt)
+    reqs = [bits16(torch, kv[i, :n], fmt) for i, n in enumerate(lens)]
+    cache, table = shuffled_pages(torch, reqs, page, recipe["seed"], reqs[0].dtype)
+    full = torch.zeros((b, width), dtype=torch.int32, device="cuda")  # SGLang's table is 0 past a request
+    full[:, :min(width, table.shape[1])] = table[:, :width]
+    out, lse, splits = _sgl_call(fa3, qt, cache[..., 512:].unsqueeze(-2), cache[..., :512].unsqueeze(-2), full,
+                                 list(lens), sq, recipe["scale"], recipe["num_splits"])
+    return {"out": out.reshape(b * sq, H, -1).view(torch.int16).cpu().numpy().view(np.uint16),
+            "lse": lse.float().contiguous().cpu().numpy().view(np.uint32), "splits": splits}
+
+
+def run_sgl_fa3_sparse(fa3, q: np.ndarray, rows: np.ndarray, indices: np.ndarray, valid: np.ndarray, recipe: dict,
+                       keep: int) -> dict[str, np.ndarray]:
+    """SGLang's DSA decode (``dsa_backend.py:2737-2803``, ``_forward_fa3``) on the GPU: every token a one-token
+    sequence whose page table is its top-k list (pages of one row), ``cache_seqlens`` its valid count (SGLang's
+    ``dsa_cache_seqlens_int32``, clipped to topk), q (T, h, 576), rows (N, 576), indices (T, topk) with -1 past the
+    valid count. Returns the first `keep` tokens' out, every token's lse (h, T) and the split counts."""
+    import torch
+
+    fmt = recipe["format"]
+    qt, kv = bits16(torch, q, fmt), bits16(torch, rows, fmt)
+    table = torch.from_numpy(indices.astype(np.int32)).cuda()
+    out, lse, splits = _sgl_call(fa3, qt, kv[:, 512:].view(-1, 1, 1, 64), kv[:, :512].view(-1, 1, 1, 512), table,
+                                 [int(n) for n in valid], 1, recipe["scale"], recipe["num_splits"])
+    return {"out": out[:keep].contiguous().view(torch.int16).cpu().numpy().view(np.uint16),
+            "lse": lse.float().contiguous().cpu().numpy().view(np.uint32), "splits": splits}
