@@ -193,7 +193,6 @@ def _dequant(mc: Machine, kv: np.ndarray, ckv_scale: np.float32, kpe_scale: np.f
 def _tile(u: _Units, plan: FlashInferPlan, tile: TileWork, Q: np.ndarray, K: np.ndarray, seqlen: int, s_q: int,
           H: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
     """A query tile's rows over its chunks: (O normalised, base-2 lse), merged when the tile is split."""
-    mc = u.mc
     q_idx = np.arange(tile.row_start, tile.row_stop) // H
     last = seqlen - s_q + q_idx if causal else np.full(q_idx.shape, seqlen - 1)  # a row's last key
     res = []
@@ -204,7 +203,13 @@ def _tile(u: _Units, plan: FlashInferPlan, tile: TileWork, Q: np.ndarray, K: np.
         res.append((O, _split_lse(u, m, d)))
     if not tile.split:
         return res[0]
-    return _merge(u, [(mc.f(mc.cast(O, u.fmt)), L) for O, L in res])  # partial_o is DTypeO
+    return _merge(u, [(_partial(u, O), L) for O, L in res])
+
+
+def _partial(u: _Units, O: np.ndarray) -> np.ndarray:
+    """A split's O as the merge reads it back: ``partial_o`` is ``DTypeO*`` (batch_mla_sm90_run.cu:96-97), so the
+    partials are rounded to the output format (``write_o`` :677-684), and read back exactly (``cast_load``)."""
+    return u.mc.f(u.mc.cast(O, u.fmt))
 
 
 def _chunk(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, end: int,
@@ -228,13 +233,19 @@ def _chunk(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
         S = np.where(valid[:, cols], S_all[:, cols], -np.inf).astype(dt)
         m_prev, m = m, np.fmax(m, S.max(axis=1))
         ms = np.fmax(mc.f(m * u.c), u.neg_max)  # update_md_ (:609)
-        o_scale = mc.exp2(mc.mul_add(m_prev, u.c, -ms))
+        o_scale = _o_scale(u, m_prev, m, ms)
         P = mc.exp2(mc.mul_add(S, u.c, -ms[:, None]))
         lanes = _lane_sums(mc, lanes, o_scale, P)
         O = mc.matmul(mc.operand(mc.cast(P, u.fmt)), Vs[cols], mc.f(O * o_scale[:, None]))
     d = _row_total(mc, lanes)
     inv = np.where(np.isneginf(m), 0, mc.div(mc.f(1), d)).astype(dt)  # normalize_d_ (:641-655)
     return mc.f(O * inv[:, None]), m, d
+
+
+def _o_scale(u: _Units, m_prev: np.ndarray, m: np.ndarray, ms: np.ndarray) -> np.ndarray:
+    """``ptx_exp2(m_prev * sm_scale - m_scaled)`` (:610), the multiply contracted: 0 on the first tile, and 2 to
+    the rounding error of ``fl(m c)`` where the max stays."""
+    return u.mc.exp2(u.mc.mul_add(m_prev, u.c, -ms))
 
 
 def _scores(u: _Units, Q: np.ndarray, Ks: np.ndarray) -> np.ndarray:
