@@ -330,19 +330,28 @@ def test_dequantize_overflow_matters(cap):
         assert np.isinf(keys).any() and np.isfinite(qin[case]).all()
 
 
-def test_device_matters_only_off_the_finite_path(cap):
-    """The GPU's predicted bytes differ from the CPU's only for Inf blocks (scale byte 255, not 0), scale byte 0
-    (exp2(-127) flushed) and NaN bits: every finite case is the same on both."""
+def test_what_the_device_changes(cap):
+    """SGLang's functions on an H100 and on a CPU (both captured) write the same codes and scale bytes for every
+    finite block; they part on an Inf block's scale byte (255 on the GPU, 0 on the CPU) and, reading back, on
+    code 8 (-0: +0 on the GPU, whose Triton negation is ``0 - v``), scale byte 0 (``exp2(-127)`` flushed) and NaN
+    bits. The model with the other device's choice fails the capture on exactly those."""
     meta, arrays, qin, din = cap
+    assert set(meta["captures"]) == {"cpu", "cuda"}
     for case in QCASES:
-        same = all(np.array_equal(a, b) for a, b in zip(_model(qin[case], "cuda"), _model(qin[case], "cpu")))
-        assert same == (case != "nonfinite"), case
-    _, s = batched_quantize(_block([np.inf] + [1.0] * 15), device="cuda")
-    assert s.item() == 255
+        for what in ("packed", "scales"):
+            same = np.array_equal(arrays[f"cpu__q_{case}_{what}"], arrays[f"cuda__q_{case}_{what}"])
+            assert same == (case != "nonfinite" or what == "packed"), (case, what)
     p, s = din["codes"]
-    g, c = batched_dequantize(p, s, device="cuda"), batched_dequantize(p, s, device="cpu")
-    per_value = np.repeat(s, 16, axis=1).reshape(g.shape)
-    assert np.unique(per_value[g.view(np.uint16) != c.view(np.uint16)]).tolist() == [0, 255]
+    gpu, cpu = arrays["cuda__d_codes"].reshape(len(p), -1), arrays["cpu__d_codes"].reshape(len(p), -1)
+    codes = unpack_e2m1(p).reshape(len(p), -1)
+    scale = np.repeat(s.reshape(len(p), -1), 16, axis=1)
+    differ, neg_zero = gpu != cpu, (codes == 8) & (scale > 0) & (scale < 255)
+    assert not differ[(codes != 8) & (scale > 0) & (scale < 255)].any()
+    assert differ[neg_zero].all() and (gpu[neg_zero] == 0).all() and (cpu[neg_zero] == 0x8000).all()
+    assert differ[scale == 0].any() and differ[scale == 255].any()
+    for dev, other in (("cuda", "cpu"), ("cpu", "cuda")):
+        mine = batched_dequantize(p, s, device=other).view(np.uint16)
+        assert not np.array_equal(mine, arrays[f"{dev}__d_codes"]), dev
 
 
 # --- refusals ---------------------------------------------------------------------------------------------------

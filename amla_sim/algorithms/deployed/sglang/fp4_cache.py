@@ -39,9 +39,10 @@ then BF16. For a byte the quantizer writes the product is exact; 6 * 2^126 excee
 rounds to 4 or 6 under ``e = 126`` (``|x| >= 3.5 * 2^126``) comes back Inf. The backend casts the result to the
 query's dtype (``flashinfer_mla_backend.py:822``): no change for a BF16 model.
 
-SGLang's own functions, run from the wheel on a CPU (``scripts/capture_sglang_fp4.py``), give these bytes on every
-case of ``tests/data/sglang_fp4_cache.npz``. A GPU's differ only where ``device`` says (Inf blocks, scale byte 0,
-NaN bits), predicted from the Triton code Inductor writes until a CUDA capture joins the file.
+SGLang's own functions, run from the wheel on a CPU and on an H100 (``scripts/capture_sglang_fp4.py``), give these
+bytes on every case of ``tests/data/sglang_fp4_cache.npz``. The two devices differ only where ``device`` says: an
+Inf block's scale byte, and reading back, code 8 (-0, +0 on the GPU: Triton's negation is ``0 - v``), scale byte 0
+and NaN bits.
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ def batched_dequantize(quant_tensor: npt.ArrayLike, scale_factors: npt.ArrayLike
 
     device: bytes the quantizer writes only for Inf and NaN blocks, or never, differ: byte 0's ``exp2(-127)``
     (a GPU's libdevice flushes it to 0, a CPU keeps the subnormal) and the NaN of a ``0 * Inf`` (byte 255:
-    0x7FFF on a GPU, 0x7FC0 on a CPU)."""
+    0x7FFF on a GPU, 0x7FC0 on a CPU); and code 8 (-0), which the quantizer writes for small negative values,
+    reads back as -0 on a CPU and +0 on a GPU (Triton's unary minus is ``0 - v``)."""
     _device(device)
     p, s = _bytes(quant_tensor, "quant_tensor"), _bytes(scale_factors, "scale_factors")
     if p.ndim != 3:
@@ -191,6 +193,8 @@ def batched_dequantize(quant_tensor: npt.ArrayLike, scale_factors: npt.ArrayLike
     scale = np.ldexp(np.float32(1), s.astype(np.int32) - _BIAS).astype(np.float32)  # 2^128 -> Inf
     if device == "cuda":
         scale = np.where(s == 0, np.float32(0), scale)
+        # torch.where(sign, -v, v) compiled to Triton: its unary minus is 0 - v, so code 8 (-0) reads back as +0
+        vals = np.where(vals == 0, np.float32(0), vals)
     out = round_to((vals * scale[..., None]).reshape(b, m, n), "bf16")  # the FP32 product, then BF16
     nan = np.isnan(out)
     if nan.any():
