@@ -140,11 +140,13 @@ def test_rows_meet_only_through_the_plan():
     q, kv = make_inputs("normal:1", batch=1, heads=16, context=600, seed=5)
     both = flashinfer_mla(np.concatenate([q, q]), np.concatenate([kv, kv]), num_sms=132, trace=True)
     alone = flashinfer_mla(q, kv, num_sms=66, trace=True)
-    assert both.trace["plan"][0].kv_len_limit == alone.trace["plan"][0].kv_len_limit == 64
+    assert both.trace["mla_plan"][0].kv_len_limit == alone.trace["mla_plan"][0].kv_len_limit == 64
     np.testing.assert_array_equal(both.out[:1].view(np.uint16), alone.out.view(np.uint16))
     np.testing.assert_array_equal(both.lse[:1].view(np.uint32), alone.lse.view(np.uint32))
+    assert both.trace["plan"].shape == (18,) and both.trace["plan"].tolist() == list(both.trace["mla_plan"][0].info)
     other = flashinfer_mla(q, kv, num_sms=132, trace=True)
-    assert other.trace["plan"][0].kv_len_limit == 32 and (other.out.view(np.uint16) != alone.out.view(np.uint16)).any()
+    assert other.trace["mla_plan"][0].kv_len_limit == 32
+    assert (other.out.view(np.uint16) != alone.out.view(np.uint16)).any()
 
 
 # --- the plan -----------------------------------------------------------------------------------------------

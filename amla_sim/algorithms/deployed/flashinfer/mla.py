@@ -101,7 +101,8 @@ def flashinfer_mla(
     device's SM count (132 on an H100 SXM and an H200), which the plan splits the KV over.
 
     Returns ``.out`` (b, s_q, h, 512) in q's format (float64 on golden) and ``.lse`` (b * s_q, h) as the wrapper
-    returns it: base 2, natural with `return_lse_base_on_e`; with `trace`, the plan (``plan``).
+    returns it: base 2, natural with `return_lse_base_on_e`; with `trace`, the plan's 18 MLAPlanInfo values
+    (``plan``, int64, as the wrapper's plan returns them) and the whole plan (``mla_plan``: work lists, tiles).
     """
     mc = get_machine(machine)
     mc.require(kernel=_KERNEL, suggest="sm90-cuda", log2=True)
@@ -139,7 +140,7 @@ def flashinfer_mla(
     if np.isnan(out).any():
         hazards["nan_outputs"] += int(np.isnan(out).sum())
     res = mc.cast(out, fmt).reshape(b, s_q, H, D_V)
-    tr = {"plan": [plan]} if trace else {}
+    tr = {"plan": np.asarray(plan.info, np.int64), "mla_plan": [plan]} if trace else {}
     return AttentionResult(res, np.ascontiguousarray(lse.reshape(b * s_q, H)), tr, hazards)
 
 
