@@ -90,6 +90,7 @@ def flashinfer_mla(
     num_sms: int = 132,
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
+    kv_len_limit: int | None = None,
 ) -> AttentionResult:
     """FlashInfer 0.7.2's sm90 MLA kernel on `machine` (see the module docstring).
 
@@ -99,6 +100,11 @@ def flashinfer_mla(
     ``kv[i, :seqlens[i]]`` (0 keys: out 0, LSE -inf). causal: the plan's mask (bottom-right; SGLang passes it
     for its multi-token steps). page_size: the cache's page (it moves the data, not the bits). num_sms: the
     device's SM count (132 on an H100 SXM and an H200), which the plan splits the KV over.
+
+    kv_len_limit: the plan's chunk length, in place of the one the batch's KV gives (None, the kernel's):
+    :func:`~.scheduler.flashinfer_mla_plan`'s argument. A request's bits depend on its batchmates only through
+    it (rows of different requests never meet), so a request run alone with its batch's chunk length gives its
+    bits in that batch; the invariance study runs it so.
 
     Returns ``.out`` (b, s_q, h, 512) in q's format (float64 on golden) and ``.lse`` (b * s_q, h) as the wrapper
     returns it: base 2, natural with `return_lse_base_on_e`; with `trace`, the plan's 18 MLAPlanInfo values
@@ -122,7 +128,7 @@ def flashinfer_mla(
     if causal:
         check_causal_lengths(lens, s_q, kernel="flashinfer-mla")
     plan = flashinfer_mla_plan(lens, heads=H, q_lens=s_q, causal=bool(causal), num_sms=num_sms,
-                               page_size=page_size)
+                               page_size=page_size, kv_len_limit=kv_len_limit)
     u = _Units(mc, fmt, sm)
     Q = mc.cast(qa, fmt).reshape(b, s_q * H, D_K)
     out = np.zeros((b, s_q * H, D_V), mc.dtype)

@@ -104,6 +104,9 @@ def kv_len_limit(total_kv: int, num_clusters: int) -> int:
     return -(-x // 256) * 256
 
 
+_chunk_length = kv_len_limit  # flashinfer_mla_plan's argument of that name shadows it
+
+
 def causal_kv_end(q_len: int, kv_len: int, tile: int, cluster_tile_q: int, num_tiles: int, heads: int) -> int:
     """``packed_causal_kv_end``: the last tile sees every key, an earlier one up to its last row's query (ceil),
     clamped to [0, kv_len] (scheduler.cuh:985-993)."""
@@ -194,12 +197,19 @@ def flashinfer_mla_plan(
     page_size: int = 1,
     kv_indptr: Sequence[int] | None = None,
     head_dim_o: int = 512,
+    kv_len_limit: int | None = None,
 ) -> FlashInferPlan:
     """``MLAPlan`` for a batch: request i has ``q_lens[i]`` queries (an int: all alike) and ``seqlens[i]`` keys.
     kv_indptr: the page offsets the call passes (None: each request's pages after the previous one's, ``ceil(len /
     page_size)`` each); they are only recorded in the work lists. num_sms: the device's SM count (132 on an H100
     SXM and an H200). Refusals (ValueError naming the argument) are those of FlashInfer's fa3 preflight: more than
-    16384 work items, the causal tile boundary (:func:`check_causal_tile_bound`)."""
+    16384 work items, the causal tile boundary (:func:`check_causal_tile_bound`).
+
+    kv_len_limit: the chunk length to cut with, in place of the one the batch's KV gives (None). A request's tiles
+    and chunks depend on the batch only through the chunk length and the cluster size (the batch's mean query
+    length), so a request planned alone with its batch's ``kv_len_limit`` (and its query length) gets the tiles it
+    has in that batch. Any length of at least 1 is taken (FlashInfer's own are 32, 64, 128, 192 and multiples of
+    256); a plan that then needs more merge CTAs than SMs, or more than 16384 work items, is refused naming it."""
     lens = [int(n) for n in np.asarray(seqlens).ravel()]
     if not lens or min(lens) < 0 or np.asarray(seqlens).dtype.kind not in "iu":
         raise ValueError(f"seqlens: expected one or more ints >= 0, got {seqlens!r}")
@@ -232,7 +242,8 @@ def flashinfer_mla_plan(
 
     total = sum(remaining(q, n, t, -(-q * H // ctq)) for q, n in zip(qs, lens)
                 for t in range(-(-q * H // ctq) - 1, -1, -1))
-    limit = kv_len_limit(total, num_clusters)
+    limit = _chunk_length(total, num_clusters) if kv_len_limit is None else \
+        check_int(kv_len_limit, "kv_len_limit", lo=1)
 
     heap = _MinHeap(num_clusters)
     fields = ("q_indptr", "kv_indptr", "partial_indptr", "q_len", "kv_len", "q_start", "kv_start", "kv_end")
@@ -252,6 +263,9 @@ def flashinfer_mla_plan(
                 step = -(-row_tile // chunks_q)
                 for off in range(0, row_tile, step):
                     if merges >= num_sms:
+                        if kv_len_limit is not None:
+                            raise ValueError(f"kv_len_limit: chunks of {limit} keys need more merge CTAs than the "
+                                             f"{num_sms} SMs (MLAPlan's merge_cta_counter <= num_sm)")
                         raise AssertionError("MLAPlan: merge_cta_counter exceeds num_sm (scheduler.cuh:1771)")
                     base = int(q_ptr[i]) * H + t * ctq
                     merge[:, merges] = (base + off, base + min(off + step, row_tile), partial_nnz + off,
@@ -277,8 +291,8 @@ def flashinfer_mla_plan(
             tiles.append(TileWork(i, t, t * ctq, t * ctq + row_tile, rem0, tuple(chunks), split))
     indptr = np.concatenate([[0], np.cumsum([len(w["q_len"]) for w in work])]).astype(np.int64)
     if indptr[-1] > MAX_WORKS:
-        raise ValueError(f"seqlens: the plan needs {indptr[-1]} work items; FlashInfer's fa3 MLA holds "
-                         f"{MAX_WORKS} (the wrapper refuses the plan)")
+        raise ValueError(f"{'seqlens' if kv_len_limit is None else 'kv_len_limit'}: the plan needs {indptr[-1]} "
+                         f"work items; FlashInfer's fa3 MLA holds {MAX_WORKS} (the wrapper refuses the plan)")
     flat = {f: np.array([v for w in work for v in w[f]], np.int64) for f in fields}
     info = (cs, num_clusters, *_offsets(num_sms, num_clusters, ctq, head_dim_o))
     return FlashInferPlan(info, cs, limit, indptr, *(flat[f] for f in fields), *merge, tuple(tiles))
