@@ -15,6 +15,7 @@ from .base import base
 from .etap import etap
 from .deployed.fa3.mla import fa3_mla, fa3_mla_decode
 from .deployed.fa3.sparse import fa3_mla_sparse, fa3_mla_sparse_decode
+from .deployed.flashinfer import flashinfer_mla, flashinfer_mla_decode
 from .deployed.flashmla.sparse_prefill import flashmla_sparse_prefill, flashmla_sparse_prefill_decode
 from .deployed.flashmla.dense import flashmla, flashmla_decode
 from .deployed.flashmla.dense_fp8 import flashmla_dense_fp8, flashmla_dense_fp8_decode
@@ -34,10 +35,11 @@ ALGORITHMS = {"base": base, "amla": amla, "naive": naive, "seesaw": seesaw, "eta
               "flashmla-etap": flashmla_etap_decode, "flashmla": flashmla_decode,
               "flashmla-sparse-fp8": flashmla_sparse_fp8_decode, "fa3-mla": fa3_mla_decode,
               "flashmla-dense-fp8": flashmla_dense_fp8_decode, "vllm-triton-mla": vllm_triton_mla_decode,
-              "fa3-mla-sparse": fa3_mla_sparse_decode, "flashmla-sparse-prefill": flashmla_sparse_prefill_decode}
+              "fa3-mla-sparse": fa3_mla_sparse_decode, "flashmla-sparse-prefill": flashmla_sparse_prefill_decode,
+              "flashinfer-mla": flashinfer_mla_decode}
 
 __all__ = ["AttentionResult", "ALGORITHMS", "flashmla", "flashmla_etap", "flashmla_sparse_fp8", "fa3_mla",
-           "fa3_mla_sparse", "flashmla_sparse_prefill",
+           "fa3_mla_sparse", "flashmla_sparse_prefill", "flashinfer_mla",
            "flashmla_dense_fp8", "vllm_triton_mla", "quantize_query_fp8", "quantize_cache_fp8", "quantize_kv_cache",
            "dequantize_kv_cache", "splitkv_decode", "DEFAULT_SCALE", "DEEPSEEK_V3_SCALE", "golden", "base", "amla",
            "naive", "seesaw", "etap", "snapmla",

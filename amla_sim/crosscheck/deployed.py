@@ -23,6 +23,7 @@ from .._validate import check_int
 from ..comparison import ComparisonReport, compare
 from .fa3 import FA3_MLA, FA3_MLA_SPARSE, SGL_FA3_MLA, SGL_FA3_MLA_SPARSE
 from .files import CaptureError, split_cases
+from .flashinfer import FLASHINFER_MLA
 from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8, FLASHMLA_SPARSE_PREFILL
 from .kernel import DeployedKernel, check_recipe
 from .report import ReplayReport
@@ -35,7 +36,7 @@ __all__ = ["KERNELS", "HELD_NOT_COMPARED", "kernel_of", "replay_deployed", "capt
 KERNELS: dict[str, DeployedKernel] = {k.name: k for k in (SGLANG, FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8,
                                                           FA3_MLA, FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA, FA3_MLA_SPARSE,
                                                           FLASHMLA_SPARSE_PREFILL, SGL_FA3_MLA,
-                                                          SGL_FA3_MLA_SPARSE)}
+                                                          SGL_FA3_MLA_SPARSE, FLASHINFER_MLA)}
 _LEGACY = {"sglang": "sglang-triton", "flashmla_commit": "flashmla"}  # captures written before meta named a kernel
 
 

@@ -154,7 +154,8 @@ def check_recipe(spec: DeployedKernel, where: str, i: int, case: object, arrays:
             if not required:
                 continue
             raise CaptureError(f"{where} has no c{i}_{name} array")
-        if arr.shape != shape or arr.dtype != dtype:
+        fits = len(arr.shape) == len(shape) and all(n is None or n == m for n, m in zip(shape, arr.shape))
+        if not fits or arr.dtype != dtype:
             raise CaptureError(f"{where}: c{i}_{name} should be {np.dtype(dtype)} {shape}, got {arr.dtype} {arr.shape}")
     check_fits(run_bytes(batch=b, sq=sq, heads=H, context=max(1, *seqlens), mufu_tables=True), what=where,
                lower="the capture's sizes")

@@ -6,7 +6,10 @@
 - :mod:`~amla_sim.algorithms.deployed.splitkv`: the split/merge Triton decode's two stages, the family that
   SGLang's (:mod:`~amla_sim.algorithms.deployed.sglang`) and vLLM's (:mod:`~amla_sim.algorithms.deployed.vllm`, with
   vLLM's FP8 quantization) models share;
-- :mod:`~amla_sim.algorithms.deployed.fa3`: FlashAttention-3's MLA decode (vLLM's fork), its split choice;
+- :mod:`~amla_sim.algorithms.deployed.fa3`: FlashAttention-3's MLA decode (vLLM's fork and SGLang's build), its
+  split choice, the sparse call of DeepSeek V3.2;
+- :mod:`~amla_sim.algorithms.deployed.flashinfer`: FlashInfer's Hopper MLA (SGLang's ``flashinfer`` backend), its
+  plan and merge;
 - :mod:`~amla_sim.algorithms.deployed.fast_math`: what the FlashAttention-derived CUDA decodes compute alike under
   ``--use_fast_math`` (the scale in log2 units, ``__logf``).
 

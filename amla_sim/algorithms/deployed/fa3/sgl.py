@@ -3,8 +3,9 @@
 
 Upstream: sgl-flash-attn cb303cf ``hopper/`` (sglang-kernel 0.4.10, SGLang 0.5.23's, pins f89bc23, which is not
 obtainable here; its MLA kernels, combine and prepare kernels disassemble to the same floating-point instructions
-as cb303cf's). The MLA kernels do the arithmetic of vLLM's fork (:mod:`.mla`; the cross-check's captures of both
-builds on the same inputs are bit-identical); what differs is the host code's bound on the splits.
+as cb303cf's). The MLA kernels do the arithmetic of vLLM's fork
+(:mod:`amla_sim.algorithms.deployed.fa3.mla`; the cross-check's captures of both builds on the same inputs are
+bit-identical); what differs is the host code's bound on the splits.
 ``mha_fwd`` takes ``seqlen_k`` from ``max_seqlen_k`` only for a call with ``cu_seqlens_k``, else the page table's
 width times the page size (``flash_api.cpp:749``), and SGLang's ``flash_attn_with_kvcache`` passes neither
 ``max_seqlen_k`` nor ``cu_seqlens_k``: the bound ``get_num_splits`` computes (``flash_api.cpp:422-451``) comes from
@@ -45,7 +46,8 @@ def sgl_fa3_mla(
     """SGLang's MLA decode through its FA3 build: q (b, s_q, h, 576), kv (b, S_max, 576), request i's keys
     ``kv[i, :seqlens[i]]`` in pages of `page_size` (SGLang's ``--page-size``, 1 by default), a page table
     `table_pages` wide (at least the longest request's pages), causal with ``cu_seqlens_q``. num_splits: 0
-    (FA3's heuristic) or 1 (``--enable-deterministic-inference``). Returns :func:`.fa3_mla`'s result: ``.out`` (b,
+    (FA3's heuristic) or 1 (``--enable-deterministic-inference``). Returns
+    :func:`amla_sim.algorithms.deployed.fa3.mla.fa3_mla`'s result: ``.out`` (b,
     s_q, h, 512), ``.lse`` (h, b * s_q), natural log."""
     page = check_int(page_size, "page_size", lo=1)
     width = check_int(table_pages, "table_pages", lo=1)

@@ -48,6 +48,13 @@ class TileWork:
     split: bool
 
 
+#: The arrays MLAPlan stages in the int workspace, in the order of their offsets in MLAPlanInfo (values 2 to 15):
+#: three work lists, five merge arrays (one entry an SM), five work lists, the clusters' indptr.
+STAGED_ARRAYS = ("q_indptr", "kv_indptr", "partial_indptr", "merge_packed_offset_start", "merge_packed_offset_end",
+                 "merge_partial_packed_offset_start", "merge_partial_packed_offset_end", "merge_partial_stride",
+                 "q_len", "kv_len", "q_start", "kv_start", "kv_end", "work_indptr")
+
+
 @dataclass(frozen=True)
 class FlashInferPlan:
     """What ``MLAPlan`` returns and stages: ``info`` the 18 MLAPlanInfo values, the per-cluster work lists
@@ -83,10 +90,7 @@ class FlashInferPlan:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The staged int arrays by their MLAPlanInfo names (as a device readback lists them)."""
-        names = ("q_indptr", "kv_indptr", "partial_indptr", "merge_packed_offset_start", "merge_packed_offset_end",
-                 "merge_partial_packed_offset_start", "merge_partial_packed_offset_end", "merge_partial_stride",
-                 "q_len", "kv_len", "q_start", "kv_start", "kv_end", "work_indptr")
-        return {n: getattr(self, n) for n in names}
+        return {n: getattr(self, n) for n in STAGED_ARRAYS}
 
 
 def cluster_size(q_lens: Sequence[int], heads: int) -> int:

@@ -63,7 +63,7 @@ MODES: tuple[str, ...] = ("fp4_mx_block16",)
 BLOCK = 16  # values sharing a scale byte
 #: The value of each E2M1 code 0..15 (kvfp4_tensor.py:28-45): codes 8..15 are 0..7 negated, 8 is -0.
 E2M1_VALUES = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
-#: The magnitude code of |q| is the number of these at most |q| (kvfp4_tensor.py:46).
+#: The magnitude code of ``|q|`` is the number of these at most ``|q|`` (kvfp4_tensor.py:46).
 E2M1_BOUNDS = np.array([.25, .75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
 _E2M1_MAX = np.float32(6.0)
 _SCALE_FLOOR = np.float32(1e-10)  # torch.clamp(min=1e-10) against an FP32 quotient
