@@ -207,9 +207,10 @@ def predict_flashinfer(out: Path) -> None:
                      seed=c["seed"] + SEED_OFFSET)
     req = k.request(dist=c["dist"], seed=c["seed"] + SEED_OFFSET, length=c["length"], heads=c["heads"],
                     s_q=max(L.s_q for L in launches))
-    got = []
+    got, runs = [], {}
     for r in rep.results:
-        raw = k.raw(req, r.launch, r.plan)
+        key = (tuple(r.plan), r.launch.s_q, r.launch.num_sms)
+        raw = runs[key] = runs[key] if key in runs else k.raw(req, r.launch, r.plan)
         got.append({"label": r.launch.label, "chunks": len(r.plan), "changed": r.changed,
                     "crc32": {s: zlib.crc32(np.ascontiguousarray(v).tobytes()) for s, v in raw.items()}})
     print(rep.format(), flush=True)
