@@ -775,7 +775,8 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["bf16", "fp16"], help="flashmla-etap, fa3-mla: the inputs' format")
     p.add_argument("--max-context-len", type=_int_at_least(1),
                    help="sglang-triton: the model's context length, which sets max_kv_splits (default 163840)")
-    p.add_argument("--replay", help="the device check's capture (tests/data/invariance_h200.npz): each launch's "
+    p.add_argument("--replay", help="the device check's capture (tests/data/invariance_h200.npz; "
+                                    "invariance_flashinfer_h100.npz for flashinfer-mla): each launch's "
                                     "captured bits against the model's prediction (no other flag but --kernel "
                                     "and --json)")
     p.set_defaults(func=_cmd_invariance)

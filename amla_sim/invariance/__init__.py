@@ -5,8 +5,8 @@
 - :func:`kernel_diff`: two kernels on the same inputs, and the first modelled step where they differ
   (:mod:`.diff`);
 - :mod:`.launches` says what a launch is; :mod:`.kernel` what a modelled kernel is, and each family's module which
-  kernels it adds (:mod:`.flashmla`, :mod:`.fa3`, :mod:`.sglang`, :mod:`.vllm`; :mod:`.splitkv` holds what the
-  Triton decodes share), found by :mod:`.registry`; :mod:`.preflight` checks a run's bounds and memory before
+  kernels it adds (:mod:`.flashmla`, :mod:`.fa3`, :mod:`.v32`, :mod:`.sglang`, :mod:`.vllm`, :mod:`.flashinfer`;
+  :mod:`.splitkv` holds what the Triton decodes share), found by :mod:`.registry`; :mod:`.preflight` checks a run's bounds and memory before
   it starts; :mod:`.checks` replays the device check, :mod:`.races` says which rows FlashMLA-ETAP's races reach.
 """
 
