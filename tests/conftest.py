@@ -33,12 +33,14 @@ def fastest_engine():
         yield FASTEST
 
 
-def capture_engines(captures: list[str]) -> list:
-    """(capture, engine) pairs for a kernel's replays: its first capture on both engines (the NumPy reference and
-    the compiled kernels must give the same bits), every other capture on the fastest engine installed (numba, or
-    NumPy without it). Every capture is replayed in full, each engine on every kernel."""
+def capture_engines(captures: list[str], numpy_cases: list[int]) -> list:
+    """(capture, engine, cases) for a kernel's replays: every capture in full on the fastest engine installed
+    (numba, or NumPy without it), and `numpy_cases` of the first (its cheapest cases that still take each of the
+    kernel's paths: formats, layouts, one split and many) on NumPy as well, so that the NumPy reference and the
+    compiled kernels are each held to the device's bits on every kernel. cases None: all of them."""
     first, *rest = captures
-    return [(first, "numpy"), pytest.param(first, "numba", marks=_NO_NUMBA), *((c, FASTEST) for c in rest)]
+    return [pytest.param(first, "numpy", numpy_cases, id=f"{first}-numpy-cases{'-'.join(map(str, numpy_cases))}"),
+            *(pytest.param(c, FASTEST, None, id=f"{c}-{FASTEST}") for c in captures)]
 
 
 @pytest.fixture(params=["numpy", pytest.param("numba", marks=_NO_NUMBA)])

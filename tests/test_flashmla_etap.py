@@ -38,11 +38,13 @@ def _meta(name):
         return json.loads(str(z["meta"])), {k: z[k] for k in z.files if k != "meta"}
 
 
-@pytest.mark.parametrize(("capture", "engine"), capture_engines(CAPTURES))
-def test_flashmla_etap_bit_exact(capture, engine):
+# NumPy: BF16 causal s_q 2, FP16 at lengths 63 to 65; one split and 47
+@pytest.mark.parametrize(("capture", "engine", "cases"), capture_engines(CAPTURES, [2, 3]))
+def test_flashmla_etap_bit_exact(capture, engine, cases):
     with use_engine(engine):
-        report = replay(DATA + capture)
-    assert report.kernel == "flashmla-etap" and report.version == "39e6160" and len(report.cases) == 8
+        report = replay(DATA + capture, cases=cases)
+    assert report.kernel == "flashmla-etap" and report.version == "39e6160"
+    assert len(report.cases) == len(cases or range(8))
     for row in report.cases:
         assert row.first_difference is None, report.format()
 
