@@ -8,7 +8,7 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import capture_engines
+from conftest import FASTEST, capture_engines
 
 from amla_sim import mma
 from amla_sim.algorithms import flashmla, golden
@@ -81,9 +81,15 @@ def test_h100_wrote_the_same_bytes_as_the_h200():
     assert checked > 40
 
 
-@pytest.mark.parametrize("case", range(len(SGLANG_CASES)))
+# every case on the fastest engine; on NumPy too, the cases of 1,000 tokens in 4 splits (with stage 1's partial
+# outputs) and of 64 and 3,001 tokens in 1 and 8
+SGLANG_ENGINES = [*((c, FASTEST) for c in range(len(SGLANG_CASES))), *((c, "numpy") for c in (2, 3))]
+
+
+@pytest.mark.parametrize(("case", "engine"), SGLANG_ENGINES, ids=[f"{e}-{c}" for c, e in SGLANG_ENGINES])
 def test_sglang_decode_bit_exact(case, engine):
-    report = replay(DATA + "sglang_decode.npz", cases=[case])
+    with use_engine(engine):
+        report = replay(DATA + "sglang_decode.npz", cases=[case])
     row = report.cases[0]
     assert report.version == "0.5.23"
     assert row.first_difference is None, report.format()
@@ -151,12 +157,13 @@ def test_bad_shapes(q_shape, kv_shape, name):
             model(np.zeros((1, 1, 16, 576), ml_dtypes.bfloat16), np.zeros((1, 64, 576), np.float32))
 
 
-@pytest.mark.parametrize(("capture", "engine"),
-                         capture_engines(["flashmla_decode.npz", "flashmla_decode_h100_fresh.npz"]))
-def test_flashmla_decode_bit_exact(capture, engine):
+# NumPy: s_q 2 with 128 heads, and a batch of one split and 47
+@pytest.mark.parametrize(("capture", "engine", "cases"),
+                         capture_engines(["flashmla_decode.npz", "flashmla_decode_h100_fresh.npz"], [2, 3]))
+def test_flashmla_decode_bit_exact(capture, engine, cases):
     with use_engine(engine):
-        report = replay(DATA + capture)
-    assert report.version == "9241ae3" and len(report.cases) == 6
+        report = replay(DATA + capture, cases=cases)
+    assert report.version == "9241ae3" and len(report.cases) == len(cases or range(6))
     for row in report.cases:
         assert row.first_difference is None, report.format()
 
