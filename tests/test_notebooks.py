@@ -3,14 +3,18 @@
 from pathlib import Path
 
 import pytest
+from conftest import FASTEST
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path):
+def test_notebook_runs(path, monkeypatch):
+    """On the fastest engine installed (the kernel, and the workers it starts, read AMLA_SIM_ENGINE): the engines
+    give the same bits, and the replays check each engine on every kernel; what the notebooks show is unchanged."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("AMLA_SIM_ENGINE", FASTEST)
     nb = nbformat.read(path, as_version=4)
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
