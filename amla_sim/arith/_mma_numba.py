@@ -19,6 +19,7 @@ does. A non-finite c goes through unchanged (the products are finite here), as i
 from __future__ import annotations
 
 import math
+import types
 
 import numba as nb
 import numpy as np
@@ -166,9 +167,7 @@ def _make_block(L: int):
 def _make_chain(L: int):
     """The chain for blocks of L products (:func:`_make_block`): tasks of (batch, tile of columns, rows) over the
     threads, each tile's accumulators kept while every row of A meets the block's rows of B in turn."""
-    block = _make_block(L)
 
-    @nb.njit(cache=True, parallel=True)
     def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.ndarray, F: int,
               out_code: int, e_zero: int, dot_k: int, fp32_add: bool, canon: bool, nan: float,
               tile: int) -> np.ndarray:
@@ -199,8 +198,8 @@ def _make_chain(L: int):
                 for kb in range(k0, k1, L):
                     for i in range(h):
                         if kb + L <= k1:
-                            block(a[bi, i0 + i], ea[bi, i0 + i], b[bi], eb[bi], j0, kb, F, out_code, e_zero,
-                                  narrow_sum, part[i], em, t32, s, scb, sc32b, p2b)
+                            _block(a[bi, i0 + i], ea[bi, i0 + i], b[bi], eb[bi], j0, kb, F, out_code, e_zero,
+                                   narrow_sum, part[i], em, t32, s, scb, sc32b, p2b)
                         else:  # a last block of fewer than L products
                             _block_general(a[bi, i0 + i], ea[bi, i0 + i], b[bi], eb[bi], j0, kb, k1, F, out_code,
                                            e_zero, part[i])
@@ -214,7 +213,14 @@ def _make_chain(L: int):
                     out[bi, i0 + i, j0 + j] = nan if canon and v != v else v
         return out
 
-    return chain
+    # The block of L products is a global of this chain's own, not a variable of its closure: numba's cache keys a
+    # closure by the pickle of its variables, and a compiled function's pickle holds an id drawn in each process,
+    # so that no process found the chain another one had compiled (each compiled it again, ~20 s, and added an
+    # entry to the cache). The closure holds L alone, the key of one chain per L in every process.
+    fn = types.FunctionType(chain.__code__, {**globals(), "_block": _make_block(L)}, chain.__name__,
+                            chain.__defaults__, chain.__closure__)
+    fn.__qualname__ = chain.__qualname__
+    return nb.njit(cache=True, parallel=True)(fn)
 
 
 _CHAINS: dict[int, object] = {}
