@@ -196,53 +196,83 @@ def flashmla_sparse_prefill(
 def _token_rows(mc: Machine, Q: np.ndarray, keys: np.ndarray, idx: np.ndarray, ok: np.ndarray, pairs: np.ndarray,
                 c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The CTAs of n tokens, Q (n, H, d), in lockstep, a pair of blocks at a time (a token past its last pair keeps
-    its state): O (n, H, 512) not yet scaled, L and m (n, H)."""
+    its state): O (n, H, 512) not yet scaled, L and m (n, H).
+
+    The scores do not depend on the softmax state, so each warpgroup's scores of several pairs come from one
+    product (as many as :meth:`Machine.block_width` allows: one pair unless the matrix unit computes each column on
+    its own), and where it does, P1's two products with V (warpgroup 0's left half, warpgroup 1's right half) are
+    one product of 512 columns: the same bits, fewer and wider products."""
     dt = mc.dtype
     n, H, _ = Q.shape
     m = np.full((n, H), mc.f(_MAX_INIT), dt)  # 96: rM
     OL, OR = np.zeros((n, H, _HALF), dt), np.zeros((n, H, _HALF), dt)  # 98, 101: each warpgroup's rO
     l0, l1 = np.zeros((n, H, 4), dt), np.zeros((n, H, 4), dt)  # 97: rL, per lane of a row's four
-    for p in range(int(pairs.max(initial=0))):
-        live = np.nonzero(pairs > p)[0]
-        Qp = Q[live]
-        K0, ok0 = _block(keys, idx[live], ok[live], 2 * p)
-        K1, ok1 = _block(keys, idx[live], ok[live], 2 * p + 1)
-        S0 = _masked(mc, _first_wg_scores(mc, Qp, K0), ok0)
-        S1 = _masked(mc, _second_wg_scores(mc, Qp, K1), ok1)
-        mp = m[live]
-        # warpgroup 0, block 2p (online_softmax_and_rescale_o, 133-184; then 325)
-        m0 = np.fmax(mp, _scaled_max(mc, S0, c))  # 145-156: fmaxf ignores NaN
-        s0 = mc.exp2(mc.f(mp - m0))  # 159
-        P0 = _probabilities(mc, S0, c, m0)  # 170
-        P0b = mc.cast(P0, "bf16")  # 172: rS = (bf16)rP
-        oL = mc.matmul(mc.operand(P0b), mc.operand(K0[..., :_HALF]), mc.f(OL[live] * s0[..., None]))  # 161-163, 325
-        a0 = _lane_update(mc, l0[live], s0, _lane_sums(mc, P0))  # 167-176
-        # warpgroup 1, block 2p + 1: its old max is its own rM (= mp), its new one the max with warpgroup 0's sM
-        m1 = np.fmax(m0, _scaled_max(mc, S1, c))  # 139, 156
-        s1 = mc.exp2(mc.f(mp - m1))  # 159
-        P1 = _probabilities(mc, S1, c, m1)
-        P1b = mc.cast(P1, "bf16")
-        oR = mc.matmul(mc.operand(P1b), mc.operand(K1[..., _HALF:D_V]), mc.f(OR[live] * s1[..., None]))  # 416
-        a1 = _lane_update(mc, l1[live], s1, _lane_sums(mc, P1))
-        # warpgroup 0 reads the new max, rescales its P for warpgroup 1, its O and its sums (336-352)
-        t = mc.exp2(mc.f(m0 - m1))  # 339
-        P0s = mc.cast(mc.f(P0 * t[..., None]), "bf16")  # 288: rS = (bf16)(rP * scales)
-        oL = mc.matmul(mc.operand(P1b), mc.operand(K1[..., :_HALF]), mc.f(oL * t[..., None]))  # 299-302, 351-352
-        a0 = mc.f(a0 * t[..., None])  # 302: rL *= scales
-        oR = mc.matmul(mc.operand(P0s), mc.operand(K0[..., _HALF:D_V]), oR)  # 422: rO1 += sS0 @ sV0r
-        OL[live], OR[live], l0[live], l1[live], m[live] = oL, oR, a0, a1, m1
+    last = int(pairs.max(initial=0))
+    p = 0
+    while p < last:
+        live0 = np.nonzero(pairs > p)[0]  # the tokens of this group of pairs (some may stop within it)
+        rows = len(live0) * H
+        group = min(last - p, max(1, mc.block_width(rows, B_TOPK) // B_TOPK))
+        whole = mc.block_width(rows, _HALF) >= D_V  # the unit computes each column on its own
+        Q0, idx0, ok0_ = Q[live0], idx[live0], ok[live0]
+        K0s, ok0s = _block(keys, idx0, ok0_, range(2 * p, 2 * (p + group), 2))  # warpgroup 0's blocks
+        K1s, ok1s = _block(keys, idx0, ok0_, range(2 * p + 1, 2 * (p + group), 2))  # warpgroup 1's
+        S0s = _masked(mc, _scores(mc, _first_wg_scores, Q0, K0s, rows), ok0s)
+        S1s = _masked(mc, _scores(mc, _second_wg_scores, Q0, K1s, rows), ok1s)
+        for j in range(group):
+            at = np.nonzero(pairs[live0] > p + j)[0]  # this pair's tokens, as rows of the group's arrays
+            live = live0[at]
+            at = slice(None) if len(at) == len(live0) else at  # (every token of the group: views, no copies)
+            cols = slice(j * B_TOPK, (j + 1) * B_TOPK)
+            K0, K1 = K0s[at, cols], K1s[at, cols]
+            S0, S1 = S0s[at, :, cols], S1s[at, :, cols]
+            mp = m[live]
+            # warpgroup 0, block 2p (online_softmax_and_rescale_o, 133-184; then 325)
+            m0 = np.fmax(mp, _scaled_max(mc, S0, c))  # 145-156: fmaxf ignores NaN
+            s0 = mc.exp2(mc.f(mp - m0))  # 159
+            P0 = _probabilities(mc, S0, c, m0)  # 170
+            P0b = mc.cast(P0, "bf16")  # 172: rS = (bf16)rP
+            oL = mc.matmul(mc.operand(P0b), mc.operand(K0[..., :_HALF]), mc.f(OL[live] * s0[..., None]))  # 161-163, 325
+            a0 = _lane_update(mc, l0[live], s0, _lane_sums(mc, P0))  # 167-176
+            # warpgroup 1, block 2p + 1: its old max is its own rM (= mp), its new one the max with warpgroup 0's sM
+            m1 = np.fmax(m0, _scaled_max(mc, S1, c))  # 139, 156
+            s1 = mc.exp2(mc.f(mp - m1))  # 159
+            P1 = _probabilities(mc, S1, c, m1)
+            P1b = mc.operand(mc.cast(P1, "bf16"))
+            a1 = _lane_update(mc, l1[live], s1, _lane_sums(mc, P1))
+            # warpgroup 0 reads the new max, rescales its P for warpgroup 1, its O and its sums (336-352)
+            t = mc.exp2(mc.f(m0 - m1))  # 339
+            P0s = mc.cast(mc.f(P0 * t[..., None]), "bf16")  # 288: rS = (bf16)(rP * scales)
+            accL, accR = mc.f(oL * t[..., None]), mc.f(OR[live] * s1[..., None])  # 299-302; 416's rescale
+            if whole:  # 351-352 (rO0 += sS1 @ sV1l) and 416 (rO1 = sS1 @ sV1r) as one product
+                o = mc.matmul(P1b, mc.operand(K1[..., :D_V]), np.concatenate([accL, accR], axis=-1))
+                oL, oR = o[..., :_HALF], o[..., _HALF:]
+            else:
+                oR = mc.matmul(P1b, mc.operand(K1[..., _HALF:D_V]), accR)  # 416
+                oL = mc.matmul(P1b, mc.operand(K1[..., :_HALF]), accL)  # 351-352
+            a0 = mc.f(a0 * t[..., None])  # 302: rL *= scales
+            oR = mc.matmul(mc.operand(P0s), mc.operand(K0[..., _HALF:D_V]), oR)  # 422: rO1 += sS0 @ sV0r
+            OL[live], OR[live], l0[live], l1[live], m[live] = oL, oR, a0, a1, m1
+        p += group
     L = mc.f(_row_total(mc, l0) + _row_total(mc, l1))  # 186-199: the quad's butterfly, then the peer warpgroup's
     return np.concatenate([OL, OR], axis=-1), L, m
 
 
-def _block(keys: np.ndarray, idx: np.ndarray, ok: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """Block b of n tokens: its keys (n, 64, d), an empty slot's row zero (cp.async with src-size 0 zero-fills,
-    helpers.h:16-22), and which slots are attended (n, 64)."""
-    cols = slice(b * B_TOPK, (b + 1) * B_TOPK)
+def _block(keys: np.ndarray, idx: np.ndarray, ok: np.ndarray, blocks: range) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks `blocks` of n tokens, side by side: their keys (n, 64 len(blocks), d), an empty slot's row zero
+    (cp.async with src-size 0 zero-fills, helpers.h:16-22), and which slots are attended (n, 64 len(blocks))."""
+    cols = (np.asarray(blocks)[:, None] * B_TOPK + np.arange(B_TOPK)).ravel()
     okb = ok[:, cols]
     K = keys[np.where(okb, idx[:, cols], 0)]
     K[~okb] = 0
     return K, okb
+
+
+def _scores(mc: Machine, warpgroup, Q: np.ndarray, K: np.ndarray, rows: int) -> np.ndarray:
+    """A warpgroup's scores (n, H, 64 j) of j blocks side by side, K (n, 64 j, d): as few products as
+    :meth:`Machine.by_blocks` allows (one a block unless the unit computes each column on its own)."""
+    return mc.by_blocks(lambda kt: warpgroup(mc, Q, np.swapaxes(kt, -1, -2)), np.swapaxes(K, -1, -2), rows=rows,
+                        block=B_TOPK)
 
 
 def _first_wg_scores(mc: Machine, Q: np.ndarray, K: np.ndarray) -> np.ndarray:
