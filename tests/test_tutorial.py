@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FASTEST
 
 from amla_sim.crosscheck.files import read_capture
+from amla_sim.engine import use_engine
 from amla_sim.experiments.grid import Grid, run_grid
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "split_fp16"
@@ -31,13 +33,18 @@ def example(monkeypatch):
         sys.modules.pop(name, None)
 
 
-def test_the_capture_replays_bit_for_bit(example, engine):
+# every case on the fastest engine; on NumPy too, the two cheapest (a batch of two in 1,000 tokens, and the case
+# whose second split has no block)
+@pytest.mark.parametrize(("engine", "cases"), [("numpy", [1, 3]), (FASTEST, None)], ids=["numpy-cases1-3", FASTEST])
+def test_the_capture_replays_bit_for_bit(example, engine, cases):
     replay, _ = example
-    reports = replay.replay(EXAMPLE / "capture.npz")
-    assert len(reports) == 5 and {r.meta["device"] for r in reports} == {"NVIDIA H100 80GB HBM3"}
+    with use_engine(engine):
+        reports = replay.replay(EXAMPLE / "capture.npz", cases=cases)
+    cases = cases or list(range(5))
+    assert len(reports) == len(cases) and {r.meta["device"] for r in reports} == {"NVIDIA H100 80GB HBM3"}
     for r in reports:
         assert r.bit_exact and [s.name for s in r.stages] == ["m", "l", "O", "out"], str(r)
-    assert reports[3].meta["context"] == 64  # one block: the second split had nothing to do
+    assert reports[cases.index(3)].meta["context"] == 64  # one block: the second split had nothing to do
     assert np.isneginf(replay.read_capture(EXAMPLE / "capture.npz")[1]["c3_m"][1]).all()
 
 
