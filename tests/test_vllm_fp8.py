@@ -110,7 +110,7 @@ def test_fresh_seeds_as_predicted(name):
 
 
 @pytest.mark.parametrize("spec, case", [(FLASHMLA_DENSE_FP8, 9), (VLLM_TRITON_MLA, 5)])
-def test_the_predictions_are_the_models(spec, case):
+def test_the_predictions_are_the_models(spec, case, fastest_engine):
     """The committed predictions are what the models give today (a cheap case of each)."""
     name = spec.name.replace("-", "_")
     want = json.loads((DATA / f"{name}_predicted.json").read_text())["1000"][case]
@@ -164,7 +164,7 @@ def test_vllm_split_count(max_len, sms, inv, want):
     assert vllm_num_kv_splits(max_len, sms, batch_invariant=inv) == want
 
 
-def test_a_request_changes_with_its_batchmates_unless_batch_invariant():
+def test_a_request_changes_with_its_batchmates_unless_batch_invariant(fastest_engine):
     """The longest request sets every request's split count: a 1000-token request alone (1 split) and beside a
     6000-token one (16 splits, cdiv(1000, 16) = 63 tokens each) gives other bits; batch-invariant mode does not."""
     q, kv = make_inputs("normal:1", batch=2, heads=16, context=6000, seed=5)
@@ -327,7 +327,7 @@ def test_invariance_names_the_longest_batchmate():
     assert longer.changed["out"] > 0 and alone.plan == [(0, 1000)]
 
 
-def test_the_fp8_k_order_is_what_the_gpu_showed(triton_capture):
+def test_the_fp8_k_order_is_what_the_gpu_showed(triton_capture, fastest_engine):
     """``scripts/vllm_triton_kwidth.py`` on an H100: the kernel on an FP8 cache and on a BF16 cache of the same
     dequantized values differ (so the arithmetic differs, not the values), the FP8 compilation's dots take kWidth 4
     where the BF16 one's take 2, on the same mma.sync; and the model with k in order (the BF16 path's arithmetic)
