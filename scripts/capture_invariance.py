@@ -161,11 +161,12 @@ def flashinfer_step(folder: str, out: Path, info: dict) -> None:
     import torch
 
     from amla_sim.algorithms import DEFAULT_SCALE
-    from amla_sim.gpu.adapters.flashinfer import FLASHINFER_VERSION, load_flashinfer, run_flashinfer_mla
+    from amla_sim.algorithms.deployed.flashinfer import FLASHINFER_VERSION
+    from amla_sim.gpu.adapters.flashinfer import load_flashinfer, run_flashinfer_mla
     from amla_sim.invariance.flashinfer import CAPTURE_PREFIX as p
     from amla_sim.invariance.flashinfer import FLASHINFER_CHECK, FlashInferMLA, flashinfer_launches
 
-    fi = load_flashinfer(folder)
+    fi = load_flashinfer(folder, FLASHINFER_VERSION)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     c = FLASHINFER_CHECK
     k = FlashInferMLA()

@@ -212,7 +212,7 @@ def test_no_runtime_warning_on_extreme_inputs(dist, machine):
     for alg in sorted(ALGORITHMS):
         heads = 64 if alg == "flashmla-sparse-fp8" else 4  # the sparse kernel takes 64 or 128 heads
         q, kv = make_inputs(dist, heads=heads, context=64, fmt="fp32" if alg == "snapmla" else "bf16")
-        if alg.startswith(("flashmla", "fa3")) and machine == "sm90-triton":  # CUDA kernels: Triton's log2 is not modelled
+        if alg.startswith(("flashmla", "fa3", "flashinfer")) and machine == "sm90-triton":  # CUDA kernels: Triton's log2 is not modelled
             with pytest.raises(ValueError, match="^machine: .*(sm90-triton has no model of its log2|lg2, which "
                                                  "sm90-triton does not model)"):
                 ALGORITHMS[alg](q, kv, machine=machine)
@@ -415,7 +415,7 @@ def test_broken_pipe_is_quiet():
 def test_ctrl_c_is_quiet(tmp_path):
     p = _cli("reproduce", "amla-table3", "--samples", "5000", "--context", "256", "--heads", "8", "--quiet", "--out",
              str(tmp_path))
-    time.sleep(1.5)  # inside the sweep: 5,000 samples take minutes
+    time.sleep(4.0)  # inside the sweep (past the imports, even on a loaded machine): 5,000 samples take minutes
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and b"Traceback" not in err and b"interrupted" in err, err

@@ -18,6 +18,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms._common import D_V
+from ..algorithms.deployed.flashinfer import FLASHINFER_VERSION
 from ..algorithms.deployed.flashinfer.scheduler import STAGED_ARRAYS
 from ..algorithms.deployed.scalars import api_float
 from .fa3 import fa3_inputs
@@ -115,7 +116,7 @@ class _FlashInfer(DeployedKernel):
     def load(self, source: str | None) -> Any:
         from ..gpu.adapters.flashinfer import load_flashinfer
 
-        return load_flashinfer(source)
+        return load_flashinfer(source, FLASHINFER_VERSION)
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         from ..gpu.adapters.flashinfer import run_flashinfer_mla
@@ -132,6 +133,6 @@ FLASHINFER_MLA = _FlashInfer(
     name="flashinfer-mla",
     summary="FlashInfer's MLA on Hopper (flashinfer-python 0.7.2, BatchMLAPagedAttentionWrapper's fa3 kernel: "
             "SGLang's flashinfer backend), BF16 and E4M3 caches",
-    version_key="flashinfer_version", version="0.7.2", source_flag="--flashinfer-dir", empty_requests=True,
+    version_key="flashinfer_version", version=FLASHINFER_VERSION, source_flag="--flashinfer-dir", empty_requests=True,
     source_help="a folder holding the flashinfer package (an unpacked flashinfer-python 0.7.2 wheel, with "
                 "apache-tvm-ffi importable), whose JIT compiles the MLA module on first use")

@@ -14,16 +14,14 @@ import numpy as np
 from .. import require_gpu
 from ._common import bits16, shuffled_pages
 
-__all__ = ["load_flashinfer", "run_flashinfer_mla", "FLASHINFER_VERSION"]
+__all__ = ["load_flashinfer", "run_flashinfer_mla"]
 
-#: The flashinfer-python version the model follows.
-FLASHINFER_VERSION = "0.7.2"
 _WORKSPACE = 512 << 20  # SGLang's float workspace for the MLA wrappers (flashinfer_mla_backend.py)
 
 
-def load_flashinfer(folder: str | Path):
+def load_flashinfer(folder: str | Path, version: str):
     """``flashinfer`` imported from `folder` (it holds the package, e.g. an unpacked flashinfer-python wheel with
-    apache-tvm-ffi beside it), after checking its version."""
+    apache-tvm-ffi beside it), after checking that it is `version` (the one the model follows)."""
     require_gpu()
     root = Path(folder)
     if not (root / "flashinfer" / "mla" / "__init__.py").is_file():
@@ -31,9 +29,9 @@ def load_flashinfer(folder: str | Path):
     sys.path.insert(0, str(root))
     import flashinfer
 
-    if flashinfer.__version__ != FLASHINFER_VERSION:
+    if flashinfer.__version__ != version:
         raise RuntimeError(f"flashinfer-mla: {folder} holds flashinfer {flashinfer.__version__}, the model follows "
-                           f"{FLASHINFER_VERSION}")
+                           f"{version}")
     return flashinfer
 
 

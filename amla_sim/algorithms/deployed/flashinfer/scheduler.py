@@ -213,7 +213,10 @@ def flashinfer_mla_plan(
     and chunks depend on the batch only through the chunk length and the cluster size (the batch's mean query
     length), so a request planned alone with its batch's ``kv_len_limit`` (and its query length) gets the tiles it
     has in that batch. Any length of at least 1 is taken (FlashInfer's own are 32, 64, 128, 192 and multiples of
-    256); a plan that then needs more merge CTAs than SMs, or more than 16384 work items, is refused naming it."""
+    256); a plan that then needs more merge CTAs than SMs, or more than 16384 work items, is refused naming it.
+
+    Long: MLAPlan's passes in its order (cluster size, chunk length, the cost heap over the query tiles, the merge
+    layout), so that each can be read beside ``scheduler.cuh``."""
     lens = [int(n) for n in np.asarray(seqlens).ravel()]
     if not lens or min(lens) < 0 or np.asarray(seqlens).dtype.kind not in "iu":
         raise ValueError(f"seqlens: expected one or more ints >= 0, got {seqlens!r}")
