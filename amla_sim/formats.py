@@ -212,7 +212,7 @@ def _as_float64(x: npt.ArrayLike, argname: str) -> np.ndarray:
     if not is_float_dtype(arr.dtype):
         raise TypeError(f"{argname}: expected a float array (float16/32/64, bfloat16, float8), got dtype {arr.dtype}")
     with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a NaN
-        return arr.astype(np.float64)
+        return arr.astype(np.float64, copy=False)  # no caller writes to it
 
 
 #: The least normal FP32 value, 2^-126.
@@ -318,30 +318,44 @@ def _toward_zero_fp32(x: np.ndarray, fmt: Format, overflow: str) -> np.ndarray:
         return y.astype(fmt.dtype)
 
 
-def _round_float64_rne(x: np.ndarray, fmt: Format, overflow: str) -> np.ndarray:
-    """Nearest-even on the float64 bits (add half a target ulp minus one, plus the kept lsb, then truncate), in
-    place on one uint64 array; exact wherever input and result are normal in `fmt`; every other element (zero,
-    subnormal, past the largest finite, Inf, NaN) takes :func:`_round_float64`."""
+def _round_float64_rne(x: np.ndarray, fmt: Format, overflow: str, dtype: np.dtype | None = None) -> np.ndarray:
+    """Nearest-even on the float64 bits (add half a target ulp minus one, plus the kept lsb, then truncate), on one
+    uint64 buffer; exact wherever input and result are normal in `fmt`; every other element (zero, subnormal, past
+    the largest finite, Inf, NaN) takes :func:`_round_float64`. The result in `dtype` (float64 if None).
+
+    Element by element, so done in pieces that stay in cache (a replay's inputs are tens of millions of values:
+    whole-array passes ran at the speed of memory, each temporary a fresh array to fault in)."""
     x = np.ascontiguousarray(x)
-    u = x.view(np.uint64)
+    flat = x.reshape(-1)
+    out = np.empty(flat.shape, np.float64 if dtype is None else dtype)
     shift = np.uint64(52 - fmt.mantissa_bits)
-    r = u >> shift
-    r &= np.uint64(1)  # the kept lsb: a tie goes to even
-    r += u
-    r += np.uint64((1 << (52 - fmt.mantissa_bits - 1)) - 1)
-    r &= ~((np.uint64(1) << shift) - np.uint64(1))
+    half = np.uint64((1 << (52 - fmt.mantissa_bits - 1)) - 1)
+    keep = ~((np.uint64(1) << shift) - np.uint64(1))
     magnitude = np.uint64(0x7FFF_FFFF_FFFF_FFFF)
-    a = u & magnitude
-    ok = a >= np.float64(fmt.min_normal).view(np.uint64)
-    ok &= a < np.float64(np.inf).view(np.uint64)  # a NaN's bits may carry into the sign
-    ok &= (r & magnitude) <= np.float64(fmt.max_finite).view(np.uint64)
-    r = r.view(np.float64)
-    if not ok.all():
-        r = r.reshape(-1)
-        slow = np.flatnonzero(~ok)
-        r[slow] = _round_float64(x.reshape(-1)[slow], fmt, "nearest-even", overflow, None)
-        r = r.reshape(x.shape)
-    return r
+    lo, inf = np.float64(fmt.min_normal).view(np.uint64), np.float64(np.inf).view(np.uint64)
+    hi = np.float64(fmt.max_finite).view(np.uint64)
+    buf = np.empty(min(flat.size, _RNE_CHUNK), np.uint64)
+    for i in range(0, flat.size, _RNE_CHUNK):
+        u = flat[i : i + _RNE_CHUNK].view(np.uint64)
+        r = buf[: u.size]
+        np.right_shift(u, shift, out=r)
+        r &= np.uint64(1)  # the kept lsb: a tie goes to even
+        r += u
+        r += half
+        r &= keep
+        a = u & magnitude
+        ok = a >= lo
+        ok &= a < inf  # a NaN's bits may carry into the sign
+        ok &= (r & magnitude) <= hi
+        rf = r.view(np.float64)
+        if not ok.all():
+            slow = np.flatnonzero(~ok)
+            rf[slow] = _round_float64(flat[i : i + _RNE_CHUNK][slow], fmt, "nearest-even", overflow, None)
+        out[i : i + _RNE_CHUNK] = rf  # on `fmt`'s grid: a cast to its dtype is exact
+    return out.reshape(x.shape)
+
+
+_RNE_CHUNK = 1 << 15  # float64 values per piece of nearest-even rounding: its buffers fit in a core's L2
 
 
 # bit generators whose Generator.random() is (next_uint64 >> 11) * 2^-53: one raw draw per uniform
@@ -445,7 +459,7 @@ def _round_to(arr: np.ndarray, f: Format, mode: str, overflow: str, rng) -> np.n
     x64 = _as_float64(arr, "x")
     with np.errstate(invalid="ignore", over="ignore"):
         if mode == "nearest-even" and f.name != "fp64":
-            return _round_float64_rne(x64, f, overflow).astype(f.dtype)
+            return _round_float64_rne(x64, f, overflow, f.dtype)
         return _round_float64(x64, f, mode, overflow, rng).astype(f.dtype)
 
 
