@@ -30,12 +30,17 @@ def parse_dist(spec: str) -> tuple[str, float | None]:
 
 
 def _draw(name: str, arg: float | None, shape: tuple[int, ...], rng: np.random.Generator, d_v: int) -> np.ndarray:
+    # in place where a step is one operation on the draws (the same bits, one array of tens of millions fewer)
     if name == "normal":  # N(0, sigma^2)
-        return rng.standard_normal(shape) * arg
+        x = rng.standard_normal(shape)
+        x *= arg
+        return x
     if name == "uniform":  # U(-a, a)
         return rng.uniform(-arg, arg, shape)
     if name == "flashmla":  # FlashMLA's test: randn / 10 clamped to [-1, 1]
-        return np.clip(rng.standard_normal(shape) / 10, -1, 1)
+        x = rng.standard_normal(shape)
+        x /= 10
+        return np.clip(x, -1, 1, out=x)
     if name == "fa3-outliers":  # FA3's: N(0, 1) + N(0, 100) * Bernoulli(0.001)
         return rng.standard_normal(shape) + rng.standard_normal(shape) * 10 * (rng.random(shape) < 0.001)
     # rope-outliers: content N(0, 9) clipped to +-10; RoPE N(0, 1) with 0.1% outliers of 500-1000
