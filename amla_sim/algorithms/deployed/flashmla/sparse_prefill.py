@@ -64,6 +64,8 @@ _HALF = D_V // 2  # each warpgroup's half of O's columns (phase1.cuh:98, rO of D
 _MAX_INIT = -1e30  # MAX_INIT_VAL (config.h:29): the running max before the first block
 _LOG2E = math.log2(math.e)  # CUDART_L2E_F: fl32(log2 e) on FP32 machines, exact on golden
 _ROWS_PER_CHUNK = 16384  # (token, head) rows simulated at once: tokens are independent, so chunking changes no bit
+_PAIRS_AT_ONCE = 8  # pairs whose scores one product takes at most: 512 columns, the compiled chain's fastest
+# width (of 1 to 16 pairs; benchmarks/notes/v32-kernel-models.md)
 
 #: The modelled choices the source leaves least certain (module functions a test may replace), and their
 #: alternatives; tests/test_flashmla_sparse_prefill.py shows each alternative changing the H100 capture's bits.
@@ -212,7 +214,7 @@ def _token_rows(mc: Machine, Q: np.ndarray, keys: np.ndarray, idx: np.ndarray, o
     while p < last:
         live0 = np.nonzero(pairs > p)[0]  # the tokens of this group of pairs (some may stop within it)
         rows = len(live0) * H
-        group = min(last - p, max(1, mc.block_width(rows, B_TOPK) // B_TOPK))
+        group = min(last - p, _PAIRS_AT_ONCE, max(1, mc.block_width(rows, B_TOPK) // B_TOPK))
         whole = mc.block_width(rows, _HALF) >= D_V  # the unit computes each column on its own
         Q0, idx0, ok0_ = Q[live0], idx[live0], ok[live0]
         K0s, ok0s = _block(keys, idx0, ok0_, range(2 * p, 2 * (p + group), 2))  # warpgroup 0's blocks
