@@ -311,7 +311,8 @@ def _capture(tmp_path, **arrays):
     return path
 
 
-def _failures(tmp_path):
+def _failures(tmp_path, case):
+    """The command line of failure `case`, with only its own files written (each capture case its own file)."""
     good = "tests/data/crosscheck_base_poly.npz"
     trunc = tmp_path / "trunc.npz"
     with open(good, "rb") as f:
@@ -322,22 +323,28 @@ def _failures(tmp_path):
     out_list = tmp_path / "listrun"
     (out_list / "amla-table3").mkdir(parents=True)
     (out_list / "amla-table3" / "run.json").write_text("[]")
-    with np.load("tests/data/crosscheck_inputs.npz") as z:
-        q = z["q"]
+
+    def q32():
+        with np.load("tests/data/crosscheck_inputs.npz") as z:
+            return z["q"].astype(np.float32)
+
+    replay = {  # a capture with one array changed: written only for its own case
+        "no-kv": lambda: _capture(tmp_path, kv=None),
+        "float-q": lambda: _capture(tmp_path, q=q32()),  # R12
+        "int-stage": lambda: _capture(tmp_path, device_S=np.zeros((5, 1, 64, 64), np.int32)),  # R12
+        "huge": lambda: _capture(tmp_path, kv=np.zeros((1, 300_000, 576), np.uint16)),
+    }
+    if case in replay:
+        return ["crosscheck", "--replay", str(replay[case]())]
     return {
         "missing": ["crosscheck", "--replay", str(tmp_path / "nope.npz")],
         "empty": ["crosscheck", "--replay", str(tmp_path / "empty.npz")],
         "truncated": ["crosscheck", "--replay", str(trunc)],
         "not-npz": ["crosscheck", "--replay", str(tmp_path / "text.npz")],
-        "no-kv": ["crosscheck", "--replay", str(_capture(tmp_path, kv=None))],
-        "float-q": ["crosscheck", "--replay", str(_capture(tmp_path, q=q.astype(np.float32)))],  # R12
-        "int-stage": ["crosscheck", "--replay",
-                      str(_capture(tmp_path, device_S=np.zeros((5, 1, 64, 64), np.int32)))],  # R12
-        "huge": ["crosscheck", "--replay", str(_capture(tmp_path, kv=np.zeros((1, 300_000, 576), np.uint16)))],
         "out-is-file": ["reproduce", "amla-table3", "--samples", "1", "--out", str(tmp_path / "afile")],
         "run-json-list": ["reproduce", "amla-table3", "--samples", "1", "--out", str(out_list)],
         "no-gpu": ["crosscheck", "--algorithm", "base"],
-    }
+    }[case]
 
 
 FAILURES = ["missing", "empty", "truncated", "not-npz", "no-kv", "float-q", "int-stage", "huge", "out-is-file",
@@ -350,7 +357,7 @@ def test_failures_exit_1_or_2_without_traceback(case, tmp_path, capsys):
 
     if case == "no-gpu" and gpu_status() is None:
         pytest.skip("a GPU is here")
-    argv = _failures(tmp_path)[case]
+    argv = _failures(tmp_path, case)
     t0 = time.perf_counter()
     with pytest.raises(SystemExit) as e:
         main(argv)
