@@ -266,7 +266,8 @@ def test_recipes_the_model_does_not_cover_are_refused(edit, words, tmp_path, cap
     assert e.value.code in (1, 2) and words in err and "Traceback" not in err, err
 
 
-def test_cli_replays_flashmla_etap(capsys, tmp_path):
+def test_cli_replays_flashmla_etap(capsys, tmp_path, fastest_engine):
+    """The command line (the replay itself is checked on both engines above)."""
     from amla_sim.cli import main
 
     path = _edited(tmp_path, lambda m, a: (m.update(cases=m["cases"][:2]),  # and only those cases' arrays

@@ -212,7 +212,8 @@ def test_flashmla_bad_input_names_the_argument(kwargs, name):
         flashmla(q, kv, **kwargs)
 
 
-def test_cli_replays_sglang(capsys, tmp_path):
+def test_cli_replays_sglang(capsys, tmp_path, fastest_engine):
+    """The command line (the replay itself is checked on both engines above)."""
     from amla_sim.cli import main
 
     with np.load(DATA + "sglang_decode.npz") as z:  # one case of the capture, the fastest
