@@ -81,9 +81,9 @@ def test_h100_wrote_the_same_bytes_as_the_h200():
     assert checked > 40
 
 
-# every case on the fastest engine; on NumPy too, the cases of 1,000 tokens in 4 splits (with stage 1's partial
-# outputs) and of 64 and 3,001 tokens in 1 and 8
-SGLANG_ENGINES = [*((c, FASTEST) for c in range(len(SGLANG_CASES))), *((c, "numpy") for c in (2, 3))]
+# every case on the fastest engine; on NumPy too, the cheapest: 1,000 tokens in 4 splits, with stage 1's partial
+# outputs compared
+SGLANG_ENGINES = [*((c, FASTEST) for c in range(len(SGLANG_CASES))), (2, "numpy")]
 
 
 @pytest.mark.parametrize(("case", "engine"), SGLANG_ENGINES, ids=[f"{e}-{c}" for c, e in SGLANG_ENGINES])
