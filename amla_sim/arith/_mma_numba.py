@@ -234,6 +234,8 @@ def chain(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.nd
     previous block's result. nan: the one NaN the unit writes (None: NaNs as computed)."""
     if L not in _CHAINS:
         _CHAINS[L] = _make_chain(L)
+    if not c.flags.writeable:  # numba types the flag: a read-only C would compile a chain of its own (seconds)
+        c = c.copy()
     canon = nan is not None
     # a float32 NaN widened to float64 keeps its payload's high bits, so storing it back gives the same bits
     return _CHAINS[L](a, ea, b, eb, c, F, out_code, e_zero, dot_k, fp32_add, canon,
