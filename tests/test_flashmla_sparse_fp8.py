@@ -272,7 +272,7 @@ def test_sparse_fp8_matches_golden_on_fp8_keys_within_bf16():
     assert to_bf16 > 5 * err, (to_bf16, err)
 
 
-def test_the_fp8_table_runs_through_reproduce(tmp_path):
+def test_the_fp8_table_runs_through_reproduce(tmp_path, fastest_engine):
     """`reproduce fp8-mla` (the low-precision cache table): on sm90-cuda unless told, its columns as data
     (LOW_PRECISION_CACHE), each one's row its error on the same draw computed here directly: FlashMLA's dense
     decode, DeepSeek V3.2's sparse attention with one top-k list (every token of the request) through its FP8
