@@ -1,9 +1,9 @@
 """Resource bounds: what a simulation will need, and what this machine has, checked before any work starts.
 
 The estimate of :func:`run_bytes` is calibrated on measured peaks (``tests/test_resources.py`` holds it above the
-tracemalloc peak of the whole ``amla-sim run`` path, and within 3x of it): drawing the inputs in float64 and
-rounding them costs about 42 bytes per element of the latent cache (24 KB per token), the golden's FP64 scores
-up to 32 bytes per score, and the sm90 machines' MUFU tables a fixed 0.3 GB once loaded. The pipeline simulation
+tracemalloc peak of the whole ``amla-sim run`` path, and within 3x of it): about 20 MB whatever the size, then
+drawing the inputs in float64 and rounding them (in cache-sized pieces) about 7 to 12 bytes per element of the
+latent cache, the golden's FP64 scores up to 32 bytes per score, and the sm90 machines' MUFU tables a fixed 0.3 GB once loaded. The pipeline simulation
 keeps every interval it schedules: about 600 bytes each (368 MB measured for 100,000 cycles of 3 pairs).
 """
 
@@ -15,7 +15,8 @@ from pathlib import Path
 __all__ = ["run_bytes", "pipeline_bytes", "split_bytes", "plan_bytes", "query_bytes", "available_bytes",
            "address_space_bytes", "check_fits", "ResourceError"]
 
-_PER_CACHE_ELEMENT = 44  # bytes per element of kv (b * context * d_k): float64 draw, rounding, widened copies
+_PER_RUN = 24 << 20  # bytes of a run whatever its size (20-24 MB measured at 256 tokens)
+_PER_CACHE_ELEMENT = 16  # bytes per element of kv (b * context * d_k): float64 draw, rounding, widened copies
 _PER_SCORE = 32  # bytes per score (b * s_q * heads * context): the golden's FP64 S and exp(S)
 _BASE = 64 << 20
 _MUFU_TABLES = 320 << 20
@@ -32,7 +33,7 @@ def run_bytes(*, batch: int, sq: int, heads: int, context: int, d_k: int = 576, 
     """Peak bytes of one simulated decode step with its golden reference (the ``amla-sim run`` path)."""
     cache = batch * context * d_k
     scores = batch * sq * heads * context
-    return _BASE + _PER_CACHE_ELEMENT * cache + _PER_SCORE * scores + (_MUFU_TABLES if mufu_tables else 0)
+    return _BASE + _PER_RUN + _PER_CACHE_ELEMENT * cache + _PER_SCORE * scores + (_MUFU_TABLES if mufu_tables else 0)
 
 
 def pipeline_bytes(*, pairs: int, cycles: int) -> int:

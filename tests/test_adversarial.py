@@ -266,7 +266,7 @@ USAGE = [
     ["run", "--algorithm", "base", "--machine", "sm90-triton", "--schedule", "amla-sim-gpu", "--block", "3",
      "--heads", "4", "--context", "64"],
     ["run", "--algorithm", "base", "--heads", "0"],
-    ["run", "--algorithm", "base", "--context", "1000000", "--heads", "128"],
+    ["run", "--algorithm", "base", "--context", "1000000", "--heads", "128", "--max-memory", "8"],
     ["run", "--algorithm", "base", "--context", "4096", "--max-memory", "0.01"],
     ["run", "--algorithm", "base", "--scale", "nan"],
     ["run", "--algorithm", "base", "--dist", "cauchy"],
@@ -294,7 +294,7 @@ def test_usage_errors_exit_2_with_a_message(argv, capsys, tmp_path, monkeypatch)
 def test_memory_refusal_is_fast_and_gives_the_estimate(capsys):
     t0 = time.perf_counter()
     with pytest.raises(SystemExit):
-        main(["run", "--algorithm", "base", "--context", "1000000", "--heads", "128"])
+        main(["run", "--algorithm", "base", "--context", "1000000", "--heads", "128", "--max-memory", "8"])
     assert time.perf_counter() - t0 < 5
     assert "GiB" in capsys.readouterr().err
 
