@@ -11,7 +11,8 @@ and P V ((s_q h) x L by L x 512), timed in the same run. Every engine's output i
 keeps busy, with one thread each (``NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``), so that neither waits on a
 descheduled thread of its own.
 
-Sizes: ``small``: 2 requests, 32 heads (64 for the sparse FP8 decode: its least), seqlens 1 and 2049; FlashMLA with
+Sizes: ``small``: 2 requests, 32 heads (64 for the sparse FP8 decode: its least), seqlens 1 and 2049 (FlashInfer's
+MLA decode: SGLang's call, page size 1, its plan splitting the second request over the SMs); FlashMLA with
 s_q 4, SGLang with 1 and 4 splits. ``large``: batch 4 x 128 heads x 4096 tokens; vLLM's FP8 decodes (the dense FP8
 FlashMLA decode, the Triton decode with an FP8 cache and its 8 splits) with the mixed lengths 4096, 3000, 4096,
 1234.
@@ -34,7 +35,8 @@ from collections.abc import Callable
 import numpy as np
 
 from _timing import CLOCKS, median_time  # benchmarks/, the script's own folder
-from amla_sim.algorithms import (amla, base, fa3_mla, fa3_mla_sparse, flashmla, flashmla_dense_fp8, flashmla_etap,
+from amla_sim.algorithms import (amla, base, fa3_mla, fa3_mla_sparse, flashinfer_mla, flashmla, flashmla_dense_fp8,
+                                 flashmla_etap,
                                  flashmla_sparse_fp8, flashmla_sparse_prefill, quantize_cache_fp8, quantize_query_fp8,
                                  splitkv_decode, vllm_triton_mla)
 from amla_sim.algorithms.deployed.flashmla.fp8_cache import pages, quantize_kv_cache
@@ -92,11 +94,12 @@ def cases(size: str) -> dict[str, tuple[Callable[[], object], tuple]]:
                   "flashmla_etap": (2, 1, 32, [1, 2049]), "flashmla_sparse_fp8": (2, 1, 64, [1, 2049]),
                   "base": (2, 1, 32, [2049, 2049]), "amla": (2, 1, 32, [2049, 2049]),
                   "fa3_mla": (2, 1, 32, [1, 2049]), "flashmla_dense_fp8": (2, 1, 32, [1, 2049]),
-                  "vllm_triton_mla": (2, 1, 32, [1, 2049]),
+                  "vllm_triton_mla": (2, 1, 32, [1, 2049]), "flashinfer_mla": (2, 1, 32, [1, 2049]),
                   **{m: (2, 1, 64, [1, 2049]) for m in V32_MODELS}}
     else:
         shapes = {m: (4, 1, 128, [4096] * 4) for m in ("flashmla", "splitkv_decode", "flashmla_etap",
-                                                       "flashmla_sparse_fp8", "base", "amla", "fa3_mla")}
+                                                       "flashmla_sparse_fp8", "base", "amla", "fa3_mla",
+                                                       "flashinfer_mla")}
         # vLLM's FP8 decodes: mixed lengths (vLLM's Triton split count for them: 8)
         shapes.update({m: (4, 1, 128, [4096, 3000, 4096, 1234]) for m in ("flashmla_dense_fp8", "vllm_triton_mla")})
         shapes.update({m: (4, 1, 128, [4096] * 4) for m in V32_MODELS})
@@ -122,6 +125,8 @@ def cases(size: str) -> dict[str, tuple[Callable[[], object], tuple]]:
         elif model == "vllm_triton_mla":  # vLLM's call with an FP8 cache: vLLM's split count over the batch
             kv8 = quantize_cache_fp8(kv)
             fn = lambda q=q, kv8=kv8, lens=lens: vllm_triton_mla(q, kv8, seqlens=lens)  # noqa: E731
+        elif model == "flashinfer_mla":  # SGLang's flashinfer backend: the plan's split over the batch's KV
+            fn = lambda q=q, kv=kv, lens=lens: flashinfer_mla(q, kv, seqlens=lens)  # noqa: E731
         elif model == "fa3_mla":  # vLLM's call: FA3's own split count
             fn = lambda q=q, kv=kv, lens=lens: fa3_mla(q, kv, seqlens=lens)  # noqa: E731
         else:

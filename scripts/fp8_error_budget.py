@@ -1,10 +1,11 @@
-"""Where each deployed FP8 MLA decode's error comes from: the fp8-mla table's first draws (its own seeds) through
+"""Where each deployed FP8 or FP4 MLA decode's error comes from: the fp8-mla table's first draws (its own seeds) through
 each FP8 decode on machines that take one rounding step away at a time, RMSE against FP64 attention over the BF16
 inputs.
 
     python scripts/fp8_error_budget.py [--samples 3] [--out docs/reproductions/fp8-mla/error-budget.md]
 
-For vLLM's two FP8 decodes (scales 1, as vLLM runs a checkpoint without scales) and FlashMLA's sparse FP8 decode:
+For vLLM's two FP8 decodes (scales 1, as vLLM runs a checkpoint without scales), FlashMLA's sparse FP8 decode and
+SGLang's FP4 cache through FlashInfer's decode:
 
 - ``cache``: exact arithmetic on the quantized inputs (the ``golden`` machine: FP64, no storage rounding), so only
   the quantization of the cache (and, for the dense FP8 decode, of Q) is left;
@@ -13,7 +14,7 @@ For vLLM's two FP8 decodes (scales 1, as vLLM runs a checkpoint without scales) 
 - ``kernel``: the kernel itself (the bit-exact model on its machine): the tensor cores' own accumulation added
   (for the dense FP8 decode: every k32 step chained through a 14-bit truncated sum).
 
-The BF16 dense decode (FlashMLA's) is the yardstick: no quantization at all. Two what-ifs beside vLLM's decodes:
+The BF16 decodes (FlashMLA's dense decode, FlashInfer's) are the yardsticks: no quantization at all. Two what-ifs beside vLLM's decodes:
 the per-tensor scales a calibration would set (each tensor's amax onto 448) in place of 1.
 """
 
@@ -43,6 +44,8 @@ DECODES = {
     "FlashMLA sparse FP8 (V3.2 cache)": ("flashmla-sparse-fp8", {}, "sm90-cuda"),
     "vLLM dense FP8 FlashMLA": ("flashmla-dense-fp8", {}, "sm90-cuda"),
     "vLLM Triton, FP8 cache": ("vllm-triton-mla", {"kv_cache": "fp8"}, "sm90-triton"),
+    "FlashInfer (BF16)": ("flashinfer-mla", {}, "sm90-cuda"),
+    "SGLang FP4 cache, FlashInfer": ("flashinfer-mla", {"kv_cache": "fp4_mx_block16"}, "sm90-cuda"),
     "vLLM dense FP8 FlashMLA, scales amax / 448": (
         "flashmla-dense-fp8", lambda q, kv: {"q_scale": _amax(q), "k_scale": _amax(kv)}, "sm90-cuda"),
     "vLLM Triton, FP8 cache, scale amax / 448": (

@@ -42,14 +42,14 @@ def _error(argv, capsys, code=2) -> str:
 @pytest.mark.parametrize("argv, message", [
     (SWEEP + ["--samples", "1000000"], "sweep: 1000000 result rows need about 2.9 GiB of memory and 1.0 GiB is "
                                        "available; lower samples"),
-    (SWEEP + ["--contexts", "100000"], "sweep: 1 sample(s) at once of heads 4, s_q 1, context 100000 need about"),
+    (SWEEP + ["--contexts", "1000000"], "sweep: 1 sample(s) at once of heads 4, s_q 1, context 1000000 need about"),
     (SWEEP + ["--contexts", "99999999999999999999999"], "lower contexts, heads, sq or jobs"),
     (SWEEP + ["--machines", "nope"], "error: machines: unknown machine 'nope'"),
     (SWEEP + ["--algorithms", "amla:scaling=pre:scaling=post"], "option scaling is given twice"),
     (SWEEP + ["--out", ""], "error: --out: expected a folder, got ''"),
     (["sweep", "--grid", ""], "error: --grid: expected a TOML file or a table name, got ''"),
     (TABLE + ["--samples", "100000"], "table amla-table3: 1200000 result rows need about"),
-    (TABLE + ["--context", "100000"], "lower context, heads or jobs"),
+    (TABLE + ["--context", "1000000"], "lower context, heads or jobs"),
     (TABLE + ["--heads", "99999999999999999999999"], "lower context, heads or jobs"),
     (TABLE + ["--algorithms", "x=amla:scaling=pre:scaling=post"], "option scaling is given twice"),
     (["reproduce", "all,all"], "error: table: 'all' (every table) stands alone, got 'all,all'"),

@@ -277,12 +277,14 @@ def test_the_fp8_table_runs_through_reproduce(tmp_path, fastest_engine):
     (LOW_PRECISION_CACHE), each one's row its error on the same draw computed here directly: FlashMLA's dense
     decode, DeepSeek V3.2's sparse attention with one top-k list (every token of the request) through its FP8
     cache and FlashMLA's sparse decode, and through its BF16 cache and FA3's sparse call and FlashMLA's sparse
-    prefill, vLLM's FP8 decodes on inputs quantized here. Every BF16 cache's error is below every FP8 cache's."""
+    prefill, vLLM's FP8 decodes on inputs quantized here, FlashInfer's decode over the BF16 cache and over
+    SGLang's FP4 cache (written and read back here). Every BF16 cache's error is below every FP8 and FP4 cache's."""
     import csv
 
     from amla_sim._seeds import derive_seed
     from amla_sim.algorithms import (
         fa3_mla_sparse,
+        flashinfer_mla,
         flashmla,
         flashmla_dense_fp8,
         flashmla_sparse_prefill,
@@ -290,6 +292,7 @@ def test_the_fp8_table_runs_through_reproduce(tmp_path, fastest_engine):
         quantize_query_fp8,
         vllm_triton_mla,
     )
+    from amla_sim.algorithms.deployed.sglang.fp4_cache import dequantize_mla_kv, quantize_mla_kv
     from amla_sim.cli import main
     from amla_sim.experiments.tables import LOW_PRECISION_CACHE, TABLES
 
@@ -308,21 +311,24 @@ def test_the_fp8_table_runs_through_reproduce(tmp_path, fastest_engine):
     assert base[0] == 0  # one request: its cache rows are its tokens, paged or flat
     sel = np.full(128, -1, np.int32)  # the one top-k list: every token, -1 after (topk a multiple of 128)
     sel[:100] = np.arange(100)
+    fp4 = dequantize_mla_kv(*quantize_mla_kv(kv[0, :, None, :512], kv[0, :, None, 512:]))[None, :, 0]
     for alg, out in (("flashmla", flashmla(q, kv, seqlens=None).out),
                      ("flashmla-sparse-fp8", flashmla_sparse_fp8(q, quantize_kv_cache(pg), sel[None, None]).out),
                      # FA3's list is as long as the context (the call's max_seqlen_k), the same valid rows
                      ("fa3-mla-sparse", fa3_mla_sparse(q[0], kv[0], sel[None, :100]).out[None]),
                      ("flashmla-sparse-prefill", flashmla_sparse_prefill(q[0], kv[0][:, None], sel[None, None]).out),
                      ("flashmla-dense-fp8", flashmla_dense_fp8(quantize_query_fp8(q), quantize_cache_fp8(kv)).out),
-                     ("vllm-triton-fp8", vllm_triton_mla(q, quantize_cache_fp8(kv), machine="sm90-triton").out)):
+                     ("vllm-triton-fp8", vllm_triton_mla(q, quantize_cache_fp8(kv), machine="sm90-triton").out),
+                     ("flashinfer-mla", flashinfer_mla(q, kv).out),
+                     ("sglang-fp4", flashinfer_mla(q, fp4).out)):
         want = np.sqrt(np.mean((out.astype(np.float64).reshape(ref.shape) - ref) ** 2))
         got = next(float(r["rmse"]) for r in rows if r["algorithm"] == alg and r["distribution"] == "rope-outliers")
         assert got == pytest.approx(want, rel=1e-12), alg
     for dist, _ in table.distributions:
         rmse = {r["algorithm"]: float(r["rmse"]) for r in rows if r["distribution"] == dist}
         bf16 = [rmse[c.label] for c in LOW_PRECISION_CACHE if c.precision == "bf16"]
-        fp8 = [rmse[c.label] for c in LOW_PRECISION_CACHE if c.precision == "fp8"]
-        assert len(bf16) == 3 and max(bf16) < min(fp8), (dist, rmse)
+        low = [rmse[c.label] for c in LOW_PRECISION_CACHE if c.precision in ("fp8", "fp4")]
+        assert len(bf16) == 4 and len(low) == 9 and max(bf16) < min(low), (dist, rmse)
 
 
 # --- bad input ----------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from amla_sim.algorithms.deployed.sglang import fp4_cache as fp4
 from amla_sim.algorithms.deployed.sglang.fp4_cache import (E2M1_BOUNDS, E2M1_VALUES, batched_dequantize,
                                                            batched_quantize, dequantize_mla_kv, e2m1_codes,
-                                                           pack_e2m1, quantize_mla_kv, scale_exponents, unpack_e2m1)
+                                                           pack_e2m1, quantize_mla_kv, scale_exponents,
+                                                           through_fp4_pool, unpack_e2m1)
 
 ROOT = Path(__file__).parents[1]
 CAPTURE = ROOT / "tests" / "data" / "sglang_fp4_cache.npz"
@@ -116,6 +117,18 @@ def test_quantize_bit_exact(cap, case):
             assert mine.shape == ref.shape and mine.dtype == ref.dtype, (dev, case, what)
             bad = np.argwhere(mine != ref)
             assert len(bad) == 0, f"{dev} {case} {what}: {len(bad)} differ, first at {bad[0].tolist()}"
+
+
+@pytest.mark.parametrize("case", ["random", "ties", "saturation"])
+def test_the_keys_flashinfer_reads_are_sglangs(cap, case):
+    """``through_fp4_pool``, the keys of a (b, S, 576) cache as SGLang's ``flashinfer`` backend hands them to the
+    kernel (``flashinfer-mla`` with ``kv_cache=fp4_mx_block16``), are the keys SGLang read back on the GPU."""
+    meta, arrays, qin, _ = cap
+    assert "cuda" in meta["captures"]
+    x = _rows(qin[case])
+    keys = through_fp4_pool(x.reshape(1, -1, 576))
+    assert keys.shape == (1, len(x), 576) and keys.dtype == BF16
+    np.testing.assert_array_equal(keys.view(np.uint16).reshape(x.shape), arrays[f"cuda__q_{case}_deq"])
 
 
 def test_dequantize_bit_exact(cap):
@@ -396,3 +409,13 @@ def test_refusals_name_the_argument():
         pack_e2m1(np.array([16, 0], np.uint8))
     with pytest.raises(TypeError, match="^packed: "):
         unpack_e2m1(np.zeros(2, np.int16))
+    with pytest.raises(ValueError, match="^kv: "):
+        through_fp4_pool(np.zeros((2, 512), np.float32))
+
+
+def test_flashinfer_decode_names_its_cache():
+    from amla_sim.algorithms import ALGORITHMS
+
+    q, kv = np.zeros((1, 1, 16, 576), BF16), np.zeros((1, 64, 576), BF16)
+    with pytest.raises(ValueError, match="^kv_cache: expected one of \\['bf16', 'fp4_mx_block16'\\]"):
+        ALGORITHMS["flashinfer-mla"](q, kv, kv_cache="nvfp4")

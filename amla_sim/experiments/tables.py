@@ -52,7 +52,7 @@ class CacheColumn:
 
     label: str  # the column (the algorithm of results.csv and summary.json)
     spec: str  # the sweep spec that runs it (label=algorithm:options), on the table's BF16 inputs
-    precision: str  # the cache's element format as a short name: bf16, fp8 (E4M3), ...
+    precision: str  # the cache's element format as a short name: bf16, fp8 (E4M3), fp4 (E2M1), ...
     cache: str  # what the cache holds, and how it is quantized
     kernel: str  # the kernel, and who runs it
 
@@ -78,6 +78,11 @@ LOW_PRECISION_CACHE: tuple[CacheColumn, ...] = (
                 "vLLM's FLASHMLA backend with an FP8 cache: FlashMLA's dense FP8 decode"),
     CacheColumn("vllm-triton-fp8", "vllm-triton-fp8=vllm-triton-mla:kv_cache=fp8:run_on=sm90-triton", "fp8",
                 "E4M3, per-tensor scale 1", "vLLM's TRITON_MLA decode with an FP8 cache (on sm90-triton)"),
+    CacheColumn("flashinfer-mla", "flashinfer-mla", "bf16", "BF16",
+                "FlashInfer's MLA decode (SGLang's flashinfer backend, vLLM's FLASHINFER_MLA)"),
+    CacheColumn("sglang-fp4", "sglang-fp4=flashinfer-mla:kv_cache=fp4_mx_block16", "fp4",
+                "SGLang's fp4_mx_block16: E2M1 values, one power-of-two scale per 16 (RoPE too), read back to BF16",
+                "FlashInfer's MLA decode (SGLang's flashinfer backend, the one it allows for an FP4 cache on Hopper)"),
     *(CacheColumn(cfg, "snapmla" if cfg == "snapmla" else f"{cfg}=snapmla:config={cfg}", "fp8", cache,
                   "SnapMLA" if cfg == "snapmla" else f"SnapMLA, ablation config {cfg}")
       for cfg, cache in _SNAPMLA.items()),
@@ -121,8 +126,9 @@ TABLES: dict[str, Table] = {
         tuple(c.label for c in LOW_PRECISION_CACHE),
         "rmse", {}, heads=128, context=4096, block=64, machine="sm90-cuda",
         source="FlashMLA 9241ae3's decodes and sparse prefill, FA3's sparse call, vLLM's dense FP8 FlashMLA decode "
-               "and vLLM's Triton decode with an FP8 cache (bit-exact models; the Triton kernel on sm90-triton) and "
-               "SnapMLA (arXiv SnapMLA, Section 4.3) on the same BF16 inputs",
+               "and vLLM's Triton decode with an FP8 cache, FlashInfer 0.7.2's MLA decode with a BF16 cache and with "
+               "SGLang 0.5.23's FP4 cache (bit-exact models; the Triton kernel on sm90-triton) and SnapMLA (arXiv "
+               "SnapMLA, Section 4.3) on the same BF16 inputs",
     ),
     "snapmla-configs": Table(
         "snapmla-configs", "SnapMLA paper, Table 2 configs: errors against the BF16 golden (the paper plots them)",

@@ -33,10 +33,9 @@ DEVICE_CHECKS: dict[str, dict[str, Any]] = {
 
 def device_launches(kernel: str, seed_offset: int = 0) -> list[Launch]:
     """The launches of `kernel`'s device check, the first the request alone (`seed_offset`: a fresh check's)."""
-    if kernel == "flashinfer-mla":  # its check has a replay of its own (the launches rebuilt from its meta)
-        from .flashinfer import replay_flashinfer
-
-        return replay_flashinfer(path)
+    if kernel == "flashinfer-mla":
+        raise ValueError("kernel: flashinfer-mla's device check rebuilds its launches from its capture's meta "
+                         "(amla_sim.invariance.flashinfer.replay_flashinfer)")
     if not isinstance(kernel, str) or kernel not in DEVICE_CHECKS:
         raise ValueError(f"kernel: the device check covers {sorted(DEVICE_CHECKS)}, not {kernel!r:.60}")
     c = DEVICE_CHECKS[kernel]

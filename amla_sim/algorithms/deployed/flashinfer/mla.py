@@ -30,6 +30,14 @@ f2)``, ``o = fma(f1, o, fl(f2 o_k))``; then ``o = fl(o rcp(d))`` (0 where d is 0
 An E4M3 cache (BF16 q) is dequantised to BF16 before every product: ``bf16(e4m3 * bf16(scale))`` with
 ``ckv_scale`` for the 512 latent columns (also V) and ``kpe_scale`` for the 64 rope columns; with
 ``ckv_scale_arr`` (FP32 per token and 128 columns) ``bf16(fl(e4m3 * s))``.
+
+``head_dim_kpe = 0`` (NoPE MLA, q and kv 512 wide: vLLM's ``FLASHINFER_MLA_SPARSE_SM90`` for GLM-5.3-Flash) is
+the instantiation ``<512, 0>``: no rope steps, ``S`` is the 32 latent k16 steps alone, the first from 0
+(``compute_mla_qk`` :489-505), and only the latent columns are dequantised (:414). vLLM's sparse call makes every
+query token a request of one query whose keys are its top-k slots (page size 1, not causal), pads the plan's batch
+to ``max_num_batched_tokens`` rows with empty ones (``pad_rows``: they move the cluster size, the batch's mean
+packed length) and, planning from upper bounds, clamps each work item's ``kv_end`` to the row's valid count on the
+device (``plan_seqlens``).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from collections import Counter
 import numpy as np
 import numpy.typing as npt
 
-from ...._validate import quiet_fp
+from ...._validate import check_int, quiet_fp
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
@@ -47,6 +55,7 @@ from ..._common import D_K, D_V, AttentionResult, check_causal_lengths, check_ke
 from ..fast_math import ln2
 from ..row_sums import quad_total as _row_total
 from ..scalars import api_float, scale_log2_f32, softmax_scale
+from ..sglang.fp4_cache import through_fp4_pool
 from .scheduler import CTA_TILE_KV, FlashInferPlan, TileWork, flashinfer_mla_plan
 
 __all__ = ["flashinfer_mla", "flashinfer_mla_decode", "FLASHINFER_VERSION"]
@@ -55,6 +64,8 @@ __all__ = ["flashinfer_mla", "flashinfer_mla_decode", "FLASHINFER_VERSION"]
 FLASHINFER_VERSION = "0.7.2"
 _FLT_MAX = float(np.finfo(np.float32).max)
 _KERNEL = "FlashInfer's MLA decode"
+#: The caches :func:`flashinfer_mla_decode` keeps (SGLang's ``--kv-cache-dtype`` on its ``flashinfer`` backend).
+KV_CACHES = ("bf16", "fp4_mx_block16")
 
 
 class _Units:
@@ -91,6 +102,8 @@ def flashinfer_mla(
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
     kv_len_limit: int | None = None,
+    pad_rows: int = 0,
+    plan_seqlens: npt.ArrayLike | None = None,
 ) -> AttentionResult:
     """FlashInfer 0.7.2's sm90 MLA kernel on `machine` (see the module docstring).
 
@@ -106,14 +119,20 @@ def flashinfer_mla(
     it (rows of different requests never meet), so a request run alone with its batch's chunk length gives its
     bits in that batch; the invariance study runs it so.
 
+    q and kv may both be 512 wide (``head_dim_kpe = 0``, no q_pe / kpe: the ``<512, 0>`` kernel; ``kpe_scale`` is
+    still required with an E4M3 cache, as the wrapper requires it, and unused). pad_rows: empty requests (0
+    queries, 0 keys) appended to the plan's batch, as vLLM's sparse backend plans ``max_num_batched_tokens`` rows
+    (``flashinfer_mla_sparse_sm90.py:355-359``): they change the cluster size only. plan_seqlens: (b,) the lengths
+    the plan is made from (>= seqlens; vLLM's sync-free upper bounds, :337-339), each work item's kv_end then
+    clamped to ``max(min(kv_end, seqlens[i]), kv_start)`` (``_clamp_work_kv_end`` :112-143); not with causal.
+
     Returns ``.out`` (b, s_q, h, 512) in q's format (float64 on golden) and ``.lse`` (b * s_q, h) as the wrapper
     returns it: base 2, natural with `return_lse_base_on_e`; with `trace`, the plan's 18 MLAPlanInfo values
     (``plan``, int64, as the wrapper's plan returns them) and the whole plan (``mla_plan``: work lists, tiles).
     """
     mc = get_machine(machine)
     mc.require(kernel=_KERNEL, suggest="sm90-cuda", log2=True)
-    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"),
-                                        kv_formats=("bf16", "fp16", "e4m3"), empty=True)
+    qa, kva, lens = _check_inputs(q, kv, seqlens)
     fmt, kv_fmt = get_format(qa.dtype).name, get_format(kva.dtype).name
     if kv_fmt != fmt and not (kv_fmt == "e4m3" and fmt == "bf16"):
         raise TypeError(f"kv: the kernel takes a cache of q's format ({fmt.upper()}) or E4M3 with a BF16 q, got "
@@ -123,14 +142,16 @@ def flashinfer_mla(
     for name, v in (("causal", causal), ("return_lse_base_on_e", return_lse_base_on_e), ("trace", trace)):
         if not isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{name}: expected True or False, got {v!r}")
-    b, s_q, H, _ = qa.shape
+    b, s_q, H, d_k = qa.shape
     lens = [int(n) for n in lens]
     if causal:
         check_causal_lengths(lens, s_q, kernel="flashinfer-mla")
-    plan = flashinfer_mla_plan(lens, heads=H, q_lens=s_q, causal=bool(causal), num_sms=num_sms,
-                               page_size=page_size, kv_len_limit=kv_len_limit)
+    pads = check_int(pad_rows, "pad_rows", lo=0)
+    planned = _plan_lengths(plan_seqlens, lens, bool(causal))
+    plan = flashinfer_mla_plan(planned + [0] * pads, heads=H, q_lens=[s_q] * b + [0] * pads,
+                               causal=bool(causal), num_sms=num_sms, page_size=page_size, kv_len_limit=kv_len_limit)
     u = _Units(mc, fmt, sm)
-    Q = mc.cast(qa, fmt).reshape(b, s_q * H, D_K)
+    Q = mc.cast(qa, fmt).reshape(b, s_q * H, d_k)
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.full((b, s_q * H), -np.inf, mc.dtype)
     K, at = None, -1
@@ -148,6 +169,33 @@ def flashinfer_mla(
     res = mc.cast(out, fmt).reshape(b, s_q, H, D_V)
     tr = {"plan": np.asarray(plan.info, np.int64), "mla_plan": [plan]} if trace else {}
     return AttentionResult(res, np.ascontiguousarray(lse.reshape(b * s_q, H)), tr, hazards)
+
+
+def _check_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayLike | None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`check_kernel_inputs` for 576-wide q and kv (head_dim_kpe 64) or 512-wide ones (head_dim_kpe 0): a
+    512-wide pair is checked as 576 with 64 zero columns (the check reads shapes and formats) and returned 512
+    wide."""
+    kw = dict(formats=("bf16", "fp16"), kv_formats=("bf16", "fp16", "e4m3"), empty=True)
+    if np.ndim(q) == 4 and np.ndim(kv) == 3 and np.shape(q)[-1] == D_V and np.shape(kv)[-1] == D_V:
+        def pad(x: np.ndarray) -> np.ndarray:
+            return np.concatenate([x, np.zeros((*x.shape[:-1], D_K - D_V), x.dtype)], axis=-1)
+
+        qa, kva, lens = check_kernel_inputs(pad(np.asarray(q)), pad(np.asarray(kv)), seqlens, **kw)
+        return qa[..., :D_V], kva[..., :D_V], lens
+    return check_kernel_inputs(q, kv, seqlens, **kw)
+
+
+def _plan_lengths(plan_seqlens: npt.ArrayLike | None, lens: list[int], causal: bool) -> list[int]:
+    """The lengths the plan is made from: the keys (None), or vLLM's upper bounds (at least the keys)."""
+    if plan_seqlens is None:
+        return lens
+    p = np.asarray(plan_seqlens)
+    if causal or p.dtype.kind not in "iu" or p.shape != (len(lens),) or (p < np.asarray(lens)).any() \
+            or min(lens) < 1:
+        raise ValueError(f"plan_seqlens: expected {len(lens)} ints >= seqlens >= 1 (not causal), got "
+                         f"{plan_seqlens!r}")
+    return [int(n) for n in p]
 
 
 def _kv_scales(kv_fmt: str, shape: tuple[int, ...], ckv_scale: object, kpe_scale: object,
@@ -189,6 +237,10 @@ def _dequant(mc: Machine, kv: np.ndarray, ckv_scale: np.float32, kpe_scale: np.f
     ``__hmul2`` by the scale rounded to BF16, one rounding; with the per-token array, an FP32 product rounded to
     BF16."""
     x = mc.f(kv)
+    if x.shape[1] == D_V:  # head_dim_kpe 0: the latent only (repack_fp8_kv_to_bf16's KPE part compiled out, :414)
+        if arr is None:
+            return mc.cast(x * mc.cast(mc.f(ckv_scale), "bf16"), "bf16")
+        return mc.cast(mc.f(x * mc.f(np.repeat(arr, 128, axis=1))), "bf16")
     if arr is None:
         nope = mc.cast(x[:, :D_V] * mc.cast(mc.f(ckv_scale), "bf16"), "bf16")
     else:
@@ -204,6 +256,7 @@ def _tile(u: _Units, plan: FlashInferPlan, tile: TileWork, Q: np.ndarray, K: np.
     last = seqlen - s_q + q_idx if causal else np.full(q_idx.shape, seqlen - 1)  # a row's last key
     res = []
     for lo, hi in tile.chunks:
+        hi = max(min(hi, seqlen), lo)  # vLLM's kv_end clamp (a no-op when the plan had the keys' lengths)
         # the kernel's own bound: floor((q_start + cluster_tile_q) / heads) (mla_hopper.cuh:1072-1077)
         end = min(hi, seqlen - s_q + (tile.row_start + plan.cluster_tile_q) // H) if causal else hi
         O, m, d = _chunk(u, Q, K, seqlen, lo, hi, end, last)
@@ -264,6 +317,8 @@ def _scores(u: _Units, Q: np.ndarray, Ks: np.ndarray) -> np.ndarray:
 
     def product(kt: np.ndarray) -> np.ndarray:
         kt = mc.operand(kt)
+        if kt.shape[0] == D_V:  # head_dim_kpe 0: the 32 latent steps, the first with init (:489-505)
+            return mc.matmul(Qm, kt)
         return mc.matmul(Qm[:, :D_V], kt[:D_V], mc.matmul(Qm[:, D_V:], kt[D_V:]))
 
     return mc.f(mc.by_blocks(product, KT, rows=Q.shape[0], block=CTA_TILE_KV))
@@ -322,13 +377,22 @@ def flashinfer_mla_decode(
     block: int = CTA_TILE_KV,
     scale: float | None = None,
     num_sms: int = 132,
+    kv_cache: str = "bf16",
     trace: bool = False,
 ) -> AttentionResult:
     """:func:`flashinfer_mla` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): every
     request the whole of kv, causal when s_q > 1 (as SGLang plans its multi-token steps), the LSE natural
     (``return_lse_base_on_e``) as (b, s_q, h). The kernel lays its work out itself: `block` must be its 64 and
-    `schedule` is checked, not used."""
+    `schedule` is checked, not used.
+
+    kv_cache: the KV cache SGLang's ``flashinfer`` backend keeps: ``bf16`` (kv as given) or ``fp4_mx_block16``
+    (``--kv-cache-dtype fp4_mx_block16``: kv written to the FP4 pool and read back to BF16 before the kernel,
+    :func:`~amla_sim.algorithms.deployed.sglang.fp4_cache.through_fp4_pool`)."""
     check_kernel_layout(schedule, block, CTA_TILE_KV)
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
+    if kv_cache == "fp4_mx_block16":
+        kv = through_fp4_pool(kv)
     s_q = np.shape(q)[1] if np.ndim(q) == 4 else 1
     res = flashinfer_mla(q, kv, scale=scale, causal=s_q > 1, return_lse_base_on_e=True, num_sms=num_sms,
                          machine=machine, trace=trace)

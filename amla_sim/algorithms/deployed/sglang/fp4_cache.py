@@ -56,7 +56,8 @@ from ...._validate import quiet_fp
 from ....formats import as_native, is_float_dtype, round_to
 
 __all__ = ["MODES", "E2M1_VALUES", "E2M1_BOUNDS", "BLOCK", "batched_quantize", "batched_dequantize",
-           "scale_exponents", "e2m1_codes", "pack_e2m1", "unpack_e2m1", "quantize_mla_kv", "dequantize_mla_kv"]
+           "scale_exponents", "e2m1_codes", "pack_e2m1", "unpack_e2m1", "quantize_mla_kv", "dequantize_mla_kv",
+           "through_fp4_pool"]
 
 #: SGLang's FP4 KV-cache modes an MLA model can run on Hopper.
 MODES: tuple[str, ...] = ("fp4_mx_block16",)
@@ -220,3 +221,15 @@ def dequantize_mla_kv(kv_buffer: npt.ArrayLike, kv_scale_buffer: npt.ArrayLike, 
     keys FlashInfer's MLA kernel reads, BF16 (T, 1, 576)."""
     return batched_dequantize(kv_buffer, kv_scale_buffer, device=device)
 
+
+
+def through_fp4_pool(kv: npt.ArrayLike, *, device: Device = "cuda") -> np.ndarray:
+    """MLA keys ``(..., 576)`` (BF16 values: the 512 latent columns then the 64 rope ones) written to SGLang's FP4
+    pool and read back (:func:`quantize_mla_kv` then :func:`dequantize_mla_kv`): the BF16 keys FlashInfer's
+    kernel reads, in `kv`'s shape."""
+    x = np.asarray(kv)
+    if x.ndim < 1 or x.shape[-1] != 576:
+        raise ValueError(f"kv: expected (..., 576) MLA keys, got shape {x.shape}")
+    rows = x.reshape(-1, 1, 576)
+    buf, scales = quantize_mla_kv(rows[..., :512], rows[..., 512:], device=device)
+    return dequantize_mla_kv(buf, scales, device=device).reshape(x.shape)
