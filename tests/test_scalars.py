@@ -29,7 +29,8 @@ CAPTURES = {k: DATA / f"scales_{k.replace('-', '_')}.npz" for k in KERNELS if k 
 #: the model module of each kernel, whose ``softmax_scale`` and log2 constant the tests replace
 MODULES = {"flashmla": "flashmla.dense", "flashmla-etap": "flashmla.etap", "flashmla-sparse-fp8": "flashmla.sparse_fp8",
            "fa3-mla": "fa3.mla", "sgl-fa3-mla": "fa3.mla", "flashmla-dense-fp8": "flashmla.dense_fp8", "vllm-triton-mla": "vllm.triton_mla",
-           "sglang-triton": "sglang.decode", "flashinfer-mla": "flashinfer.mla"}
+           "sglang-triton": "sglang.decode", "flashinfer-mla": "flashinfer.mla",
+           "flashinfer-mla-sparse": "flashinfer.mla"}
 #: kernel -> the cases that take the scale unrounded (the caller's double) to other bits: 192^-0.5, 0.1352 and three
 #: random scales, for every kernel that multiplies the scale by log2 e in double (the Triton kernels and FlashMLA's
 #: sparse decode multiply in FP32, which rounds the scale first anyway)
@@ -42,7 +43,8 @@ DERIVATION_BITES = {"flashmla": ("scale_log2", scalars.scale_log2_f32, [17, 18, 
                     "sgl-fa3-mla": ("scale_log2", scalars.scale_log2_f32, [17, 18, 23]),
                     "flashmla-dense-fp8": ("scale_log2", scalars.scale_log2_f32, [17, 23]),
                     "flashmla-sparse-fp8": ("scale_log2_f32", scalars.scale_log2, [17, 18, 23]),
-                    "flashinfer-mla": ("scale_log2_f32", scalars.scale_log2, [17, 18, 23])}
+                    "flashinfer-mla": ("scale_log2_f32", scalars.scale_log2, [17, 18, 23]),
+                    "flashinfer-mla-sparse": ("scale_log2_f32", scalars.scale_log2, [17, 18, 23])}
 
 
 def _meta(path: Path) -> dict:

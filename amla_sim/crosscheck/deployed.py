@@ -23,7 +23,7 @@ from .._validate import check_int
 from ..comparison import ComparisonReport, compare
 from .fa3 import FA3_MLA, FA3_MLA_SPARSE, SGL_FA3_MLA, SGL_FA3_MLA_SPARSE
 from .files import CaptureError, split_cases
-from .flashinfer import FLASHINFER_MLA
+from .flashinfer import FLASHINFER_MLA, FLASHINFER_MLA_SPARSE
 from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8, FLASHMLA_SPARSE_PREFILL
 from .kernel import DeployedKernel, check_recipe
 from .report import ReplayReport
@@ -36,7 +36,8 @@ __all__ = ["KERNELS", "HELD_NOT_COMPARED", "kernel_of", "replay_deployed", "capt
 KERNELS: dict[str, DeployedKernel] = {k.name: k for k in (SGLANG, FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8,
                                                           FA3_MLA, FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA, FA3_MLA_SPARSE,
                                                           FLASHMLA_SPARSE_PREFILL, SGL_FA3_MLA,
-                                                          SGL_FA3_MLA_SPARSE, FLASHINFER_MLA)}
+                                                          SGL_FA3_MLA_SPARSE, FLASHINFER_MLA,
+                                                          FLASHINFER_MLA_SPARSE)}
 _LEGACY = {"sglang": "sglang-triton", "flashmla_commit": "flashmla"}  # captures written before meta named a kernel
 
 
@@ -167,13 +168,20 @@ def _replay_case(spec: DeployedKernel, path: str | Path, i: int, case: dict, arr
     names = [n for n, _, _ in stages]
     if len(set(names)) != len(names) or not names:
         raise RuntimeError(f"replay: the model of {spec.name} gave case {i} the stages {names}: none, or one twice")
+    # a stage whose length follows the kernel's plan (a work list) cannot be compared where the plans differ
+    misfit = {n: f"the device holds shape {d.shape}, the model {s.shape} (their plans differ)"
+              for n, d, s in stages if np.shape(d) != np.shape(s)}
+    stages = [st for st in stages if st[0] not in misfit]
+    if not stages:
+        raise CaptureError(f"replay: {path}: case {i}: no stage has the model's shape ({misfit})")
     row = compare({n: d for n, d, _ in stages}, {n: s for n, _, s in stages}, meta={
         "case": i, "batch": case["batch"], "sq": case.get("sq", 1), "heads": case["heads"],
         "seqlens": case["seqlens"], "num_kv_splits": case.get("num_kv_splits"), "dist": case["dist"],
         "format": case.get("format") or case.get("layout"), "seconds": seconds})
     unread = [f"c{i}_{n}" for n in spec.outputs(case) if n in held and f"c{i}_{n}" not in reads.read]
-    if unread:
-        row = replace(row, skipped={**row.skipped, **dict.fromkeys(unread, "held, but no stage of the model read it")})
+    if unread or misfit:
+        row = replace(row, skipped={**row.skipped, **misfit,
+                                    **dict.fromkeys(unread, "held, but no stage of the model read it")})
     splits = f" splits={case['num_kv_splits']}" if case.get("num_kv_splits") else ""
     label = (f"case {i}:{spec.label(case)} b={case['batch']} s_q={case.get('sq', 1)} H={case['heads']} "
              f"seqlens={case['seqlens']}{splits} ({seconds} s)")

@@ -14,7 +14,7 @@ import numpy as np
 from .. import require_gpu
 from ._common import bits16, shuffled_pages
 
-__all__ = ["load_flashinfer", "run_flashinfer_mla"]
+__all__ = ["load_flashinfer", "run_flashinfer_mla", "run_flashinfer_mla_sparse"]
 
 _WORKSPACE = 512 << 20  # SGLang's float workspace for the MLA wrappers (flashinfer_mla_backend.py)
 
@@ -92,3 +92,77 @@ def _staged_work(pinned, plan: np.ndarray, num_sms: int) -> np.ndarray:
     works = int(indptr[-1])
     lengths = [works] * 3 + [num_sms] * 5 + [works] * 5 + [clusters + 1]
     return np.concatenate([ints[o:o + n] for o, n in zip(offsets, lengths)]).astype(np.int32)
+
+
+_SPARSE_WORKSPACE = 128 << 20  # vLLM's FLASHINFER_MLA_SPARSE_SM90 float workspace (flashinfer_mla_sparse_sm90.py)
+
+
+def run_flashinfer_mla_sparse(fi, q: np.ndarray, rows: np.ndarray, indices: np.ndarray,
+                              recipe: dict) -> dict[str, np.ndarray]:
+    """vLLM 0.33's ``FLASHINFER_MLA_SPARSE_SM90`` call (``flashinfer_mla_sparse_sm90.py``): q (T, h, 512) BF16
+    bits, the latent cache rows (N, 512) as BF16 bits or E4M3 codes, indices (T, topk) cache rows with -1 anywhere
+    (the indexer's order). The wrapper as vLLM makes it (``use_cuda_graph=True``, ``backend="fa3"``, buffers for
+    ``max_num_batched_tokens`` rows, :259-289); each token a row of one query whose ``kv_indices`` are its valid
+    slots packed to the front in order (:90-109); the plan padded with empty rows (:343-376), from each row's
+    valid count plus ``upper_bound`` (capped at topk) with the work items' kv_end then clamped on the device to
+    the valid count (``_clamp_work_kv_end`` :112-143; ``upper_bound`` 0: the exact plan); ``run(q_nope, q_pe
+    (width 0), ckv, kpe (width 0))`` with ``ckv_scale=k_scale, kpe_scale=1.0`` for E4M3 (:593-646), no LSE.
+    Returns the first ``keep`` tokens' out, every token's base-2 LSE from a second run with ``return_lse=True``
+    (its out checked identical: ``lse_run_same_out``), the plan's 18 values and its staged work lists."""
+    import torch
+
+    T, H, _ = q.shape
+    topk, e4m3, rows_planned = indices.shape[1], recipe["kv_format"] == "e4m3", int(recipe["max_num_batched_tokens"])
+    qt = bits16(torch, q)
+    if e4m3:
+        flat = torch.from_numpy(np.ascontiguousarray(rows)).cuda().view(torch.float8_e4m3fn)
+    else:
+        flat = bits16(torch, rows)
+    flat = flat.view(rows.shape[0], 1, 512)
+    ckv, kpe = flat[..., :512], flat[..., 512:]
+    valid = indices >= 0
+    counts = valid.sum(axis=1).astype(np.int32)
+    packed = [row[ok] for row, ok in zip(indices, valid)]  # valid slots to the front, in order
+    planned = np.minimum(counts + int(recipe["upper_bound"]), topk).astype(np.int32) if recipe["upper_bound"] \
+        else counts
+    z = lambda n, v=0: torch.full((n,), v, dtype=torch.int32, device="cuda")  # noqa: E731
+    reserved = z(rows_planned * topk)
+    wrapper = fi.mla.BatchMLAPagedAttentionWrapper(
+        torch.empty(_SPARSE_WORKSPACE, dtype=torch.uint8, device="cuda"), qo_indptr=z(rows_planned + 1),
+        kv_indptr=z(rows_planned + 1), kv_indices=reserved, kv_len_arr=z(rows_planned, topk), use_cuda_graph=True,
+        backend="fa3")
+    lens = np.zeros(rows_planned, np.int32)
+    lens[:T] = planned
+    kv_indptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    idx = np.zeros(int(kv_indptr[-1]), np.int32)
+    for r in range(T):  # a row's planned slots past its valid ones repeat its first slot (0 if it has none)
+        first = int(packed[r][0]) if len(packed[r]) else 0
+        idx[kv_indptr[r]:kv_indptr[r + 1]] = first
+        idx[kv_indptr[r]:kv_indptr[r] + counts[r]] = packed[r]
+    total = max(int(kv_indptr[-1]), 1)
+    reserved[:idx.size] = torch.from_numpy(idx).cuda()
+    qo = torch.clamp(torch.arange(rows_planned + 1, dtype=torch.int32), max=T)
+    wrapper.plan(qo, torch.from_numpy(kv_indptr), reserved[:total], torch.from_numpy(lens), H, 512, 0, 1, False,
+                 float(recipe["scale"]), q_data_type=torch.bfloat16,
+                 kv_data_type=torch.float8_e4m3fn if e4m3 else torch.bfloat16)
+    plan = np.asarray(list(wrapper._plan_info), np.int64)
+    work = _staged_work(wrapper._planned_backend._pin_memory_int_workspace_buffer, plan,
+                        torch.cuda.get_device_properties(0).multi_processor_count)
+    if recipe["upper_bound"]:  # _clamp_work_kv_end: kv_end = max(min(kv_end, valid[q]), kv_start), on the device
+        ws = wrapper._planned_backend._int_workspace_buffer.view(torch.int32)
+        nw = int(ws[int(plan[15]) // 4 + int(plan[1])])
+        qi = ws[int(plan[2]) // 4:][:nw].long()
+        ks, ke = ws[int(plan[13]) // 4:][:nw], ws[int(plan[14]) // 4:][:nw]
+        valid_dev = torch.from_numpy(np.concatenate([counts, np.zeros(rows_planned - T, np.int32)])).cuda()
+        ke.copy_(torch.maximum(torch.minimum(ke, valid_dev[qi]), ks))
+    scales = {"ckv_scale": float(recipe["k_scale"]), "kpe_scale": 1.0} if e4m3 else {}
+    q_nope, q_pe = qt, qt.new_empty(T, H, 0)
+    out = wrapper.run(q_nope, q_pe, ckv, kpe, **scales)
+    out = out[0] if isinstance(out, tuple) else out
+    out2, lse = wrapper.run(q_nope, q_pe, ckv, kpe, return_lse=True, **scales)
+    torch.cuda.synchronize()
+    same = bool(torch.equal(out.view(torch.int16), out2.view(torch.int16)))
+    keep = recipe["keep"]
+    return {"out": out[:keep].contiguous().view(torch.int16).cpu().numpy().view(np.uint16),
+            "lse": lse[:T].contiguous().cpu().numpy().view(np.uint32), "plan": plan, "work": work,
+            "lse_run_same_out": np.array([same])}
