@@ -16,7 +16,7 @@ from conftest import capture_engines
 from amla_sim.algorithms.deployed.flashinfer import mla, sparse
 from amla_sim.algorithms.deployed.flashinfer.sparse import flashinfer_mla_sparse, packed_topk
 from amla_sim.crosscheck import replay
-from amla_sim.crosscheck.flashinfer import FLASHINFER_MLA_SPARSE, SPARSE_CASES, flashinfer_sparse_inputs
+from amla_sim.crosscheck.flashinfer import FLASHINFER_MLA_SPARSE, FLASHINFER_SPARSE_CASES, flashinfer_sparse_inputs
 from amla_sim.engine import use_engine
 
 DATA = Path(__file__).parent / "data"
@@ -36,7 +36,7 @@ def test_the_captures_are_predicted_in_every_bit(capture, engine, cases):
     with use_engine(engine):
         report = replay(capture, cases=cases)
     assert report.kernel == "flashinfer-mla-sparse" and len(report.cases) == len(cases or range(
-        len(SPARSE_CASES) if capture == str(CAPTURE) else 26))
+        len(FLASHINFER_SPARSE_CASES) if capture == str(CAPTURE) else 26))
     for row in report.cases:
         assert row.first_difference is None and not row.skipped, report.format()
         assert [s.name for s in row.stages] == ["plan", "work", "lse", "out"]

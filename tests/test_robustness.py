@@ -60,6 +60,7 @@ def careless(tmp_path, monkeypatch):
     (tmp_path / "amla_parses_argv.py").write_text(
         "import argparse\nargparse.ArgumentParser().parse_args()\ndef f(q, kv, **kw):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["amla-sim", "sweep", "--quiet"])  # what a plugin's own parser would see
     yield
     for m in ("amla_careless", "amla_exits_on_import", "amla_parses_argv"):
         sys.modules.pop(m, None)

@@ -60,7 +60,11 @@ def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> bool:
 def fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray | None:
     """fl32(a b + c) for float32 arrays (broadcast together), or None where an operand is NaN."""
     shape = np.broadcast_shapes(a.shape, b.shape, c.shape)
-    flat = [np.ascontiguousarray(np.broadcast_to(v, shape)).reshape(-1) for v in (a, b, c)]
+    size = int(np.prod(shape))
+    # an operand of the full size is itself in order; a broadcast one is copied out (never a broadcast view, which
+    # numba would take as writeable)
+    flat = [np.ascontiguousarray(v).reshape(-1) if v.size == size else np.broadcast_to(v, shape).reshape(-1)
+            for v in (a, b, c)]
     out = np.empty(shape, np.float32)
     return out if _fma(*flat, out.reshape(-1)) else None
 

@@ -26,7 +26,7 @@ from .fa3 import fa3_inputs
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, run_twice, stage
 
-__all__ = ["FLASHINFER_CASES", "FLASHINFER_MLA", "flashinfer_inputs", "SPARSE_CASES", "FLASHINFER_MLA_SPARSE",
+__all__ = ["FLASHINFER_CASES", "FLASHINFER_MLA", "flashinfer_inputs", "FLASHINFER_SPARSE_CASES", "FLASHINFER_MLA_SPARSE",
            "flashinfer_sparse_inputs"]
 
 _V32 = 0.1352337788608801  # 192^-0.5 mscale^2 (DeepSeek-V3 / V3.2 with YaRN)
@@ -143,7 +143,7 @@ _GLM_TOPK = 2176  # GLM's top-k buffer width (round_up(topk + kpool - 1, 128))
 #: vLLM's FLASHINFER_MLA_SPARSE_SM90 (NoPE sparse MLA, head size 512): (tokens, heads, cache rows, topk, valid
 #: counts (cycled over the tokens), cache, dist, seed, scale, k_scale, max_num_batched_tokens, upper bound (0: the
 #: exact plan; else each row planned with valid + it, capped at topk, and kv_end clamped), tokens whose out is kept)
-SPARSE_CASES = [
+FLASHINFER_SPARSE_CASES = [
     (4, 64, 6000, 2048, (2048, 2048, 700, 1), "bf16", "normal:1", 121, _GLM, None, 8192, 0, 2),
     (2, 128, 5000, 2048, (2048, 1500), "e4m3", "normal:1", 122, _GLM, 1.0, 8192, 0, 2),
     (2, 16, 4000, 2048, (1500, 548), "e4m3", "flashmla", 123, _GLM, 0.0371, 2048, 0, 2),
@@ -180,7 +180,7 @@ class _FlashInferSparse(_FlashInfer):
                  "kv_format": cache, "dist": dist, "seed": s + seed, "scale": scale,
                  **({"k_scale": ks} if cache == "e4m3" else {}), "max_num_batched_tokens": pad,
                  "upper_bound": ub, "keep": keep}
-                for T, H, N, topk, spec, cache, dist, s, scale, ks, pad, ub, keep in SPARSE_CASES]
+                for T, H, N, topk, spec, cache, dist, s, scale, ks, pad, ub, keep in FLASHINFER_SPARSE_CASES]
 
     def scale_template(self) -> dict:
         return {"batch": 2, "heads": 16, "rows": 3000, "topk": 2048, "seqlens": [2048, 600], "kv_format": "e4m3",

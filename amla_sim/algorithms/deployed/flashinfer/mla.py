@@ -144,12 +144,8 @@ def flashinfer_mla(
             raise TypeError(f"{name}: expected True or False, got {v!r}")
     b, s_q, H, d_k = qa.shape
     lens = [int(n) for n in lens]
-    if causal:
-        check_causal_lengths(lens, s_q, kernel="flashinfer-mla")
-    pads = check_int(pad_rows, "pad_rows", lo=0)
-    planned = _plan_lengths(plan_seqlens, lens, bool(causal))
-    plan = flashinfer_mla_plan(planned + [0] * pads, heads=H, q_lens=[s_q] * b + [0] * pads,
-                               causal=bool(causal), num_sms=num_sms, page_size=page_size, kv_len_limit=kv_len_limit)
+    plan = _plan(lens, s_q, H, bool(causal), num_sms=num_sms, page_size=page_size, kv_len_limit=kv_len_limit,
+                 pad_rows=pad_rows, plan_seqlens=plan_seqlens)
     u = _Units(mc, fmt, sm)
     Q = mc.cast(qa, fmt).reshape(b, s_q * H, d_k)
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
@@ -184,6 +180,18 @@ def _check_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayLike | 
         qa, kva, lens = check_kernel_inputs(pad(np.asarray(q)), pad(np.asarray(kv)), seqlens, **kw)
         return qa[..., :D_V], kva[..., :D_V], lens
     return check_kernel_inputs(q, kv, seqlens, **kw)
+
+
+def _plan(lens: list[int], s_q: int, H: int, causal: bool, *, num_sms: int, page_size: int,
+          kv_len_limit: int | None, pad_rows: int, plan_seqlens: npt.ArrayLike | None) -> FlashInferPlan:
+    """The wrapper's plan of the call: the requests' lengths (or vLLM's upper bounds), then `pad_rows` empty
+    requests."""
+    if causal:
+        check_causal_lengths(lens, s_q, kernel="flashinfer-mla")
+    pads = check_int(pad_rows, "pad_rows", lo=0)
+    planned = _plan_lengths(plan_seqlens, lens, causal)
+    return flashinfer_mla_plan(planned + [0] * pads, heads=H, q_lens=[s_q] * len(lens) + [0] * pads, causal=causal,
+                               num_sms=num_sms, page_size=page_size, kv_len_limit=kv_len_limit)
 
 
 def _plan_lengths(plan_seqlens: npt.ArrayLike | None, lens: list[int], causal: bool) -> list[int]:
