@@ -44,6 +44,41 @@ def test_interrupted_run_resumes_to_identical_files(tmp_path):
     assert again.computed == 0
 
 
+def test_a_column_added_to_a_table_is_computed_alone(tmp_path, monkeypatch):
+    """A table that gains a column resumes by computing that column alone, on each task's own draw: the old rows
+    stay as they were and the files equal a whole run of the wider table."""
+    from dataclasses import replace
+
+    from amla_sim.experiments import sweep, tables
+
+    run_table("amla-table4", out_dir=tmp_path / "cut", **SMALL)
+    before = (tmp_path / "cut" / "amla-table4" / "results.csv").read_text().splitlines()
+    wider = replace(TABLES["amla-table4"], algorithms=("base", "amla", "naive"))
+    monkeypatch.setitem(sweep.TABLES, "amla-table4", wider)
+    monkeypatch.setitem(tables.SPECS, "naive", "naive")
+    from amla_sim.algorithms import ALGORITHMS
+
+    runs = []  # the columns run on a task's draw (not the tiny problem each column is tried on first)
+
+    def spy(name):
+        def run(q, kv, **kw):
+            if kv.shape[1] == SMALL["context"]:
+                runs.append(name)
+            return real(q, kv, **kw)
+        real = ALGORITHMS[name]
+        return run
+
+    for name in ("base", "amla", "naive"):
+        monkeypatch.setitem(ALGORITHMS, name, spy(name))
+    res = run_table("amla-table4", out_dir=tmp_path / "cut", **SMALL)
+    assert res.computed == 12 and runs == ["naive"] * 12
+    after = (tmp_path / "cut" / "amla-table4" / "results.csv").read_text().splitlines()
+    assert set(before) <= set(after) and len(after) == 1 + 6 * 2 * 3
+    run_table("amla-table4", out_dir=tmp_path / "whole", **SMALL)
+    assert _files(tmp_path / "whole" / "amla-table4") == _files(tmp_path / "cut" / "amla-table4")
+    assert run_table("amla-table4", out_dir=tmp_path / "cut", **SMALL).computed == 0
+
+
 def test_jobs_do_not_change_results(tmp_path):
     run_table("snapmla-configs", out_dir=tmp_path / "one", jobs=1, **SMALL)
     run_table("snapmla-configs", out_dir=tmp_path / "two", jobs=2, **SMALL)

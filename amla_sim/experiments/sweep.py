@@ -2,8 +2,8 @@
 
 DIR/results.csv (:mod:`amla_sim.experiments.store`) gets one line per (distribution, sample, algorithm), each with
 its own CRC, written task by task with one checked append and an fsync, so an interrupted run loses at most the
-tasks in flight and a torn line is never read as a number. A re-run computes only what is missing and never
-deletes rows. Every task draws its inputs from a seed derived from (seed, table, distribution, sample), so the
+tasks in flight and a torn line is never read as a number. A re-run computes only what is missing (a column
+added to a table: that column alone, on each task's own draw) and never deletes rows. Every task draws its inputs from a seed derived from (seed, table, distribution, sample), so the
 numbers do not depend on the order, the number of jobs, or interruptions; the final files are rebuilt from the
 sorted store and are identical either way.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import _blas_clock
@@ -41,11 +41,14 @@ class SweepResult:
 
 
 def _task(args: tuple) -> tuple[list[dict], float]:
-    table_name, extra, dist, sample, machine, schedule, context, heads, seed, engine = args
+    table_name, extra, dist, sample, machine, schedule, context, heads, seed, engine, only = args
     t0 = _blas_clock.elapsed()
+    table = with_algorithms(TABLES[table_name], extra)
+    if only is not None:  # the columns a resumed task still lacks (the same draw: its seed is the task's)
+        table = replace(table, algorithms=only)
     with use_engine(engine):
-        rows = run_sample(with_algorithms(TABLES[table_name], extra), dist, sample, machine=get_machine(machine),
-                          schedule=schedule, context=context, heads=heads, seed=seed)
+        rows = run_sample(table, dist, sample, machine=get_machine(machine), schedule=schedule, context=context,
+                          heads=heads, seed=seed)
     return rows, _blas_clock.elapsed() - t0
 
 
@@ -62,13 +65,21 @@ def _row(values: tuple[str, ...]) -> dict:
 
 
 def _tasks(store: ResultStore, table: Table) -> dict[tuple[str, int], list[dict]]:
-    """Complete tasks in the store (a task is complete when every algorithm of the table has its row)."""
+    """The store's rows of the table's columns by task; a task is complete when every column has its row (a
+    column added to a table since is computed alone, on the task's own draw)."""
     tasks: dict[tuple[str, int], list[dict]] = {}
+    algs = set(table.algorithms)
     for values in store.rows.values():
         row = _row(values)
-        tasks.setdefault((row["distribution"], row["sample"]), []).append(row)
-    algs = set(table.algorithms)
-    return {k: v for k, v in tasks.items() if {r["algorithm"] for r in v} == algs and len(v) == len(algs)}
+        if row["algorithm"] in algs:
+            tasks.setdefault((row["distribution"], row["sample"]), []).append(row)
+    return tasks
+
+
+def _missing(table: Table, rows: list[dict]) -> tuple[str, ...]:
+    """The table's columns a task has no row of, in the table's order."""
+    have = {r["algorithm"] for r in rows}
+    return tuple(a for a in table.algorithms if a not in have)
 
 
 def _order(store: ResultStore, table: Table) -> list[tuple[str, ...]]:
@@ -240,9 +251,13 @@ def run_table(
         claim_folder(out, meta, filename="run.json", what="run")
         store.compact(_order(store, table))  # set a torn last line aside before appending
         done = _tasks(store, table)
-        todo = [(name, algorithms, d, s, machine, schedule, context, heads, seed, engine)
-                for d, _ in table.distributions
-                for s in range(samples) if (d, s) not in done]
+        todo = []
+        for d, _ in table.distributions:
+            for s in range(samples):
+                missing = _missing(table, done.get((d, s), []))
+                if missing:
+                    todo.append((name, algorithms, d, s, machine, schedule, context, heads, seed, engine,
+                                 None if len(missing) == len(table.algorithms) else missing))
         if max_tasks is not None:
             todo = todo[:max_tasks]
         t0 = time.perf_counter()
@@ -250,13 +265,15 @@ def run_table(
         bar = progress_bar(len(todo), name, progress)
         for rows, blas_s in execute(_task, todo, scheduler=scheduler, jobs=jobs):
             store.append(_fields(r) for r in rows)
-            done[(rows[0]["distribution"], rows[0]["sample"])] = rows
+            key = (rows[0]["distribution"], rows[0]["sample"])
+            done[key] = done.get(key, []) + rows
             blas += blas_s
             bar.update(1)
         bar.close()
         seconds = time.perf_counter() - t0
         store.compact(_order(store, table))
-        summary = _write_summary(out, table, {k: v for k, v in done.items() if k[1] < samples}, samples, meta)
+        complete = {k: v for k, v in done.items() if k[1] < samples and not _missing(table, v)}
+        summary = _write_summary(out, table, complete, samples, meta)
     return SweepResult(table, out, summary, len(todo), seconds, blas)
 
 
