@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import capture_engines
 
 from amla_sim.algorithms import ALGORITHMS, fa3_mla, golden
 from amla_sim.algorithms.deployed.fa3 import scheduler
 from amla_sim.crosscheck import replay
 from amla_sim.crosscheck.fa3 import FA3_CASES, FA3_MLA, fa3_inputs
+from amla_sim.engine import use_engine
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.formats import round_to
 from amla_sim.machines import get_machine
@@ -33,12 +35,17 @@ def capture():
         return json.loads(str(z["meta"])), {k: z[k] for k in z.files if k != "meta"}
 
 
-def test_fa3_mla_bit_exact(engine):
-    report = replay(CAPTURE)
-    assert report.kernel == "fa3-mla" and report.version == "617264c" and len(report.cases) == len(FA3_CASES)
+# NumPy: FP16 without pages, BF16 MTP rows split 32 ways, FP16 MTP rows of one short request
+@pytest.mark.parametrize(("path", "engine_name", "cases"), capture_engines([str(CAPTURE)], [4, 7, 13]))
+def test_fa3_mla_bit_exact(path, engine_name, cases):
+    with use_engine(engine_name):
+        report = replay(path, cases=cases)
+    assert report.kernel == "fa3-mla" and report.version == "617264c"
+    assert len(report.cases) == len(cases or FA3_CASES)
     for row in report.cases:
         assert row.first_difference is None and not row.skipped, report.format()
-    assert sum(len(row.stages) == 3 for row in report.cases) >= 5  # the split counts compared where dynamic
+    if cases is None:
+        assert sum(len(row.stages) == 3 for row in report.cases) >= 5  # the split counts compared where dynamic
 
 
 def test_the_capture_covers_the_issue(capture):
