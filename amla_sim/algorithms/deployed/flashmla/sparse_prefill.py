@@ -173,6 +173,12 @@ def flashmla_sparse_prefill(
     else:
         n_blocks = np.full(s_q, topk // B_TOPK, np.int64)
     pairs = (n_blocks + 1) // 2  # 398: block_idx += 2 while block_idx < num_topk_blocks
+    # a token's trailing pairs with no attended slot change nothing (the max stays, both scales are ex2(0) = 1, P is
+    # 0, and a product of zeros onto O adds nothing): the kernel walks them, the model stops before them
+    attended = ok.reshape(s_q, -1, 2 * B_TOPK).any(axis=2) if topk % (2 * B_TOPK) == 0 else None
+    if attended is not None:
+        pairs = np.minimum(pairs, np.where(attended.any(axis=1), attended.shape[1] - np.argmax(attended[:, ::-1],
+                                                                                               axis=1), 0))
     dt = mc.dtype
     sink_row = np.full((1, H), -np.inf, dt) if sink is None else mc.f(sink)[None, :]  # 205: -inf without a sink
     ln2 = mc.f(math.log(2.0))  # CUDART_LN2_F
