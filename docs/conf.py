@@ -7,7 +7,7 @@ build time, so neither can drift from the code.
 
 from __future__ import annotations
 
-import shutil
+import os
 import sys
 from functools import cache
 from pathlib import Path
@@ -55,13 +55,12 @@ html_sidebars = {"**": ["sitenav.html"]}  # every section, by its caption, on ev
 
 
 def _generate() -> None:
-    """The notebooks (copied: Sphinx reads sources under docs/ only) and the CLI reference, into _generated/."""
+    """The notebooks (copied: Sphinx reads sources under docs/ only) and the CLI reference, into _generated/.
+
+    Each file is written whole and renamed into place, and only where it changed; files no longer generated are
+    removed: builds that run at once (the tests' workers) write the same bytes, and none sees a half-made tree."""
     out = DOCS / "_generated"
-    if out.exists():
-        shutil.rmtree(out)
-    (out / "notebooks").mkdir(parents=True)
-    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        shutil.copy2(nb, out / "notebooks" / nb.name)
+    files = {f"notebooks/{nb.name}": nb.read_bytes() for nb in sorted((ROOT / "notebooks").glob("*.ipynb"))}
     from amla_sim.cli import build_parser
 
     parser = build_parser()
@@ -75,10 +74,19 @@ def _generate() -> None:
     for name, p in sub.choices.items():
         p.prog = f"amla-sim {name}"
         text += [f"## amla-sim {name}", "", "```text", p.format_help().rstrip(), "```", ""]
-    (out / "cli.md").write_text("\n".join(text))
-    (out / "api").mkdir()
-    for name, text in api_pages().items():
-        (out / "api" / name).write_text(text)
+    files["cli.md"] = "\n".join(text).encode()
+    files.update({f"api/{name}": text.encode() for name, text in api_pages().items()})
+    for rel, data in files.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    for path in out.rglob("*"):
+        if path.is_file() and not path.name.startswith(".") and path.relative_to(out).as_posix() not in files:
+            path.unlink(missing_ok=True)
 
 
 @cache

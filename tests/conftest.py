@@ -43,6 +43,20 @@ def capture_engines(captures: list[str], numpy_cases: list[int]) -> list:
             *(pytest.param(c, FASTEST, None, id=f"{c}-{FASTEST}") for c in captures)]
 
 
+def assert_replay_bit_exact(capture: str, engine: str, cases: list[int] | None, *, kernel: str, total: int,
+                            stages: list[str]) -> None:
+    """A capture's `cases` (None: all `total`) replayed on `engine`: `kernel`'s, every stage of every case
+    compared (`stages`, in order) and bit-identical."""
+    from amla_sim.crosscheck import replay
+
+    with use_engine(engine):
+        report = replay(capture, cases=cases)
+    assert report.kernel == kernel and len(report.cases) == (total if cases is None else len(cases))
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+        assert [s.name for s in row.stages] == stages
+
+
 @pytest.fixture(params=["numpy", pytest.param("numba", marks=_NO_NUMBA)])
 def engine(request):
     """Run the test on each engine: the NumPy reference and the compiled kernels must give the same bits."""

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import capture_engines
+from conftest import assert_replay_bit_exact, capture_engines
 from test_flashinfer_mla import CHOICES
 
 from amla_sim.algorithms.deployed.flashinfer import mla
 from amla_sim.crosscheck import replay
 from amla_sim.crosscheck.flashinfer import FLASHINFER_CASES
-from amla_sim.engine import use_engine
 from amla_sim.machines import get_machine
 
 DATA = Path(__file__).parent / "data"
@@ -26,12 +25,8 @@ CAPTURES = [str(CAPTURE)]  # (its scale table is replayed in full by test_scalar
 # NumPy: an E4M3 cache whose requests split (the merge, BF16 partials, the dequantisation)
 @pytest.mark.parametrize(("capture", "engine", "cases"), capture_engines(CAPTURES, [9]))
 def test_the_captures_are_predicted_in_every_bit(capture, engine, cases):
-    with use_engine(engine):
-        report = replay(capture, cases=cases)
-    assert report.kernel == "flashinfer-mla" and len(report.cases) == len(cases or FLASHINFER_CASES)
-    for row in report.cases:
-        assert row.first_difference is None and not row.skipped, report.format()
-        assert [s.name for s in row.stages] == ["plan", "work", "lse", "out"]
+    assert_replay_bit_exact(capture, engine, cases, kernel="flashinfer-mla", total=len(FLASHINFER_CASES),
+                            stages=["plan", "work", "lse", "out"])
 
 
 def test_the_capture_covers_the_calls():

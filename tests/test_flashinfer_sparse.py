@@ -11,13 +11,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import capture_engines
+from conftest import assert_replay_bit_exact, capture_engines
 
 from amla_sim.algorithms.deployed.flashinfer import mla, sparse
 from amla_sim.algorithms.deployed.flashinfer.sparse import flashinfer_mla_sparse, packed_topk
 from amla_sim.crosscheck import replay
 from amla_sim.crosscheck.flashinfer import FLASHINFER_MLA_SPARSE, FLASHINFER_SPARSE_CASES, flashinfer_sparse_inputs
-from amla_sim.engine import use_engine
 
 DATA = Path(__file__).parent / "data"
 CAPTURE = DATA / "flashinfer_mla_sparse_h100.npz"
@@ -34,12 +33,8 @@ def _meta() -> tuple[dict, list[np.ndarray]]:
 # NumPy: an E4M3 cache read with a scale BF16 cannot hold, lists with holes, split chunks
 @pytest.mark.parametrize(("capture", "engine", "cases"), capture_engines(CAPTURES[:1], [2]))
 def test_the_captures_are_predicted_in_every_bit(capture, engine, cases):
-    with use_engine(engine):
-        report = replay(capture, cases=cases)
-    assert report.kernel == "flashinfer-mla-sparse" and len(report.cases) == len(cases or FLASHINFER_SPARSE_CASES)
-    for row in report.cases:
-        assert row.first_difference is None and not row.skipped, report.format()
-        assert [s.name for s in row.stages] == ["plan", "work", "lse", "out"]
+    assert_replay_bit_exact(capture, engine, cases, kernel="flashinfer-mla-sparse",
+                            total=len(FLASHINFER_SPARSE_CASES), stages=["plan", "work", "lse", "out"])
 
 
 def test_the_capture_is_vllms_call():
@@ -146,11 +141,23 @@ def _call():
     (lambda c: c.update(topk_indices=c["topk_indices"] * 1.0), "^topk_indices: expected ints"),
     (lambda c: c.update(k_scale=0.5), "^k_scale: only an E4M3 cache takes a scale"),
     (lambda c: c.update(max_num_batched_tokens=1), "^max_num_batched_tokens: "),
-    (lambda c: c.update(plan_lengths=np.array([1, 1])), "^plan_seqlens: expected 2 ints >= seqlens"),
+    (lambda c: c.update(plan_seqlens=np.array([1, 1])), "^plan_seqlens: expected 2 ints >= seqlens"),
     (lambda c: c.update(scale=0.0), "^scale: "),
+    (lambda c: c.update(kv_cache=c["kv_cache"].astype(ml_dtypes.float8_e4m3fn), k_scale=float("nan")), "^k_scale: "),
 ])
 def test_bad_calls_are_refused_by_name(change, match):
     call = _call()
     change(call)
     with pytest.raises((ValueError, TypeError), match=match):
         flashinfer_mla_sparse(**call)
+
+
+def test_the_kernel_takes_q_and_keys_of_one_width():
+    """576 wide (RoPE) or 512 (none), q and kv alike; anything else is refused naming the argument."""
+    from amla_sim.algorithms.deployed.flashinfer import flashinfer_mla
+
+    q = np.zeros((1, 1, 16, 512), ml_dtypes.bfloat16)
+    with pytest.raises(ValueError, match=r"^kv: expected shape \(1, S_max, 512\)"):
+        flashinfer_mla(q, np.zeros((1, 64, 576), ml_dtypes.bfloat16))
+    with pytest.raises(ValueError, match=r"^q: expected shape \(b, s_q, h_q, 576 or 512\)"):
+        flashinfer_mla(np.zeros((1, 1, 16, 256), ml_dtypes.bfloat16), np.zeros((1, 64, 256), ml_dtypes.bfloat16))

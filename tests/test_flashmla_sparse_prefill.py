@@ -12,6 +12,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amla_sim.algorithms.deployed.flashmla import sparse_prefill as sp
 from amla_sim.algorithms.deployed.flashmla.sparse_prefill import flashmla_sparse_prefill
@@ -390,3 +392,35 @@ def test_each_choice_matters(change, monkeypatch, fastest_engine):
     monkeypatch.setattr(sp, *swap)
     report = replay(CAPTURE, cases=[case])
     assert report.cases[0].first_difference is not None, change
+
+
+# --- where the model stops walking ------------------------------------------------------------------------------
+
+
+@settings(max_examples=12, deadline=None)
+@given(valid=st.lists(st.integers(0, 384), min_size=1, max_size=3), holes=st.booleans(), lengths=st.booleans(),
+       sink=st.booleans(), machine=st.sampled_from(["sm90-cuda", "ieee32", "golden"]), seed=st.integers(0, 2**16))
+def test_stopping_after_the_last_attended_pair_changes_no_bit(valid, holes, lengths, sink, machine, seed):
+    """The model stops at each token's last pair of blocks with an attended slot; the kernel walks all of them.
+    Against the model walking them all (the slow reference), every bit of out, lse and max_logits is the same:
+    tokens of 0 to 384 attended slots among 512, their -1 slots at the end or scattered, with and without
+    topk_length and a sink, on the device's machine and on exact ones."""
+    rng = np.random.default_rng(seed)
+    s_q, topk, s_kv = len(valid), 512, 600
+    q = rng.standard_normal((s_q, 64, 576)).astype(ml_dtypes.bfloat16)
+    kv = rng.standard_normal((s_kv, 1, 576)).astype(ml_dtypes.bfloat16)
+    idx = np.full((s_q, 1, topk), -1, np.int32)
+    for t, n in enumerate(valid):
+        at = np.sort(rng.choice(topk, n, replace=False)) if holes else np.arange(n)
+        idx[t, 0, at] = rng.choice(s_kv, n, replace=False)
+    kw = dict(topk_length=np.array([min(topk, n + 70) for n in valid]) if lengths else None,
+              attn_sink=rng.standard_normal(64).astype(np.float32) if sink else None, machine=machine)
+    got = flashmla_sparse_prefill(q, kv, idx, **kw)
+    real = sp._pairs_walked
+    try:
+        sp._pairs_walked = lambda ok, pairs: pairs
+        ref = flashmla_sparse_prefill(q, kv, idx, **kw)
+    finally:
+        sp._pairs_walked = real
+    for a, b in ((got.out, ref.out), (got.lse, ref.lse), (got.max_logits, ref.max_logits)):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))

@@ -142,22 +142,24 @@ def check_scale(scale: float | None) -> float:
 def check_kernel_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayLike | None, *,
                         one_query: bool = False, formats: tuple[str, ...] = ("bf16",),
                         kv_formats: tuple[str, ...] | None = None,
-                        empty: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        empty: bool = False, widths: tuple[int, ...] = (D_K,)
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What a deployed kernel takes: q (b, s_q, h_q, 576) (s_q = 1 when `one_query`) and kv (b, S_max, 576), both
     in one of `formats` (BF16 unless the kernel takes others; the same for both, unless `kv_formats` says which
     the cache may be), and per-request lengths in 1..S_max (0..S_max where the kernel takes an `empty` request;
-    None: S_max); errors name the argument."""
+    None: S_max); errors name the argument. widths: the head widths the kernel takes (q's and kv's the same)."""
     qa = _check_storage(q, "q", formats)
     if kv_formats is None:
         kva = _check_storage(kv, "kv", (get_format(qa.dtype).name,), mixed=len(formats) > 1)
     else:
         kva = _check_storage(kv, "kv", kv_formats)
-    if qa.ndim != 4 or qa.shape[-1] != D_K or min(qa.shape) < 1 or (one_query and qa.shape[1] != 1):
-        want = "(b, 1, heads, 576) (one query a request)" if one_query else "(b, s_q, h_q, 576)"
+    if qa.ndim != 4 or qa.shape[-1] not in widths or min(qa.shape) < 1 or (one_query and qa.shape[1] != 1):
+        w = " or ".join(map(str, widths))
+        want = f"(b, 1, heads, {w}) (one query a request)" if one_query else f"(b, s_q, h_q, {w})"
         raise ValueError(f"q: expected shape {want}, got {qa.shape}")
-    b = qa.shape[0]
-    if kva.ndim != 3 or kva.shape[0] != b or kva.shape[2] != D_K or kva.shape[1] < 1:
-        raise ValueError(f"kv: expected shape ({b}, S_max, {D_K}), got {kva.shape}")
+    b, d = qa.shape[0], qa.shape[-1]
+    if kva.ndim != 3 or kva.shape[0] != b or kva.shape[2] != d or kva.shape[1] < 1:
+        raise ValueError(f"kv: expected shape ({b}, S_max, {d}), got {kva.shape}")
     lens = np.full(b, kva.shape[1]) if seqlens is None else np.asarray(seqlens)
     lo = 0 if empty else 1
     if lens.shape != (b,) or lens.dtype.kind not in "iu" or lens.min() < lo or lens.max() > kva.shape[1]:

@@ -60,6 +60,17 @@ def flashinfer_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
     return q, kv
 
 
+def _plan_stages(res: Any, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+    """The plan's 18 values, then its staged work lists where the capture read them back (in
+    :data:`STAGED_ARRAYS` order), the device's beside the model's (`res`, run with trace)."""
+    stages: list[Stage] = [("plan", arrays[f"c{i}_plan"], np.asarray(res.trace["plan"], np.int64))]
+    if f"c{i}_work" in arrays:
+        staged = res.trace["mla_plan"][0].arrays()
+        stages.append(("work", arrays[f"c{i}_work"],
+                       np.concatenate([staged[n] for n in STAGED_ARRAYS]).astype(np.int32)))
+    return stages
+
+
 class _FlashInfer(DeployedKernel):
     def recipes(self, seed: int) -> list[dict]:
         out = []
@@ -105,11 +116,7 @@ class _FlashInfer(DeployedKernel):
                              kpe_scale=case.get("kpe_scale") if e4m3 else None, trace=True)
         b, sq, H = case["batch"], case.get("sq", 1), case["heads"]
         keep = case["keep"] * sq
-        work = []
-        if f"c{i}_work" in arrays:  # the staged work lists, where the capture read them back
-            staged = res.trace["mla_plan"][0].arrays()
-            work = [("work", arrays[f"c{i}_work"], np.concatenate([staged[n] for n in STAGED_ARRAYS]).astype(np.int32))]
-        return [("plan", arrays[f"c{i}_plan"], np.asarray(res.trace["plan"], np.int64)), *work,
+        return [*_plan_stages(res, i, arrays),
                 stage("lse", arrays[f"c{i}_lse"], res.lse.reshape(b * sq, H).astype(np.float32), np.float32),
                 stage("out", arrays[f"c{i}_out"], res.out.reshape(b * sq, H, D_V)[:keep], ml_dtypes.bfloat16)]
 
@@ -223,17 +230,13 @@ class _FlashInferSparse(_FlashInfer):
         plan = np.minimum(counts + case["upper_bound"], case["topk"]) if case["upper_bound"] else None
         return flashinfer_mla_sparse(q, rows, idx, scale=576**-0.5 if case["scale"] is None else case["scale"],
                                      k_scale=case.get("k_scale") if case["kv_format"] == "e4m3" else None,
-                                     max_num_batched_tokens=case["max_num_batched_tokens"], plan_lengths=plan,
+                                     max_num_batched_tokens=case["max_num_batched_tokens"], plan_seqlens=plan,
                                      trace=trace)
 
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
         q, rows, idx = flashinfer_sparse_inputs(case)
         res = self._model(case, q, rows, idx)
-        work = []
-        if f"c{i}_work" in arrays:
-            staged = res.trace["mla_plan"][0].arrays()
-            work = [("work", arrays[f"c{i}_work"], np.concatenate([staged[n] for n in STAGED_ARRAYS]).astype(np.int32))]
-        return [("plan", arrays[f"c{i}_plan"], np.asarray(res.trace["plan"], np.int64)), *work,
+        return [*_plan_stages(res, i, arrays),
                 stage("lse", arrays[f"c{i}_lse"], res.lse.astype(np.float32), np.float32),
                 stage("out", arrays[f"c{i}_out"], res.out[:case["keep"]], ml_dtypes.bfloat16)]
 

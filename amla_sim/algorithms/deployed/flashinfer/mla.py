@@ -169,17 +169,9 @@ def flashinfer_mla(
 
 def _check_inputs(q: npt.ArrayLike, kv: npt.ArrayLike, seqlens: npt.ArrayLike | None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`check_kernel_inputs` for 576-wide q and kv (head_dim_kpe 64) or 512-wide ones (head_dim_kpe 0): a
-    512-wide pair is checked as 576 with 64 zero columns (the check reads shapes and formats) and returned 512
-    wide."""
-    kw = dict(formats=("bf16", "fp16"), kv_formats=("bf16", "fp16", "e4m3"), empty=True)
-    if np.ndim(q) == 4 and np.ndim(kv) == 3 and np.shape(q)[-1] == D_V and np.shape(kv)[-1] == D_V:
-        def pad(x: np.ndarray) -> np.ndarray:
-            return np.concatenate([x, np.zeros((*x.shape[:-1], D_K - D_V), x.dtype)], axis=-1)
-
-        qa, kva, lens = check_kernel_inputs(pad(np.asarray(q)), pad(np.asarray(kv)), seqlens, **kw)
-        return qa[..., :D_V], kva[..., :D_V], lens
-    return check_kernel_inputs(q, kv, seqlens, **kw)
+    """:func:`check_kernel_inputs` for 576-wide q and kv (head_dim_kpe 64) or 512-wide ones (head_dim_kpe 0)."""
+    return check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"), kv_formats=("bf16", "fp16", "e4m3"),
+                               empty=True, widths=(D_K, D_V))
 
 
 def _plan(lens: list[int], s_q: int, H: int, causal: bool, *, num_sms: int, page_size: int,

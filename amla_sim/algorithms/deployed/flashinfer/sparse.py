@@ -23,6 +23,7 @@ from ...._validate import check_int
 from ....formats import get_format
 from ....machines import Machine
 from ..._common import D_V, AttentionResult, _check_storage
+from ..scalars import api_float
 from .mla import flashinfer_mla
 
 __all__ = ["flashinfer_mla_sparse", "packed_topk"]
@@ -45,7 +46,7 @@ def flashinfer_mla_sparse(
     scale: float,
     k_scale: float | None = None,
     max_num_batched_tokens: int | None = None,
-    plan_lengths: npt.ArrayLike | None = None,
+    plan_seqlens: npt.ArrayLike | None = None,
     num_sms: int = 132,
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
@@ -56,7 +57,7 @@ def flashinfer_mla_sparse(
     or E4M3 (``--kv-cache-dtype fp8``) read with `k_scale` (the layer's, 1.0 unless the checkpoint sets one);
     topk_indices: (T, topk) cache rows, -1 for none, in the indexer's order. scale: the model's softmax scale, as
     vLLM passes it (GLM-5.3-Flash: 256^-0.5). max_num_batched_tokens: the rows vLLM plans (None: T), the empty
-    ones after the step's tokens. plan_lengths: (T,) the lengths vLLM plans the rows with, at least each token's
+    ones after the step's tokens. plan_seqlens: (T,) the lengths vLLM plans the rows with, at least each token's
     valid count (its sync-free upper bounds, ``:303-341``; the work items' kv_end then clamped to the valid count
     on the device, ``_clamp_work_kv_end`` :112-143); None: the valid counts. Returns ``.out`` (T, h, 512) BF16 and ``.lse`` (T, h), base 2; with `trace`,
     :func:`.mla.flashinfer_mla`'s plan.
@@ -79,6 +80,8 @@ def flashinfer_mla_sparse(
     e4m3 = get_format(kva.dtype).name == "e4m3"
     if k_scale is not None and not e4m3:
         raise ValueError("k_scale: only an E4M3 cache takes a scale (kv_cache is BF16)")
+    if k_scale is not None:
+        api_float(k_scale, "k_scale")  # named here: the kernel's own check would name its ckv_scale
     packed, lens = packed_topk(idx.astype(np.int64))
     width = max(int(lens.max()), 1)
     keys = np.zeros((T, width, D_V), kva.dtype)
@@ -86,5 +89,5 @@ def flashinfer_mla_sparse(
     keys[take] = kva[packed[:, :width][take]]
     scales = {"ckv_scale": 1.0 if k_scale is None else k_scale, "kpe_scale": 1.0} if e4m3 else {}
     res = flashinfer_mla(qa[:, None], keys, seqlens=lens, scale=scale, causal=False, page_size=1, num_sms=num_sms,
-                         pad_rows=rows - T, plan_seqlens=plan_lengths, machine=machine, trace=trace, **scales)
+                         pad_rows=rows - T, plan_seqlens=plan_seqlens, machine=machine, trace=trace, **scales)
     return AttentionResult(res.out[:, 0], res.lse, res.trace, res.hazards)

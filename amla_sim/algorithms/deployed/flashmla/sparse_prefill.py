@@ -172,13 +172,7 @@ def flashmla_sparse_prefill(
         n_blocks = -(-lengths // B_TOPK)  # 81: ceil_div(topk_length, B_TOPK)
     else:
         n_blocks = np.full(s_q, topk // B_TOPK, np.int64)
-    pairs = (n_blocks + 1) // 2  # 398: block_idx += 2 while block_idx < num_topk_blocks
-    # a token's trailing pairs with no attended slot change nothing (the max stays, both scales are ex2(0) = 1, P is
-    # 0, and a product of zeros onto O adds nothing): the kernel walks them, the model stops before them
-    attended = ok.reshape(s_q, -1, 2 * B_TOPK).any(axis=2) if topk % (2 * B_TOPK) == 0 else None
-    if attended is not None:
-        pairs = np.minimum(pairs, np.where(attended.any(axis=1), attended.shape[1] - np.argmax(attended[:, ::-1],
-                                                                                               axis=1), 0))
+    pairs = _pairs_walked(ok, (n_blocks + 1) // 2)  # 398: block_idx += 2 while block_idx < num_topk_blocks
     dt = mc.dtype
     sink_row = np.full((1, H), -np.inf, dt) if sink is None else mc.f(sink)[None, :]  # 205: -inf without a sink
     ln2 = mc.f(math.log(2.0))  # CUDART_LN2_F
@@ -199,6 +193,15 @@ def flashmla_sparse_prefill(
         hazards["nan_outputs"] += int(np.isnan(out).sum())
     tr = {"num_blocks": [n_blocks], "m": [m_all], "L": [L_all]} if trace else {}
     return SparsePrefillResult(mc.cast(out, "bf16"), lse, tr, hazards, max_logits)
+
+
+def _pairs_walked(ok: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """The pairs of blocks the model walks of the `pairs` the kernel walks: up to each token's last pair with an
+    attended slot. Past it nothing changes (the max stays, both rescales are ex2(0) = 1, P is 0, and a product of
+    zeros onto O adds nothing), so the model stops where the kernel goes on; a test holds the two to the same bits."""
+    attended = ok.reshape(ok.shape[0], -1, 2 * B_TOPK).any(axis=2)  # topk is a multiple of two blocks
+    last = np.where(attended.any(axis=1), attended.shape[1] - np.argmax(attended[:, ::-1], axis=1), 0)
+    return np.minimum(pairs, last)
 
 
 def _token_rows(mc: Machine, Q: np.ndarray, keys: np.ndarray, idx: np.ndarray, ok: np.ndarray, pairs: np.ndarray,

@@ -54,6 +54,7 @@ import numpy.typing as npt
 
 from ...._validate import quiet_fp
 from ....formats import as_native, is_float_dtype, round_to
+from ..._common import D_K, D_V
 
 __all__ = ["MODES", "E2M1_VALUES", "E2M1_BOUNDS", "BLOCK", "batched_quantize", "batched_dequantize",
            "scale_exponents", "e2m1_codes", "pack_e2m1", "unpack_e2m1", "quantize_mla_kv", "dequantize_mla_kv",
@@ -222,14 +223,13 @@ def dequantize_mla_kv(kv_buffer: npt.ArrayLike, kv_scale_buffer: npt.ArrayLike, 
     return batched_dequantize(kv_buffer, kv_scale_buffer, device=device)
 
 
-
 def through_fp4_pool(kv: npt.ArrayLike, *, device: Device = "cuda") -> np.ndarray:
     """MLA keys ``(..., 576)`` (BF16 values: the 512 latent columns then the 64 rope ones) written to SGLang's FP4
     pool and read back (:func:`quantize_mla_kv` then :func:`dequantize_mla_kv`): the BF16 keys FlashInfer's
     kernel reads, in `kv`'s shape."""
     x = np.asarray(kv)
-    if x.ndim < 1 or x.shape[-1] != 576:
-        raise ValueError(f"kv: expected (..., 576) MLA keys, got shape {x.shape}")
-    rows = x.reshape(-1, 1, 576)
-    buf, scales = quantize_mla_kv(rows[..., :512], rows[..., 512:], device=device)
+    if x.ndim < 1 or x.shape[-1] != D_K:
+        raise ValueError(f"kv: expected (..., {D_K}) MLA keys, got shape {x.shape}")
+    rows = x.reshape(-1, 1, D_K)
+    buf, scales = quantize_mla_kv(rows[..., :D_V], rows[..., D_V:], device=device)
     return dequantize_mla_kv(buf, scales, device=device).reshape(x.shape)
