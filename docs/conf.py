@@ -241,6 +241,54 @@ def _link_code_names(app, doctree, docname):
         ref.append(literal)
 
 
+def _site_sections(env) -> list[tuple[str, list[tuple[str, str, set[str]]]]]:
+    """The root page's toctrees: (caption, [(page, title, every page under it)]), read once a build."""
+    from sphinx import addnodes
+    from sphinx.util.nodes import clean_astext
+
+    if getattr(env, "_amla_site_sections", None) is None:
+        sections = []
+        for toctree in env.get_doctree(env.config.root_doc).findall(addnodes.toctree):
+            entries = []
+            for title, page in toctree["entries"]:
+                below, todo = {page}, [page]
+                while todo:  # the pages its own toctrees reach, at any depth
+                    for child in env.toctree_includes.get(todo.pop(), []):
+                        if child not in below:
+                            below.add(child)
+                            todo.append(child)
+                entries.append((page, title or clean_astext(env.titles[page]), below))
+            sections.append((toctree.get("caption", ""), entries))
+        env._amla_site_sections = sections
+    return env._amla_site_sections
+
+
+def _site_nav(app, pagename, templatename, context, doctree):
+    """The left column (``sitenav.html``): every caption of the root's toctrees with its pages, the page shown and
+    the entry it sits under marked current, as Sphinx's ``toctree(maxdepth=1, titles_only=True)`` marks them. Built
+    from the toctrees read once, not by resolving the whole site's tables of contents again on every page."""
+    from html import escape
+
+    from markupsafe import Markup
+
+    parts = []
+    for caption, entries in _site_sections(app.env):
+        here = ' class="current"' if any(pagename in below for _, _, below in entries) else ""
+        parts.append(f'<p aria-level="2" class="caption" role="heading"><span class="caption-text">'
+                     f'{escape(caption, quote=False)}</span></p>\n<ul{here}>\n')
+        for page, title, below in entries:
+            li = "toctree-l1 current" if pagename in below else "toctree-l1"
+            if page == pagename:
+                link = f'<a class="current reference internal" href="#">{escape(title, quote=False)}</a>'
+            else:
+                href = escape(app.builder.get_relative_uri(pagename, page))
+                link = f'<a class="reference internal" href="{href}">{escape(title, quote=False)}</a>'
+            parts.append(f'<li class="{li}">{link}</li>\n')
+        parts.append("</ul>\n")
+    context["site_nav"] = Markup("".join(parts))
+
+
 def setup(app):
+    app.connect("html-page-context", _site_nav)
     app.connect("autodoc-process-docstring", _no_type_docstring)
     app.connect("doctree-resolved", _link_code_names)

@@ -64,3 +64,101 @@ def test_an_added_source_is_rewritten_only_when_its_text_changes(tmp_path, monke
     assert added_source("ext", "binding.cpp", "int a;\n").stat().st_mtime_ns == stamp
     assert added_source("ext", "binding.cpp", "int b;\n").read_text() == "int b;\n"
     assert [p.name for p in path.parent.iterdir()] == ["binding.cpp"]  # no temporary file left behind
+
+
+# FlashInfer's MLA module: compiled by commands of this project's own (no torch extension), FlashInfer's JIT flags
+def _flashinfer_checkout(root):
+    from amla_sim.gpu.adapters.flashinfer_build import NEEDS
+
+    for need in NEEDS:
+        (root / need).parent.mkdir(parents=True, exist_ok=True)
+        (root / need).write_text("// placeholder\n")
+    (root / "csrc" / "batch_mla_config.jinja").write_text(
+        "using DTypeQ = {{ dtype_q }};\nusing DTypeKV = {{dtype_kv}};\nusing DTypeO = {{ dtype_o }};\n"
+        "using IdType = {{ dtype_idx }};\nconstexpr int CKV = {{ head_dim_ckv }}, KPE = {{ head_dim_kpe }};\n")
+    return root
+
+
+def _commands(root, tmp_path, **layout):
+    from amla_sim.gpu.adapters.flashinfer_build import mla_build_commands
+
+    return mla_build_commands(root, cuda_home="/cuda", tvm_ffi_includes=("/ffi/include", "/ffi/dlpack"),
+                              folder=tmp_path / "build", **layout)
+
+
+def test_flashinfer_a_folder_that_is_not_its_checkout_is_refused_by_name(tmp_path):
+    from amla_sim.gpu.adapters.flashinfer_build import NEEDS
+
+    with pytest.raises(FileNotFoundError, match=r"^flashinfer-mla: .* is not a folder; it should be a "
+                                               r"flashinfer-ai/flashinfer checkout at v0.7.2"):
+        _commands(tmp_path / "nowhere", tmp_path)
+    root = _flashinfer_checkout(tmp_path / "fi")
+    for need in NEEDS:  # each file the build reads is asked for by name
+        (root / need).rename(root / (need + ".away"))
+        with pytest.raises(FileNotFoundError, match=rf"\(it has no {re.escape(need)}\)$"):
+            _commands(root, tmp_path)
+        (root / (need + ".away")).rename(root / need)
+
+
+@pytest.mark.parametrize(("layout", "types"), [
+    ({}, ["nv_bfloat16", "nv_bfloat16", "nv_bfloat16", "512", "64"]),
+    ({"kv": "e4m3", "head_dim_kpe": 0}, ["nv_bfloat16", "__nv_fp8_e4m3", "nv_bfloat16", "512", "0"]),
+    ({"q": "f16", "kv": "f16"}, ["half", "half", "half", "512", "64"]),
+])
+def test_flashinfer_mla_is_built_from_the_checkout_with_its_jit_flags(tmp_path, layout, types):
+    root = _flashinfer_checkout(tmp_path / "fi")
+    build = _commands(root, tmp_path, **layout)
+    q, kv, o, ckv, kpe = types
+    assert build.config == (f"using DTypeQ = {q};\nusing DTypeKV = {kv};\nusing DTypeO = {o};\nusing IdType = int32_t;"
+                            f"\nconstexpr int CKV = {ckv}, KPE = {kpe};\n")
+    sources = [cmd[cmd.index("-c") + 1] for cmd in build.compiles]
+    assert sources == [str(root.resolve() / "csrc" / f"batch_mla_sm90_{s}.cu") for s in ("plan", "run", "binding")]
+    for cmd in build.compiles:
+        assert cmd[0] == "/cuda/bin/nvcc" and cmd[cmd.index("-o") + 1].startswith(str(build.folder))
+        flags = set(cmd)
+        # what decides the kernel's arithmetic: fast math (ex2.approx, rcp.approx), sm_90a's wgmma, -O3
+        assert {"-use_fast_math", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17",
+                "-DFLASHINFER_ENABLE_BF16", "-DFLASHINFER_ENABLE_FP8_E4M3"} <= flags
+        # torch's extension flags are not FlashInfer's: no __CUDA_NO_* switches, no -DTORCH_EXTENSION_NAME
+        assert not [f for f in cmd if "__CUDA_NO_" in f or "TORCH" in f]
+        # the rendered header first, then the checkout's CCCL ahead of the toolkit's, its CUTLASS and headers
+        includes = [cmd[i + 1] if f == "-isystem" else f[2:] for i, f in enumerate(cmd) if f.startswith("-I")
+                    or f == "-isystem"]
+        third = root.resolve() / "3rdparty"
+        assert includes[:4] == [str(build.folder), *(str(third / "cccl" / d)
+                                                     for d in ("cub", "libcudacxx/include", "thrust"))]
+        assert includes.index(str(third / "cccl" / "cub")) < includes.index("/cuda/include")
+        assert {str(root.resolve() / "include"), str(third / "cutlass" / "include")} <= set(includes)
+    assert build.link[-2:] == ["-o", str(build.library)] and "-shared" in build.link
+    assert [f for f in build.link if f.endswith(".o")] == [cmd[cmd.index("-o") + 1] for cmd in build.compiles]
+
+
+def test_flashinfer_builds_of_other_layouts_or_sources_do_not_share_a_folder(tmp_path):
+    from amla_sim.gpu.adapters.flashinfer_build import mla_build_commands
+
+    root = _flashinfer_checkout(tmp_path / "fi")
+
+    def folder(**layout):
+        return mla_build_commands(root, cuda_home="/cuda", tvm_ffi_includes=("/a", "/b"), **layout).folder
+
+    first = folder()
+    assert folder() == first and folder(kv="e4m3") != first and folder(head_dim_kpe=0) != first
+    (root / "csrc" / "batch_mla_sm90_run.cu").write_text("// another commit\n")
+    assert folder() != first  # a changed source is rebuilt, never served from an old library
+
+
+@pytest.mark.parametrize(("template", "values", "error"), [
+    ("{% if x %}a{% endif %}", {}, "Jinja statements"),
+    ("{{ dtype_q }} {{ head_dim_nope }}", {"dtype_q": "half"}, "needs head_dim_nope"),
+])
+def test_flashinfer_a_template_this_build_cannot_render_is_refused(template, values, error):
+    from amla_sim.gpu.adapters.flashinfer_build import render_mla_config
+
+    with pytest.raises(ValueError, match=error):
+        render_mla_config(template, values)
+
+
+@pytest.mark.parametrize(("layout", "name"), [({"q": "e4m3"}, "q"), ({"kv": "fp4"}, "kv"), ({"q": "int32"}, "q")])
+def test_flashinfer_a_format_the_module_has_no_build_for_is_refused_by_name(tmp_path, layout, name):
+    with pytest.raises(ValueError, match=f"^{name}: expected one of"):
+        _commands(_flashinfer_checkout(tmp_path / "fi"), tmp_path, **layout)

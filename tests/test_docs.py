@@ -109,6 +109,50 @@ def test_every_public_name_is_documented(site):
     assert not missing, missing
 
 
+class _Nav(HTMLParser):
+    """The left column's entries: (title, href, li current, link current), and which lists are current."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.entries, self.lists, self._li = False, [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "nav" and a.get("aria-label") == "Site":
+            self.inside = True
+        elif self.inside and tag == "ul":
+            self.lists.append("current" in (a.get("class") or "").split())
+        elif self.inside and tag == "li":
+            self._li = "current" in a["class"].split()
+        elif self.inside and tag == "a":
+            self.entries.append([None, a["href"], self._li, "current" in a["class"].split()])
+
+    def handle_endtag(self, tag):
+        self.inside = self.inside and tag != "nav"
+
+    def handle_data(self, data):
+        if self.inside and self.entries and self.entries[-1][0] is None:
+            self.entries[-1][0] = data
+
+
+@pytest.mark.parametrize(("page", "current", "under"), [
+    ("usage.html", "Usage", 0),  # the page itself: its entry and link current, its section's list current
+    ("_generated/api/amla_sim.bits.html", "API", 1),  # a page under an entry: the entry current, not its link
+    ("_generated/notebooks/06_bring_your_own_kernel.html", "Tutorial", 0),
+    ("index.html", None, None),  # the root: in no toctree, nothing current
+])
+def test_every_page_lists_the_whole_site_with_itself_marked(site, page, current, under):
+    nav = _Nav()
+    nav.feed((site / page).read_text(encoding="utf-8"))
+    titles = [e[0] for e in nav.entries]
+    assert len(titles) == 15 and {"Tutorial", "API", "CLI", "Lemma 3.1", "Why did my output change?"} <= set(titles)
+    marked = [(e[0], e[3]) for e in nav.entries if e[2]]
+    assert marked == ([] if current is None else [(current, under == 0)])
+    assert nav.lists == [False, False, False] if current is None else nav.lists.count(True) == 1
+    for title, href, _, _ in nav.entries:  # every link reaches its page from this one
+        assert href == "#" or (site / page).parent.joinpath(href).resolve().is_file(), (title, href)
+
+
 def test_the_cli_reference_has_every_command(site):
     from amla_sim.cli import build_parser
 

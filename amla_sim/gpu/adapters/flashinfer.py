@@ -1,37 +1,68 @@
-"""FlashInfer's MLA on Hopper (flashinfer-python 0.7.2, the version SGLang 0.5.23 pins): the package imported from a
-folder (an unpacked wheel, whose MLA module FlashInfer compiles on first use with its own JIT flags), called as
-SGLang's ``flashinfer`` MLA backend calls it (``BatchMLAPagedAttentionWrapper(workspace, backend="auto")``,
-``plan`` with page size 1 and the legacy positional arguments, ``run(q_nope, q_pe, ckv, kpe)`` on views of one
-576-wide cache), and with FlashInfer's own FP8 cache (``scale_mode="kv-per-tensor"``) and pages of 64."""
+"""FlashInfer's MLA on Hopper (flashinfer-python 0.7.2, the version SGLang 0.5.23 pins), from a flashinfer-ai/flashinfer
+checkout: its sm90 MLA module compiled by this project's build code with FlashInfer's JIT flags
+(:mod:`.flashinfer_build`), the checkout's own Python wrapper calling it as SGLang's ``flashinfer`` MLA backend does
+(``BatchMLAPagedAttentionWrapper(workspace, backend="auto")``, ``plan`` with page size 1 and the legacy positional
+arguments, ``run(q_nope, q_pe, ckv, kpe)`` on views of one 576-wide cache), with FlashInfer's own FP8 cache
+(``scale_mode="kv-per-tensor"``) and pages of 64, and as vLLM's ``FLASHINFER_MLA_SPARSE_SM90`` backend does."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from .. import require_gpu
+from ._build import checkout_files
 from ._common import bits16, shuffled_pages
+from .flashinfer_build import FLASHINFER_CHECKOUT, NEEDS, SOURCES, build_mla_module
 
 __all__ = ["load_flashinfer", "run_flashinfer_mla", "run_flashinfer_mla_sparse"]
 
 _WORKSPACE = 512 << 20  # SGLang's float workspace for the MLA wrappers (flashinfer_mla_backend.py)
 
 
-def load_flashinfer(folder: str | Path, version: str):
-    """``flashinfer`` imported from `folder` (it holds the package, e.g. an unpacked flashinfer-python wheel with
-    apache-tvm-ffi beside it), after checking that it is `version` (the one the model follows)."""
+def load_flashinfer(checkout: str | Path, version: str):
+    """``flashinfer`` imported from `checkout` (after checking that it is `version`, the one the model follows), its
+    MLA wrapper's module loader pointed at this project's build of the checkout's sources: the fa3 module is
+    compiled on first use of a format pair and head layout (the compile named on stderr, with its time); a plan that
+    FlashInfer's auto policy hands to another backend (fa2) is refused, as the model follows fa3 alone."""
     require_gpu()
-    root = Path(folder)
-    if not (root / "flashinfer" / "mla" / "__init__.py").is_file():
-        raise FileNotFoundError(f"flashinfer-mla: {folder} holds no flashinfer package (flashinfer/mla/__init__.py)")
+    root = checkout_files(checkout, "flashinfer-mla", NEEDS, FLASHINFER_CHECKOUT).resolve()
     sys.path.insert(0, str(root))
     import flashinfer
+    import torch
+    import tvm_ffi
+    from flashinfer.jit.attention.modules import _BatchMLAModuleProxy
+    from flashinfer.mla._batch_mla._backends import fa2_backend, fa3_backend
 
     if flashinfer.__version__ != version:
-        raise RuntimeError(f"flashinfer-mla: {folder} holds flashinfer {flashinfer.__version__}, the model follows "
+        raise RuntimeError(f"flashinfer-mla: {checkout} holds flashinfer {flashinfer.__version__}, the model follows "
                            f"{version}")
+    names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float8_e4m3fn: "e4m3"}
+
+    @functools.lru_cache(maxsize=None)
+    def fa3_module(backend, dtype_q, dtype_kv, dtype_o, dtype_idx, head_dim_ckv, head_dim_kpe, use_profiler):
+        # the arguments of _fa_common.get_batch_mla_module, which fa3_backend.py:92-101 calls
+        if (backend, dtype_o, dtype_idx, use_profiler) != ("fa3", dtype_q, torch.int32, False) or dtype_q not in names \
+                or dtype_kv not in names:
+            raise RuntimeError(f"flashinfer-mla: this build makes the fa3 module with q = out in BF16/FP16, int32 "
+                               f"indices and no profiler, not {backend}, {dtype_q}, {dtype_o}, {dtype_idx}")
+        layout = {"q": names[dtype_q], "kv": names[dtype_kv], "head_dim_ckv": head_dim_ckv,
+                  "head_dim_kpe": head_dim_kpe}
+        library, seconds = build_mla_module(root, **layout)
+        if seconds:
+            print(f"flashinfer-mla: compiled csrc/{{{','.join(s[:-3] for s in SOURCES)}}}.cu of {root} "
+                  f"({', '.join(f'{k} {v}' for k, v in layout.items())}) in {seconds:.0f} s", file=sys.stderr)
+        return _BatchMLAModuleProxy(tvm_ffi.load_module(str(library)))
+
+    def fa2_module(*args):
+        raise RuntimeError("flashinfer-mla: FlashInfer's auto policy fell back to its fa2 kernel, which the model "
+                           "does not follow (sm90a runs fa3 on every call the model takes)")
+
+    fa3_backend.get_batch_mla_module = fa3_module
+    fa2_backend.get_batch_mla_module = fa2_module
     return flashinfer
 
 
