@@ -94,7 +94,9 @@ def fa3_mla_sparse(
     qa, kva, idx, valid = _check(q, kv_cache, topk_indices, valid_counts)
     topk = idx.shape[1]
     bound = topk if max_seqlen_k is None else check_int(max_seqlen_k, "max_seqlen_k", lo=1)
-    keys = sparse_rows(kva, idx, valid)
+    # the kernel reads a token's first valid[t] slots alone (mla.py's _split): gather no wider than the longest
+    width = max(1, int(valid.max()))
+    keys = sparse_rows(kva, idx[:, :width], valid)
     res = fa3_mla(qa[:, None], keys, seqlens=valid, scale=scale, causal=True, page_size=1, num_splits=num_splits,
                   varlen_q=True, num_sms=num_sms, max_seqlen_k=bound, machine=machine,
                   trace=trace)
