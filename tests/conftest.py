@@ -1,6 +1,21 @@
 import os
+import sys
 
-from hypothesis import HealthCheck, settings
+
+def _one_core_a_worker() -> None:
+    """Under pytest-xdist, each worker's thread pools (BLAS, OpenMP, numba's parallel loops) get the cores divided
+    among the workers, before numpy or numba is imported: two workers each spinning up threads for both cores
+    made the same tests about 1.8x slower on 2 cores. Variables the caller set are kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = str(max(1, (os.cpu_count() or 1) // workers))
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+            os.environ.setdefault(var, share)
+
+
+_one_core_a_worker()
+
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 # CI draws the same examples every run and keeps no database: a submission cannot fail or land by luck (issue 23).
 # Locally ("dev", the default) draws are random and failures are replayed from .hypothesis/ until fixed.
