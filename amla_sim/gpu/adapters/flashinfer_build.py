@@ -113,8 +113,11 @@ def mla_build_commands(checkout: str | Path, *, kv: str = "bf16", q: str = "bf16
 
         tvm_ffi_includes = (tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path())
     uri = f"q_{q}_kv_{kv}_ckv_{head_dim_ckv}_kpe_{head_dim_kpe}"
-    digest = hashlib.sha256("\0".join([str(root), config, *(
-        (root / "csrc" / s).read_text() for s in SOURCES)]).encode()).hexdigest()[:12]
+    # a folder of its own for each checkout, sources, header, toolkit and flag set: a library is never reused
+    # across any of them
+    digest = hashlib.sha256("\0".join([str(root), config, str(cuda), str(cxx11_abi), *map(str, tvm_ffi_includes),
+                                        *_JIT_CUDA, *_SM90A, *_CUDA_RULE, *_LDFLAGS,
+                                        *((root / "csrc" / s).read_text() for s in SOURCES)]).encode()).hexdigest()[:12]
     out = Path(folder) if folder is not None else (
         Path(tempfile.gettempdir()) / "amla-sim-build" / f"flashinfer_mla_{uri}_{digest}")
     third = root / "3rdparty"
