@@ -162,3 +162,22 @@ def test_flashinfer_a_template_this_build_cannot_render_is_refused(template, val
 def test_flashinfer_a_format_the_module_has_no_build_for_is_refused_by_name(tmp_path, layout, name):
     with pytest.raises(ValueError, match=f"^{name}: expected one of"):
         _commands(_flashinfer_checkout(tmp_path / "fi"), tmp_path, **layout)
+
+
+@pytest.mark.parametrize(("files", "version"), [
+    ({"flashinfer/_build_meta.py": '"""Build metadata."""\n__version__ = "0.7.2"\n__git_commit__ = "x"\n'}, "0.7.2"),
+    ({"version.txt": "0.7.2\n"}, "0.7.2"),  # a git checkout: _build_meta.py is written by a pip build only
+    ({"flashinfer/_build_meta.py": "__version__ = '0.7.1'\n", "version.txt": "0.7.2\n"}, "0.7.1"),
+    ({}, None),
+])
+def test_flashinfer_the_checkouts_version_is_read_from_its_files(tmp_path, files, version):
+    from amla_sim.gpu.adapters.flashinfer_build import checkout_version
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    if version is None:
+        with pytest.raises(FileNotFoundError, match=r"says no version .*_build_meta.py.*version.txt"):
+            checkout_version(tmp_path)
+    else:
+        assert checkout_version(tmp_path) == version

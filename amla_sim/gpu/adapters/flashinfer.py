@@ -16,7 +16,7 @@ import numpy as np
 from .. import require_gpu
 from ._build import checkout_files
 from ._common import bits16, shuffled_pages
-from .flashinfer_build import FLASHINFER_CHECKOUT, NEEDS, SOURCES, build_mla_module
+from .flashinfer_build import FLASHINFER_CHECKOUT, NEEDS, SOURCES, build_mla_module, checkout_version
 
 __all__ = ["load_flashinfer", "run_flashinfer_mla", "run_flashinfer_mla_sparse"]
 
@@ -30,6 +30,9 @@ def load_flashinfer(checkout: str | Path, version: str):
     FlashInfer's auto policy hands to another backend (fa2) is refused, as the model follows fa3 alone."""
     require_gpu()
     root = checkout_files(checkout, "flashinfer-mla", NEEDS, FLASHINFER_CHECKOUT).resolve()
+    found = checkout_version(root)  # a git checkout's package says 0.0.0+unknown until pip builds it
+    if found != version:
+        raise RuntimeError(f"flashinfer-mla: {checkout} holds flashinfer {found}, the model follows {version}")
     sys.path.insert(0, str(root))
     import flashinfer
     import torch
@@ -37,9 +40,9 @@ def load_flashinfer(checkout: str | Path, version: str):
     from flashinfer.jit.attention.modules import _BatchMLAModuleProxy
     from flashinfer.mla._batch_mla._backends import fa2_backend, fa3_backend
 
-    if flashinfer.__version__ != version:
-        raise RuntimeError(f"flashinfer-mla: {checkout} holds flashinfer {flashinfer.__version__}, the model follows "
-                           f"{version}")
+    if Path(flashinfer.__file__).resolve().parent != root / "flashinfer":
+        raise RuntimeError(f"flashinfer-mla: flashinfer was already imported from {flashinfer.__file__}, not "
+                           f"{checkout}")
     names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float8_e4m3fn: "e4m3"}
 
     @functools.lru_cache(maxsize=None)

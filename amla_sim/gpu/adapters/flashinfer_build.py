@@ -31,7 +31,8 @@ from pathlib import Path
 from ..._files import atomic_write
 from ._build import checkout_files
 
-__all__ = ["FLASHINFER_CHECKOUT", "FlashInferBuild", "mla_build_commands", "build_mla_module", "render_mla_config"]
+__all__ = ["FLASHINFER_CHECKOUT", "FlashInferBuild", "checkout_version", "mla_build_commands", "build_mla_module",
+           "render_mla_config"]
 
 #: What a folder given as FlashInfer's checkout should be.
 FLASHINFER_CHECKOUT = ("a flashinfer-ai/flashinfer checkout at v0.7.2 (git clone --recursive: CUTLASS and CCCL under "
@@ -81,6 +82,22 @@ def render_mla_config(template: str, values: dict[str, str | int]) -> str:
     if missing:
         raise ValueError(f"flashinfer-mla: batch_mla_config.jinja needs {', '.join(missing)}, which the build lacks")
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
+
+
+def checkout_version(checkout: str | Path) -> str:
+    """The FlashInfer version a checkout holds: its source distribution's ``flashinfer/_build_meta.py`` (written by
+    FlashInfer's build backend from ``version.txt``), else a git checkout's ``version.txt``; an error naming both
+    files where neither says."""
+    root = Path(checkout)
+    meta = root / "flashinfer" / "_build_meta.py"
+    if meta.is_file():
+        found = re.search(r'^__version__\s*=\s*["\']([^"\']+)["\']', meta.read_text(), re.M)
+        if found:
+            return found.group(1)
+    if (root / "version.txt").is_file():
+        return (root / "version.txt").read_text().strip()
+    raise FileNotFoundError(f"flashinfer-mla: {checkout} says no version (no flashinfer/_build_meta.py with "
+                            f"__version__, no version.txt); it should be {FLASHINFER_CHECKOUT}")
 
 
 def _cuda_home() -> Path:
