@@ -121,3 +121,23 @@ def test_the_sweep_entries_are_causal_attention_over_each_request(name):
     res = ALGORITHMS[name](q, kv)
     assert res.out.shape == (2, 2, 16, 512) and res.lse.shape == (2, 2, 16)
     assert np.abs(res.out.astype(np.float64) - ref.out).max() < 4e-3
+
+
+@pytest.mark.parametrize(("idx", "width"), [
+    ([[7, 2, 5, -1], [4, -1, -1, -1], [-1, -1, -1, -1]], 3),  # a token of no row among them
+    ([[-1, -1], [-1, -1]], 1),  # nothing valid: one column, all zeros
+    ([[7, 2, 5, 3], [4, 6, 1, 3], [9, 8, -1, -1]], 4),
+])
+def test_the_gather_is_as_wide_as_the_longest_list(idx, width):
+    """Each token's first valid[t] slots name its rows, zeros after; no wider than the longest count (at least 1):
+    the kernels read no slot past a token's count (the captures replay on the narrow gather)."""
+    from amla_sim.algorithms.deployed.topk import sparse_rows
+
+    cache = np.arange(10 * 3, dtype=np.float32).reshape(10, 3) + 1
+    idx = np.array(idx)
+    valid = (idx >= 0).sum(axis=1)
+    keys = sparse_rows(cache, idx, valid)
+    assert keys.shape == (len(idx), width, 3)
+    for t, n in enumerate(valid):
+        np.testing.assert_array_equal(keys[t, :n], cache[idx[t, :n]])
+        assert not keys[t, n:].any()

@@ -135,17 +135,20 @@ class _FlashInfer(DeployedKernel):
         return got, {**recipe, "input_crc": input_crc(q, kv), "repeat_identical": same}
 
 
-_SOURCE_HELP = ("a flashinfer-ai/flashinfer checkout at v0.7.2 (git clone --recursive) or flashinfer-python 0.7.2's "
-                "source distribution unpacked, with apache-tvm-ffi importable: amla-sim compiles its sm90 MLA module "
-                "with FlashInfer's JIT flags and calls it through the checkout's wrapper")
+#: Where both FlashInfer kernels come from: one checkout, one version, one flag.
+_SOURCE = {"version_key": "flashinfer_version", "version": FLASHINFER_VERSION, "source_flag": "--flashinfer-dir",
+           "empty_requests": True,
+           "source_help": "a flashinfer-ai/flashinfer checkout at v0.7.2 (git clone --recursive) or flashinfer-python "
+                          "0.7.2's source distribution unpacked, with apache-tvm-ffi importable: amla-sim compiles "
+                          "its sm90 MLA module with FlashInfer's JIT flags and calls it through the checkout's "
+                          "wrapper"}
 
 #: FlashInfer's MLA (SGLang's flashinfer backend) as the cross-check drives it.
 FLASHINFER_MLA = _FlashInfer(
     name="flashinfer-mla",
     summary="FlashInfer's MLA on Hopper (flashinfer-python 0.7.2, BatchMLAPagedAttentionWrapper's fa3 kernel: "
             "SGLang's flashinfer backend), BF16 and E4M3 caches",
-    version_key="flashinfer_version", version=FLASHINFER_VERSION, source_flag="--flashinfer-dir", empty_requests=True,
-    source_help=_SOURCE_HELP)
+    **_SOURCE)
 
 
 _GLM = 256 ** -0.5  # GLM-5.3-Flash's softmax scale (qk_head_dim 256, no RoPE): what vLLM passes, 0.0625
@@ -260,5 +263,4 @@ FLASHINFER_MLA_SPARSE = _FlashInferSparse(
     name="flashinfer-mla-sparse",
     summary="FlashInfer's MLA on Hopper without RoPE (flashinfer-python 0.7.2, the <512, 0> fa3 kernel) as vLLM's "
             "FLASHINFER_MLA_SPARSE_SM90 calls it: top-k lists, BF16 and E4M3 caches",
-    version_key="flashinfer_version", version=FLASHINFER_VERSION, source_flag="--flashinfer-dir", empty_requests=True,
-    source_help=_SOURCE_HELP)
+    **_SOURCE)

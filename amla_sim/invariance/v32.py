@@ -38,7 +38,7 @@ from .._validate import check_int
 from ..algorithms.deployed.fa3.mla import fa3_mla
 from ..algorithms.deployed.fa3.scheduler import (KBLOCK_M, KBLOCK_N, MAX_SPLIT_BATCH, Fa3Schedule, fa3_schedule,
                                                  n_block_max, split_blocks)
-from ..algorithms.deployed.fa3.sparse import sparse_rows
+from ..algorithms.deployed.topk import sparse_rows
 from ..algorithms.deployed.flashmla.sparse_prefill import B_TOPK, HEADS, flashmla_sparse_prefill
 from ..experiments.inputs import make_inputs
 from .fa3 import MAX_NUM_SPLITS, Fa3MLA, split_bounds

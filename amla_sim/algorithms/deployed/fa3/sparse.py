@@ -24,20 +24,11 @@ from ....formats import get_format
 from ....machines import Machine
 from ....schedules import Schedule
 from ..._common import D_K, AttentionResult, _check_storage, causal_lists, check_kernel_layout
+from ..topk import sparse_rows
 from .mla import fa3_mla
 from .scheduler import KBLOCK_N
 
-__all__ = ["fa3_mla_sparse", "fa3_mla_sparse_decode", "sparse_rows"]
-
-
-def sparse_rows(kv_cache: np.ndarray, indices: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Each token's keys as the kernel gathers them through its page table: (T, topk, 576), the first
-    ``valid[t]`` rows of token t its indexed cache rows, zeros past them (never read)."""
-    T, topk = indices.shape
-    keys = np.zeros((T, topk, kv_cache.shape[-1]), kv_cache.dtype)
-    take = np.arange(topk)[None, :] < valid[:, None]
-    keys[take] = kv_cache[indices[take]]
-    return keys
+__all__ = ["fa3_mla_sparse", "fa3_mla_sparse_decode"]
 
 
 def _check(q: npt.ArrayLike, kv_cache: npt.ArrayLike, topk_indices: npt.ArrayLike,
@@ -94,9 +85,7 @@ def fa3_mla_sparse(
     qa, kva, idx, valid = _check(q, kv_cache, topk_indices, valid_counts)
     topk = idx.shape[1]
     bound = topk if max_seqlen_k is None else check_int(max_seqlen_k, "max_seqlen_k", lo=1)
-    # the kernel reads a token's first valid[t] slots alone (mla.py's _split): gather no wider than the longest
-    width = max(1, int(valid.max()))
-    keys = sparse_rows(kva, idx[:, :width], valid)
+    keys = sparse_rows(kva, idx, valid)  # the kernel reads a token's first valid[t] slots alone (mla.py's _split)
     res = fa3_mla(qa[:, None], keys, seqlens=valid, scale=scale, causal=True, page_size=1, num_splits=num_splits,
                   varlen_q=True, num_sms=num_sms, max_seqlen_k=bound, machine=machine,
                   trace=trace)

@@ -24,6 +24,7 @@ from ....formats import get_format
 from ....machines import Machine
 from ..._common import D_V, AttentionResult, _check_storage
 from ..scalars import api_float
+from ..topk import sparse_rows
 from .mla import flashinfer_mla
 
 __all__ = ["flashinfer_mla_sparse", "packed_topk"]
@@ -59,8 +60,8 @@ def flashinfer_mla_sparse(
     vLLM passes it (GLM-5.3-Flash: 256^-0.5). max_num_batched_tokens: the rows vLLM plans (None: T), the empty
     ones after the step's tokens. plan_seqlens: (T,) the lengths vLLM plans the rows with, at least each token's
     valid count (its sync-free upper bounds, ``:303-341``; the work items' kv_end then clamped to the valid count
-    on the device, ``_clamp_work_kv_end`` :112-143); None: the valid counts. Returns ``.out`` (T, h, 512) BF16 and ``.lse`` (T, h), base 2; with `trace`,
-    :func:`.mla.flashinfer_mla`'s plan.
+    on the device, ``_clamp_work_kv_end`` :112-143); None: the valid counts. Returns ``.out`` (T, h, 512) BF16
+    and ``.lse`` (T, h), base 2; with `trace`, :func:`.mla.flashinfer_mla`'s plan.
     """
     qa = _check_storage(q, "q", ("bf16",))
     if qa.ndim != 3 or qa.shape[-1] != D_V or min(qa.shape) < 1:
@@ -83,10 +84,7 @@ def flashinfer_mla_sparse(
     if k_scale is not None:
         api_float(k_scale, "k_scale")  # named here: the kernel's own check would name its ckv_scale
     packed, lens = packed_topk(idx.astype(np.int64))
-    width = max(int(lens.max()), 1)
-    keys = np.zeros((T, width, D_V), kva.dtype)
-    take = np.arange(width)[None, :] < lens[:, None]
-    keys[take] = kva[packed[:, :width][take]]
+    keys = sparse_rows(kva, packed, lens)
     scales = {"ckv_scale": 1.0 if k_scale is None else k_scale, "kpe_scale": 1.0} if e4m3 else {}
     res = flashinfer_mla(qa[:, None], keys, seqlens=lens, scale=scale, causal=False, page_size=1, num_sms=num_sms,
                          pad_rows=rows - T, plan_seqlens=plan_seqlens, machine=machine, trace=trace, **scales)
