@@ -181,3 +181,65 @@ def test_flashinfer_the_checkouts_version_is_read_from_its_files(tmp_path, files
             checkout_version(tmp_path)
     else:
         assert checkout_version(tmp_path) == version
+
+
+def _fake_toolchain(tmp_path, monkeypatch, compiles=3):
+    """A toolkit whose nvcc starts writing no object before `compiles` compiles have started (two builds at once
+    then overlap, whatever the machine's load) and writes it in pieces, and a host compiler that links by
+    concatenating the objects."""
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    nvcc = cuda / "bin" / "nvcc"
+    starts = tmp_path / "starts"
+    starts.mkdir()
+    # each compile waits (up to 20 s) until `compiles` of them have started, then writes its object in pieces
+    nvcc.write_text(f'#!/bin/sh\ntouch {starts}/$$\nn=0\nwhile [ $(ls {starts} | wc -l) -lt {compiles} ] && '
+                    f'[ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done\n'
+                    'while [ "$1" != "-c" ]; do shift; done\nsrc=$2; out=$4\n'
+                    'for i in 1 2 3; do printf "%s part $i\\n" "$src" >> "$out"; sleep 0.05; done\n')
+    linker = tmp_path / "cxx"
+    linker.write_text('#!/bin/sh\nout=""; objs=""\nwhile [ $# -gt 0 ]; do case "$1" in -o) out=$2; shift;; '
+                      '*.o) objs="$objs $1";; esac; shift; done\ncat $objs > "$out"\n')
+    for tool in (nvcc, linker):
+        tool.chmod(0o755)
+    monkeypatch.setenv("CXX", str(linker))
+    return cuda
+
+
+def test_flashinfer_builds_at_once_each_leave_the_whole_library(tmp_path, monkeypatch):
+    """Two processes building the same module at once (and a third after them) get one library, whole: every
+    object of one build, each written once; no work folder is left behind."""
+    import threading
+
+    from amla_sim.gpu.adapters.flashinfer_build import SOURCES, build_mla_module
+
+    root = _flashinfer_checkout(tmp_path / "fi")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    kw = {"cuda_home": _fake_toolchain(tmp_path, monkeypatch, compiles=2 * len(SOURCES)),
+          "tvm_ffi_includes": ("/a", "/b"), "cxx11_abi": 1}
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(build_mla_module(root, **kw))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2 and results[0][0] == results[1][0] and all(s > 0 for _, s in results)
+    library = results[0][0]
+    want = "".join(f"{root.resolve() / 'csrc' / s} part {i}\n" for s in SOURCES for i in (1, 2, 3))
+    assert library.read_text() == want
+    assert build_mla_module(root, **kw) == (library, 0.0)  # built: reused
+    assert [p.name for p in library.parent.iterdir()] == [library.name]
+
+
+def test_flashinfer_a_failed_compile_names_its_source_and_leaves_nothing(tmp_path, monkeypatch):
+    from amla_sim.gpu.adapters.flashinfer_build import build_mla_module
+
+    root = _flashinfer_checkout(tmp_path / "fi")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    cuda = _fake_toolchain(tmp_path, monkeypatch)
+    (cuda / "bin" / "nvcc").write_text('#!/bin/sh\ncase "$*" in *run.cu*) echo "error: boom"; exit 2;; esac\n')
+    with pytest.raises(RuntimeError, match=r"nvcc failed on batch_mla_sm90_run\.cu \(exit 2\)"):
+        build_mla_module(root, cuda_home=cuda, tvm_ffi_includes=("/a", "/b"), cxx11_abi=1)
+    assert not [p for p in (tmp_path / "tmp").rglob("*") if p.is_file()]

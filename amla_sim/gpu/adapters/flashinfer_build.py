@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..._files import atomic_write
 from ._build import checkout_files
 
 __all__ = ["FLASHINFER_CHECKOUT", "FlashInferBuild", "checkout_version", "mla_build_commands", "build_mla_module",
@@ -101,13 +100,17 @@ def checkout_version(checkout: str | Path) -> str:
 
 
 def _cuda_home() -> Path:
+    """The toolkit as FlashInfer's ``get_cuda_path`` finds it (``jit/cpp_ext.py:47-64``): CUDA_HOME, CUDA_PATH,
+    the folder above the nvcc on PATH (not following a link), else /usr/local/cuda if it is there."""
     found = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if found:
+    if found is not None:
         return Path(found)
     nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise FileNotFoundError("flashinfer-mla: no nvcc (set CUDA_HOME or put nvcc on PATH)")
-    return Path(nvcc).resolve().parent.parent
+    if nvcc is not None:
+        return Path(os.path.dirname(os.path.dirname(nvcc)))
+    if Path("/usr/local/cuda").exists():
+        return Path("/usr/local/cuda")
+    raise FileNotFoundError("flashinfer-mla: no nvcc (set CUDA_HOME or put nvcc on PATH)")
 
 
 def mla_build_commands(checkout: str | Path, *, kv: str = "bf16", q: str = "bf16", head_dim_ckv: int = 512,
@@ -155,31 +158,42 @@ def mla_build_commands(checkout: str | Path, *, kv: str = "bf16", q: str = "bf16
     return FlashInferBuild(out, config, compiles, link, library)
 
 
-def build_mla_module(checkout: str | Path, *, verbose: bool = False, **layout) -> tuple[Path, float]:
-    """Run :func:`mla_build_commands` (the three sources compiled at once) unless its library is already built;
-    the library's path and the seconds the build took (0 when it was reused)."""
-    import torch
+def build_mla_module(checkout: str | Path, *, verbose: bool = False, cxx11_abi: int | None = None,
+                     **layout) -> tuple[Path, float]:
+    """Build the module of :func:`mla_build_commands` (the three sources compiled at once) unless its library is
+    already there; the library's path and the seconds the build took (0 when it was reused). `cxx11_abi`: torch's
+    (None: read from the installed torch).
 
-    build = mla_build_commands(checkout, cxx11_abi=int(torch._C._GLIBCXX_USE_CXX11_ABI), **layout)
-    if build.library.is_file():
-        return build.library, 0.0
-    build.folder.mkdir(parents=True, exist_ok=True)
-    atomic_write(build.folder / "batch_mla_sm90_config.inc", build.config)
-    start = time.perf_counter()
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for cmd in build.compiles]
-    logs = [p.communicate()[0] for p in procs]
-    for cmd, proc, log in zip(build.compiles, procs, logs):
-        if verbose or proc.returncode:
-            print(" ".join(cmd), log, sep="\n", file=sys.stderr)
-        if proc.returncode:
-            raise RuntimeError(f"flashinfer-mla: nvcc failed on {Path(cmd[-3]).name} (exit {proc.returncode})")
-    partial = build.library.with_suffix(".so.part")
-    link = [*build.link[:-1], str(partial)]
-    done = subprocess.run(link, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if verbose or done.returncode:
-        print(" ".join(link), done.stdout, sep="\n", file=sys.stderr)
-    if done.returncode:
-        raise RuntimeError(f"flashinfer-mla: the link failed (exit {done.returncode})")
-    os.replace(partial, build.library)  # a second process sees the whole library or none
-    return build.library, time.perf_counter() - start
+    Each build runs in a folder of its own and moves the library into place whole: a second process building the
+    same module at once, or a build killed half way, never leaves a torn object or library to be loaded."""
+    if cxx11_abi is None:
+        import torch
+
+        cxx11_abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    final = mla_build_commands(checkout, cxx11_abi=cxx11_abi, **layout)
+    if final.library.is_file():
+        return final.library, 0.0
+    final.folder.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="work.", dir=final.folder))
+    try:
+        build = mla_build_commands(checkout, cxx11_abi=cxx11_abi, folder=work, **layout)
+        (work / "batch_mla_sm90_config.inc").write_text(build.config)
+        start = time.perf_counter()
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for cmd in build.compiles]
+        logs = [p.communicate()[0] for p in procs]
+        for cmd, proc, log in zip(build.compiles, procs, logs):
+            if verbose or proc.returncode:
+                print(" ".join(cmd), log, sep="\n", file=sys.stderr)
+            if proc.returncode:
+                raise RuntimeError(f"flashinfer-mla: nvcc failed on {Path(cmd[cmd.index('-c') + 1]).name} "
+                                   f"(exit {proc.returncode})")
+        done = subprocess.run(build.link, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if verbose or done.returncode:
+            print(" ".join(build.link), done.stdout, sep="\n", file=sys.stderr)
+        if done.returncode:
+            raise RuntimeError(f"flashinfer-mla: the link failed (exit {done.returncode})")
+        os.replace(build.library, final.library)  # whole or not at all
+        return final.library, time.perf_counter() - start
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
