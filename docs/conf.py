@@ -241,12 +241,14 @@ def _link_code_names(app, doctree, docname):
         ref.append(literal)
 
 
-def _site_sections(env) -> list[tuple[str, list[tuple[str, str, set[str]]]]]:
-    """The root page's toctrees: (caption, [(page, title, every page under it)]), read once a build."""
+def _site_sections(app) -> list[tuple[str, list[tuple[str, str, set[str]]]]]:
+    """The root page's toctrees: (caption, [(page, title, every page under it)]), read once a build (kept on the
+    application, not the environment, which Sphinx pickles into the next, incremental, build)."""
     from sphinx import addnodes
     from sphinx.util.nodes import clean_astext
 
-    if getattr(env, "_amla_site_sections", None) is None:
+    env = app.env
+    if getattr(app, "_amla_site_sections", None) is None:
         sections = []
         for toctree in env.get_doctree(env.config.root_doc).findall(addnodes.toctree):
             entries = []
@@ -259,8 +261,8 @@ def _site_sections(env) -> list[tuple[str, list[tuple[str, str, set[str]]]]]:
                             todo.append(child)
                 entries.append((page, title or clean_astext(env.titles[page]), below))
             sections.append((toctree.get("caption", ""), entries))
-        env._amla_site_sections = sections
-    return env._amla_site_sections
+        app._amla_site_sections = sections
+    return app._amla_site_sections
 
 
 def _site_nav(app, pagename, templatename, context, doctree):
@@ -272,7 +274,7 @@ def _site_nav(app, pagename, templatename, context, doctree):
     from markupsafe import Markup
 
     parts = []
-    for caption, entries in _site_sections(app.env):
+    for caption, entries in _site_sections(app):
         here = ' class="current"' if any(pagename in below for _, _, below in entries) else ""
         parts.append(f'<p aria-level="2" class="caption" role="heading"><span class="caption-text">'
                      f'{escape(caption, quote=False)}</span></p>\n<ul{here}>\n')

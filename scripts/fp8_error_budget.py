@@ -14,8 +14,8 @@ SGLang's FP4 cache through FlashInfer's decode:
 - ``kernel``: the kernel itself (the bit-exact model on its machine): the tensor cores' own accumulation added
   (for the dense FP8 decode: every k32 step chained through a 14-bit truncated sum).
 
-The BF16 decodes (FlashMLA's dense decode, FlashInfer's) are the yardsticks: no quantization at all. Two what-ifs beside vLLM's decodes:
-the per-tensor scales a calibration would set (each tensor's amax onto 448) in place of 1.
+The BF16 decodes (FlashMLA's dense decode, FlashInfer's) are the yardsticks: no quantization at all. Two what-ifs
+beside vLLM's decodes: the per-tensor scales a calibration would set (each tensor's amax onto 448) in place of 1.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from .fa3 import fa3_inputs
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, run_twice, stage
 
-__all__ = ["FLASHINFER_CASES", "FLASHINFER_MLA", "flashinfer_inputs", "FLASHINFER_SPARSE_CASES", "FLASHINFER_MLA_SPARSE",
-           "flashinfer_sparse_inputs"]
+__all__ = ["FLASHINFER_CASES", "FLASHINFER_MLA", "flashinfer_inputs", "FLASHINFER_SPARSE_CASES",
+           "FLASHINFER_MLA_SPARSE", "flashinfer_sparse_inputs"]
 
 _V32 = 0.1352337788608801  # 192^-0.5 mscale^2 (DeepSeek-V3 / V3.2 with YaRN)
 _192 = 192 ** -0.5

@@ -2,10 +2,10 @@
 
 DIR/results.csv (:mod:`amla_sim.experiments.store`) gets one line per (distribution, sample, algorithm), each with
 its own CRC, written task by task with one checked append and an fsync, so an interrupted run loses at most the
-tasks in flight and a torn line is never read as a number. A re-run computes only what is missing (a column
-added to a table: that column alone, on each task's own draw) and never deletes rows. Every task draws its inputs from a seed derived from (seed, table, distribution, sample), so the
-numbers do not depend on the order, the number of jobs, or interruptions; the final files are rebuilt from the
-sorted store and are identical either way.
+tasks in flight and a torn line is never read as a number. A re-run computes only what is missing (a column added to
+a table: that column alone, on each task's own draw) and never deletes rows. Every task draws its inputs from a seed
+derived from (seed, table, distribution, sample), so the numbers do not depend on the order, the number of jobs, or
+interruptions; the final files are rebuilt from the sorted store and are identical either way.
 """
 
 from __future__ import annotations

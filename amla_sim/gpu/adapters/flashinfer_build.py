@@ -1,5 +1,5 @@
-"""FlashInfer's sm90 MLA module (``BatchMLAPagedAttentionWrapper``'s fa3 kernel) compiled from a flashinfer-ai/flashinfer
-checkout by this project's build code, with the flags FlashInfer's JIT gives that module.
+"""FlashInfer's sm90 MLA module (``BatchMLAPagedAttentionWrapper``'s fa3 kernel) compiled from a
+flashinfer-ai/flashinfer checkout by this project's build code, with the flags FlashInfer's JIT gives that module.
 
 A checkout is ``git clone --recursive`` of flashinfer-ai/flashinfer at v0.7.2 (CUTLASS and CCCL as the submodules
 under ``3rdparty/``), or the package's source distribution unpacked (the same files in the same layout). The build
@@ -73,8 +73,9 @@ class FlashInferBuild:
 
 
 def render_mla_config(template: str, values: dict[str, str | int]) -> str:
-    """The checkout's ``batch_mla_config.jinja`` with its ``{{ name }}`` placeholders filled from `values`; a template
-    with any other Jinja construct, or a placeholder `values` lacks, is refused (the build would not be FlashInfer's)."""
+    """The checkout's ``batch_mla_config.jinja`` with its ``{{ name }}`` placeholders filled from `values`; a
+    template with any other Jinja construct, or a placeholder `values` lacks, is refused (the build would not be
+    FlashInfer's)."""
     if "{%" in template or "{#" in template:
         raise ValueError("flashinfer-mla: batch_mla_config.jinja holds Jinja statements this build does not render")
     missing = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - set(values))
