@@ -191,7 +191,7 @@ def _capture_deployed(args: argparse.Namespace) -> ReplayReport:
     with tempfile.TemporaryDirectory() as tmp:
         path = args.save or os.path.join(tmp, "capture.npz")
         capture(args.kernel, path, source=getattr(args, _dest(spec.source_flag)), seed=args.seed,
-                scales=args.scales)
+                scales=args.scales, build=args.build or "upstream")
         return replay(path, kernel=args.kernel)
 
 
@@ -241,6 +241,9 @@ def _cmd_crosscheck(args: argparse.Namespace) -> int:
     if args.scales is not None and (args.replay or (args.kernel or "amla-sim") == "amla-sim"):
         raise ValueError("--scales: runs a deployed --kernel's scale table on a GPU (a replay reads the scales its "
                          "capture records)")
+    if args.build is not None and (args.replay or (args.kernel or "amla-sim") == "amla-sim"):
+        raise ValueError("--build: which library of a deployed --kernel to run on a GPU (a replay follows the build "
+                         "its capture records)")
     if args.replay:
         from .crosscheck import CaptureError, replay
 
@@ -718,6 +721,10 @@ def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
                    help="a deployed --kernel: run its scale table instead of its cases (one small launch for each "
                         "of DeepSeek's softmax scales and N random ones in [0.03, 0.3]; descales and cache scales "
                         "drawn too)")
+    p.add_argument("--build", choices=["upstream", "vllm", "sglang"],
+                   help="FlashMLA's kernels: upstream (the default: this project's build of the checkout its flag "
+                        "names), vllm (vLLM 0.33.0's shipped libraries: the flag names the folder its wheel unpacks "
+                        "to) or sglang (sgl-flash-mla 1.0.0's: the folder its wheel unpacks to)")
     p.add_argument("--save", help="write inputs and device stages to this .npz")
     p.add_argument("--replay", help="compare a saved capture on the CPU (no GPU needed)")
     p.add_argument("--json", action="store_true")

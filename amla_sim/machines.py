@@ -161,6 +161,10 @@ class Machine:
     def div(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         return self.division.div(self.f(a), self.f(b))
 
+    def div_approx(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
+        """``__fdividef(a, b)``: the division unit's approximate division (``/`` itself unless the unit says)."""
+        return self.division.div_approx(self.f(a), self.f(b))
+
     def mul_add(self, a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
         """``a * b + c``: one FMA where the compiler contracts it, two roundings elsewhere."""
         return self.fma.mul_add(self.f(a), self.f(b), self.f(c))
@@ -216,6 +220,18 @@ MACHINES: dict[str, Machine] = {
                "its accumulator fused), MUFU exp2, log2 and reciprocal, FMA contraction; 100% of FlashMLA's out and "
                "LSE bits (tests/data/flashmla_decode.npz), of vLLM's dense FP8 decode's "
                "(tests/data/flashmla_dense_fp8_h100.npz)",
+    ),
+    "sm90-cuda-precise": Machine(
+        "sm90-cuda-precise",
+        matrix=MatrixUnit("sm90-wgmma"),
+        exponential=ExpUnit("libdevice"),  # exp2f: ex2.approx.f32 (subnormal results kept); expf: __nv_expf
+        division=DivUnit("ieee", approx="sm90"),  # '/': div.rn.f32; __fdividef: still div.approx
+        logarithm=LogUnit(ln="sm90", lg2="libdevice"),  # logf, log2f: libdevice's polynomials
+        fma=FMAUnit(contract=True),
+        source="CUDA C++ built with nvcc for sm_90a without --use_fast_math (vLLM's FlashMLA library "
+               "_flashmla_C): the sm90-cuda tensor cores, exp2f as ex2.approx.f32, IEEE division, libdevice's "
+               "logf, log2f and expf (100% of tests/data/math_builds.npz); 100% of vLLM 0.33's FlashMLA out and LSE "
+               "bits (tests/data/flashmla_vllm_h200.npz)",
     ),
     "ascend910": Machine(
         "ascend910", matrix=MatrixUnit("ascend910"), verified=False,

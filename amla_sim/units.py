@@ -79,12 +79,14 @@ class MatrixUnit:
 @dataclass(frozen=True)
 class ExpUnit:
     """e^x and 2^x. mode: a mode of :func:`amla_sim.arith.elementwise.exp` (``sm90``: ``tl.exp``'s
-    ``ex2.approx`` of ``fl32(x log2 e)``; ``poly``: the kernels' exact software exp) or ``fp64``."""
+    ``ex2.approx`` of ``fl32(x log2 e)``; ``libdevice``: CUDA's ``expf`` and ``exp2f`` without fast math;
+    ``poly``: the kernels' exact software exp) or ``fp64``."""
 
-    mode: Literal["correctly-rounded", "sm90", "poly", "numpy-fast", "fp64"] = "correctly-rounded"
+    mode: Literal["correctly-rounded", "sm90", "libdevice", "poly", "numpy-fast", "fp64"] = "correctly-rounded"
 
     def __post_init__(self) -> None:
-        _check_mode("ExpUnit", "mode", self.mode, ("correctly-rounded", "sm90", "poly", "numpy-fast", "fp64"))
+        _check_mode("ExpUnit", "mode", self.mode,
+                    ("correctly-rounded", "sm90", "libdevice", "poly", "numpy-fast", "fp64"))
 
     def exp(self, x: np.ndarray) -> np.ndarray:
         return np.exp(x) if self.mode == "fp64" else ew.exp(x, mode=self.mode)
@@ -96,12 +98,16 @@ class ExpUnit:
 @dataclass(frozen=True)
 class DivUnit:
     """a / b. mode: ``ieee`` (correctly rounded, ``div_rn``), ``sm90`` (Triton's ``/``: ``div.full.f32``; also
-    CUDA's ``/`` under ``--use_fast_math`` for normal divisors) or ``fp64``."""
+    CUDA's ``/`` under ``--use_fast_math`` for normal divisors) or ``fp64``. approx: what the approximate
+    intrinsic (CUDA's ``__fdividef``) is where it is not `mode` (``sm90`` on a CUDA build without fast math, whose
+    ``/`` is IEEE); None: `mode`."""
 
     mode: Literal["ieee", "sm90", "fp64"] = "ieee"
+    approx: Literal["sm90"] | None = None
 
     def __post_init__(self) -> None:
         _check_mode("DivUnit", "mode", self.mode, ("ieee", "sm90", "fp64"))
+        _check_mode("DivUnit", "approx", self.approx, ("sm90", None))
 
     def div(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if self.mode == "fp64":
@@ -109,19 +115,24 @@ class DivUnit:
                 return a / b
         return ew.div(a, b, mode=self.mode)
 
+    def div_approx(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``__fdividef(a, b)``: the approximate division whatever ``/`` compiles to."""
+        return self.div(a, b) if self.approx is None else ew.div(a, b, mode=self.approx)
+
 
 @dataclass(frozen=True)
 class LogUnit:
     """Logarithms. ln: a mode of :func:`amla_sim.arith.logarithm.log` (``sm90``: ``tl.log``, libdevice's logf);
-    lg2: ``correctly-rounded`` or ``sm90`` (``lg2.approx.ftz``, CUDA's ``log2f`` under ``--use_fast_math``);
-    ``fp64`` for either; None: not modelled on this machine (using it is an error)."""
+    lg2: ``correctly-rounded``, ``sm90`` (``lg2.approx.ftz``, CUDA's ``log2f`` under ``--use_fast_math``) or
+    ``libdevice`` (CUDA's ``log2f`` without it: :func:`amla_sim.arith.logarithm.log2f`); ``fp64`` for either;
+    None: not modelled on this machine (using it is an error)."""
 
     ln: Literal["correctly-rounded", "sm90", "numpy-fast", "fp64"] | None = "correctly-rounded"
-    lg2: Literal["correctly-rounded", "sm90", "fp64"] | None = "correctly-rounded"
+    lg2: Literal["correctly-rounded", "sm90", "libdevice", "fp64"] | None = "correctly-rounded"
 
     def __post_init__(self) -> None:
         _check_mode("LogUnit", "ln", self.ln, ("correctly-rounded", "sm90", "numpy-fast", "fp64", None))
-        _check_mode("LogUnit", "lg2", self.lg2, ("correctly-rounded", "sm90", "fp64", None))
+        _check_mode("LogUnit", "lg2", self.lg2, ("correctly-rounded", "sm90", "libdevice", "fp64", None))
 
     def log(self, x: np.ndarray) -> np.ndarray:
         if self.ln == "fp64":
@@ -132,6 +143,8 @@ class LogUnit:
     def log2(self, x: np.ndarray) -> np.ndarray:
         if self.lg2 == "sm90":
             return _log.lg2_approx(x, ftz=True)
+        if self.lg2 == "libdevice":
+            return _log.log2f(x)
         with np.errstate(divide="ignore", invalid="ignore"):  # fp64, or float64 rounded once to the working type
             return np.log2(x.astype(np.float64)).astype(x.dtype)
 

@@ -35,6 +35,11 @@ factors between 2^23 and 2^32, and 2^-24 for 1/4) and of rcp.approx on 194,756 i
 
 Both tables and every capture are byte-identical on an H100.
 
+CUDA C++ compiled without ``--use_fast_math`` (vLLM's FlashMLA library, ``scripts/probe_math_builds.py``, nvcc 13.0
+on an H200, ``tests/data/math_builds.npz``) turns ``exp2f`` into ``ex2.approx.f32`` (no ``.ftz``: equal on all 2^32
+inputs), ``/`` into ``div.rn.f32`` (IEEE) and ``expf`` into libdevice's ``__nv_expf`` (:func:`expf_libdevice`); with
+the flag, ``ex2.approx.ftz.f32``, ``div.approx.ftz.f32`` and ``ex2.approx.ftz`` of ``fl32(x log2 e)``.
+
 On the ``numba`` engine the FMA and the MUFU.EX2 unit run compiled (``arith/_elementwise_numba.py``), with the same
 bits.
 """
@@ -62,6 +67,7 @@ __all__ = [
     "exp2",
     "exp_poly",
     "ex2_approx",
+    "expf_libdevice",
     "div",
     "fma",
 ]
@@ -73,7 +79,7 @@ LOG2E = 1.0 / LN2
 #: fl32(log2 e), bits 0x3FB8AA3B: the multiplier of ``tl.exp``.
 LOG2E_F32 = np.float32(float.fromhex("0x1.715476p+0"))  # fl32(log2 e), bits 0x3FB8AA3B: tl.exp's multiplier
 LN2_F32 = np.float32(float.fromhex("0x1.62e43p-1"))  # fl32(ln 2), 0x3F317218
-ExpMode = Literal["correctly-rounded", "sm90", "poly", "numpy-fast"]
+ExpMode = Literal["correctly-rounded", "sm90", "libdevice", "poly", "numpy-fast"]
 DivMode = Literal["ieee", "sm90"]
 
 
@@ -148,35 +154,79 @@ def ex2_approx(x: npt.ArrayLike, *, ftz: bool = False) -> np.ndarray:
         return np.where(small, half * half, half).astype(np.float32)
 
 
+_EXP_MODES = "expected 'correctly-rounded', 'sm90', 'libdevice', 'poly' or 'numpy-fast'"
+
+
 def exp(x: npt.ArrayLike, *, mode: ExpMode = "correctly-rounded") -> np.ndarray:
-    """e^x in FP32. mode: ``correctly-rounded`` (float64, rounded once), ``sm90`` (``tl.exp``), ``numpy-fast``
-    (NumPy's float32 exp: fast, CPU-dependent, not for bit-exact work)."""
+    """e^x in FP32. mode: ``correctly-rounded`` (float64, rounded once), ``sm90`` (``tl.exp``), ``libdevice``
+    (CUDA's ``expf`` without ``--use_fast_math``, :func:`expf_libdevice`), ``numpy-fast`` (NumPy's float32 exp:
+    fast, CPU-dependent, not for bit-exact work)."""
     xf = as_f32(x)
     with np.errstate(over="ignore", under="ignore"):
         if mode == "correctly-rounded":
             return np.exp(xf.astype(np.float64)).astype(np.float32)
         if mode == "sm90":
             return ex2_approx(xf * LOG2E_F32, ftz=False)
+        if mode == "libdevice":
+            return expf_libdevice(xf)
         if mode == "poly":
             return exp_poly(xf)
         if mode == "numpy-fast":
             return np.exp(xf)
-    raise ValueError(f"mode: expected 'correctly-rounded', 'sm90', 'poly' or 'numpy-fast', got {mode!r}")
+    raise ValueError(f"mode: {_EXP_MODES}, got {mode!r}")
 
 
 def exp2(x: npt.ArrayLike, *, mode: ExpMode = "correctly-rounded") -> np.ndarray:
-    """2^x in FP32. mode: ``correctly-rounded``, ``sm90`` (``tl.exp2`` = ``ex2.approx.ftz.f32``), ``numpy-fast``."""
+    """2^x in FP32. mode: ``correctly-rounded``, ``sm90`` (``tl.exp2`` = ``ex2.approx.ftz.f32``, also CUDA's
+    ``exp2f`` under ``--use_fast_math``), ``libdevice`` (CUDA's ``exp2f`` without it: ``ex2.approx.f32``),
+    ``numpy-fast``."""
     xf = as_f32(x)
     with np.errstate(over="ignore", under="ignore"):
         if mode == "correctly-rounded":
             return np.exp2(xf.astype(np.float64)).astype(np.float32)
         if mode == "sm90":
             return ex2_approx(xf, ftz=True)
+        if mode == "libdevice":
+            return ex2_approx(xf, ftz=False)
         if mode == "poly":
             return exp_poly(xf * LN2_F32)
         if mode == "numpy-fast":
             return np.exp2(xf)
-    raise ValueError(f"mode: expected 'correctly-rounded', 'sm90', 'poly' or 'numpy-fast', got {mode!r}")
+    raise ValueError(f"mode: {_EXP_MODES}, got {mode!r}")
+
+
+def _f32_bits(bits: int) -> np.float32:
+    return np.uint32(bits).view(np.float32)
+
+
+_EXPF_K = _f32_bits(0x3BBB989D)  # log2 e / 256: the reduction's first step
+_EXPF_J = (_f32_bits(0x437C0000), _f32_bits(0x4B400001), _f32_bits(0xCB40007F))  # 252, 1.5 2^23 + 1, -(1.5 2^23 + 127)
+_EXPF_LO = _f32_bits(0x32A57060)  # log2 e - fl32(log2 e), the reduction's second FMA
+
+
+def _fma_rm(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``fma.rm.f32`` where ``a b + c`` is exact in float64 (the reduction's operands: a in [0, 1] with 24 bits,
+    b = 252, c near 2^23)."""
+    v = a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)
+    r = v.astype(np.float32)
+    return np.where(r.astype(np.float64) > v, np.nextafter(r, np.float32(-np.inf)), r).astype(np.float32)
+
+
+def expf_libdevice(x: npt.ArrayLike) -> np.ndarray:
+    """CUDA's ``expf`` without ``--use_fast_math`` (libdevice ``__nv_expf`` as nvcc 13.0 emits it), bit for bit:
+    ``t = sat(fma(x, log2 e / 256, 0.5))``; ``j = fma.rm(t, 252, 1.5 2^23 + 1)``, whose low bits are the integer
+    part n + 127 of x log2 e; ``r = fma(x, lo, fma(x, fl32(log2 e), -(j - 1.5 2^23 - 127)))``; then
+    ``ex2.approx.ftz(r)`` times 2^n from j's bits (one FP32 multiply, subnormals kept)."""
+    xf = as_f32(x)
+    ones = np.ones_like(xf)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        t = fma(xf, _EXPF_K * ones, np.float32(0.5) * ones)
+        t = np.clip(np.where(np.isnan(t), np.float32(0.0), t), 0, 1).astype(np.float32)  # cvt.sat: NaN -> 0
+        j = _fma_rm(t, _EXPF_J[0] * ones, _EXPF_J[1] * ones)
+        k = (j + _EXPF_J[2]).astype(np.float32)
+        r = fma(xf, _EXPF_LO * ones, fma(xf, LOG2E_F32 * ones, -k))
+        scale = (j.view(np.uint32) << np.uint32(23)).view(np.float32)
+        return (ex2_approx(r, ftz=True) * scale).astype(np.float32)
 
 
 def rcp_approx(x: npt.ArrayLike) -> np.ndarray:

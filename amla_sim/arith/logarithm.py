@@ -15,6 +15,12 @@ in ``fma.rn.ftz`` (the constants below) gives log(1 + f) = f + f^2 p(f), and e l
 - e = -1: a second table, measured on every significand of [0.5, 1) (the unit keeps more bits there);
 - subnormal x (without .ftz): scaled by 2^24, then 24 subtracted in FP32 (round to nearest);
 - +-0 (and subnormals with .ftz) give -inf, +inf gives +inf, negative x and NaN the NaN 0x7FFFFFFF.
+
+CUDA's ``log2f`` without ``--use_fast_math`` is not the unit either: libdevice's ``__nv_log2f`` (:func:`log2f`,
+from the PTX nvcc 13.0 emits; 100% of ``tests/data/math_builds.npz``) splits x at sqrt(1/2) instead of 2/3, so
+that f = m - 1 lies in [sqrt(1/2) - 1, sqrt(2) - 1), evaluates a degree-9 polynomial p in FMAs and returns
+``e + fma(f, fl32(log2 e), f (f p))``. Its ``logf`` is the same ``__nv_logf`` as Triton's ``tl.log`` (without
+``.ftz``, which changes no result: every intermediate of a finite input is a normal number or zero).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import numpy.typing as npt
 from ..formats import FP32_MIN_NORMAL
 from .elementwise import _NAN, LN2_F32, as_f32, fma
 
-__all__ = ["log", "lg2_approx", "LOGF_POLY"]
+__all__ = ["log", "log2f", "lg2_approx", "LOGF_POLY", "LOG2F_POLY"]
 
 LogMode = Literal["correctly-rounded", "sm90", "numpy-fast"]
 
@@ -61,6 +67,36 @@ def _logf_sm90(x: np.ndarray) -> np.ndarray:
     special = xs.view(np.uint32) >= np.uint32(0x7F800000)  # +inf, NaN, negative: x * inf + inf
     y = np.where(special, fma(xs, np.full_like(xs, np.inf), np.full_like(xs, np.inf), ftz=True), y)
     y = np.where(x == 0, np.float32(-np.inf), y)
+    return np.where(np.isnan(y), _NAN, y).astype(np.float32)
+
+
+#: libdevice ``__nv_log2f``'s polynomial, highest degree first (the FP32 bits in the PTX).
+LOG2F_POLY = tuple(_f32(b) for b in (0x3DC6B27F, 0xBE2C7F30, 0x3E2FCF2A, 0xBE374E43, 0x3E520BF4, 0xBE763C8B,
+                                      0x3E93BF99, 0xBEB8AA49, 0x3EF6384A, 0xBF38AA3B))
+_SQRT_HALF_BITS = 0x3F3504F3
+_LOG2E_BITS = 0x3FB8AA3B
+
+
+def log2f(x: npt.ArrayLike) -> np.ndarray:
+    """CUDA's ``log2f`` without ``--use_fast_math`` (libdevice ``__nv_log2f``), bit for bit; see the module
+    docstring."""
+    xf = as_f32(x)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        small = xf < FP32_MIN_NORMAL
+        xs = np.where(small, xf * np.float32(2.0**23), xf).astype(np.float32)
+        bits = xs.view(np.int32)
+        e_bits = (bits - np.int32(_SQRT_HALF_BITS)) & np.int32(-(1 << 23))
+        m = (bits - e_bits).view(np.float32)  # in [sqrt(1/2), sqrt(2))
+        e = fma(e_bits.astype(np.float32), np.float32(2.0**-23), np.where(small, np.float32(-23.0), np.float32(0)))
+        f = (m - np.float32(1.0)).astype(np.float32)
+        p = np.full_like(f, LOG2F_POLY[0])
+        for c in LOG2F_POLY[1:]:
+            p = fma(p, f, np.full_like(f, c))
+        t = (f * (f * p).astype(np.float32)).astype(np.float32)
+        y = (e + fma(f, np.full_like(f, _f32(_LOG2E_BITS)), t)).astype(np.float32)
+        special = xs.view(np.uint32) >= np.uint32(0x7F800000)  # +inf, NaN, negative: x * inf + inf
+        y = np.where(special, fma(xs, np.full_like(xs, np.inf), np.full_like(xs, np.inf)), y)
+        y = np.where(xs == 0, np.float32(-np.inf), y)
     return np.where(np.isnan(y), _NAN, y).astype(np.float32)
 
 

@@ -189,22 +189,30 @@ def _replay_case(spec: DeployedKernel, path: str | Path, i: int, case: dict, arr
 
 
 def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: int = 0,
-            scales: int | None = None) -> None:
+            scales: int | None = None, build: str = "upstream") -> None:
     """Run `kernel`'s case table on this machine's GPU and write a capture.
 
     source: where the kernel is (the kernel's ``source_flag`` says what: a build folder or a kernel file).
     seed: added to every case's seed, for inputs no committed capture used.
     scales: run the kernel's scale table instead (:meth:`.kernel.DeployedKernel.scale_recipes`): DeepSeek's
-    softmax scales and this many random ones, each a small launch."""
+    softmax scales and this many random ones, each a small launch.
+    build: ``upstream`` (this project's build of the upstream sources at `source`) or one of the kernel's
+    :attr:`~.kernel.DeployedKernel.builds` (an engine's shipped library, unpacked at `source`); every recipe
+    records it."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {tuple(KERNELS)}, got {kernel!r}")
     spec = KERNELS[kernel]
+    if build != "upstream" and build not in spec.builds:
+        raise ValueError(f"build: {spec.name} is captured from "
+                         f"{' or '.join(repr(b) for b in ('upstream', *spec.builds))}, not {build!r}")
     todo = spec.recipes(seed) if scales is None else spec.scale_recipes(seed, scales)
-    if source is None and spec.needs_source:
+    if spec.builds:
+        todo = [{**r, "build": build} for r in todo]
+    if source is None and (spec.needs_source or build != "upstream"):
         raise ValueError(f"source: {spec.name} is run from {spec.source_help}; name it ({spec.source_flag})")
     import torch
 
-    built = spec.load(source)
+    built = spec.load(source) if build == "upstream" else spec.load_shipped(source, build)
     arrays, recipes = {}, []
     for i, recipe in enumerate(todo):
         got, recipe = spec.run(built, i, recipe)

@@ -26,7 +26,7 @@ from ..formats import round_to
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, case_inputs, stage
 
-__all__ = ["FLASHMLA_CASES", "ETAP_CASES", "SPARSE_FP8_CASES", "QUANT_CASES", "FLASHMLA", "FLASHMLA_ETAP",
+__all__ = ["FLASHMLA_CASES", "FLASHMLA_CAUSAL_CASES", "ETAP_CASES", "SPARSE_FP8_CASES", "QUANT_CASES", "FLASHMLA", "FLASHMLA_ETAP",
            "FLASHMLA_SPARSE_FP8", "sparse_inputs", "quant_inputs"]
 
 #: (batch, s_q, heads, seqlens, dist, seed): what scripts/capture_thirdparty.py ran
@@ -37,6 +37,19 @@ FLASHMLA_CASES = [
     (2, 1, 64, (64, 3001), "flashmla", 14),
     (3, 2, 128, (8192, 77, 5000), "normal:1", 15),
     (4, 1, 128, (513, 2048, 4097, 129), "flashmla", 16),
+]
+#: FlashMLA's dense decode as vLLM calls it for multi-token (MTP) steps, ``causal=True``: (batch, s_q, heads,
+#: seqlens, dist, seed, scale); each m-block of 64 rows ends where its last row's mask lets it, and the splits that
+#: the scheduler cut for the whole request (it does not see the mask) may then hold no block at all
+FLASHMLA_CAUSAL_CASES = [
+    (1, 2, 64, (4096,), "flashmla", 101, None),
+    (2, 2, 64, (1025, 4097), "normal:1", 102, 0.1352337788608801),
+    (3, 4, 32, (64, 5000, 777), "flashmla", 103, 192 ** -0.5),
+    (2, 2, 128, (129, 3000), "normal:1", 104, None),
+    (4, 3, 16, (2, 63, 66, 9000), "flashmla", 105, 0.1352337788608801),
+    (8, 4, 16, (4, 64, 65, 128, 700, 2500, 4097, 129), "normal:1", 106, None),
+    (1, 4, 128, (20000,), "flashmla", 107, 192 ** -0.5),
+    (2, 3, 64, (3, 130), "normal:1", 108, None),
 ]
 #: (batch, s_q, heads, seqlens, format, dist, seed, scale): what scripts/capture_thirdparty.py ran; s_q = 2 is causal
 ETAP_CASES = [
@@ -181,15 +194,18 @@ def _device_arrays(got: dict) -> dict[str, np.ndarray]:
 
 class _Dense(DeployedKernel):
     def recipes(self, seed: int) -> list[dict]:
-        return [{"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "dist": dist, "seed": s + seed,
-                 "scale": None} for b, sq, H, lens, dist, s in FLASHMLA_CASES]
+        return [*({"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "dist": dist, "seed": s + seed,
+                   "scale": None} for b, sq, H, lens, dist, s in FLASHMLA_CASES),
+                *({"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "dist": dist, "seed": s + seed,
+                   "scale": scale, "causal": True} for b, sq, H, lens, dist, s, scale in FLASHMLA_CAUSAL_CASES)]
 
     def scale_template(self) -> dict:
         return {"batch": 1, "sq": 1, "heads": 16, "seqlens": [600], "dist": "normal:1", "seed": 500, "scale": None}
 
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
         q, kv = case_inputs(case)
-        res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"))
+        res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"),
+                       causal=case.get("causal", False), build=case.get("build", "upstream"))
         return [stage("lse", arrays[f"c{i}_lse"], res.lse, np.float32),
                 stage("out", arrays[f"c{i}_out"], res.out, ml_dtypes.bfloat16)]
 
@@ -203,7 +219,8 @@ class _Dense(DeployedKernel):
 
         q, kv = case_inputs(recipe)
         scale = 576**-0.5 if recipe["scale"] is None else recipe["scale"]
-        got = run_flashmla(kernel, q.view(np.uint16), kv.view(np.uint16), recipe["seqlens"], scale)
+        got = run_flashmla(kernel, q.view(np.uint16), kv.view(np.uint16), recipe["seqlens"], scale,
+                           recipe.get("causal", False))
         return _device_arrays(got), {**recipe, "input_crc": input_crc(q, kv)}
 
 
@@ -284,12 +301,13 @@ class _SparseFP8(DeployedKernel):
                                      "input_crc": _sparse_crc(inputs)}
 
 
+_SHIPPED = ("vllm", "sglang")  # the engines' libraries a capture may come from (crosscheck --build)
 _CHECKOUT = "a {} checkout at {} with CUTLASS at csrc/cutlass (git clone --recursive), compiled here"
 
 #: FlashMLA's sm90 dense decode as the cross-check drives it.
 FLASHMLA = _Dense(
     name="flashmla", summary=f"FlashMLA's sm90 dense decode (commit {FLASHMLA_COMMIT})", version_key="flashmla_commit",
-    version=FLASHMLA_COMMIT, source_flag="--flashmla-dir",
+    version=FLASHMLA_COMMIT, source_flag="--flashmla-dir", builds=_SHIPPED,
     source_help=_CHECKOUT.format("deepseek-ai/FlashMLA", FLASHMLA_COMMIT))
 #: FlashMLA-ETAP, the ETAP paper's kernel, as the cross-check drives it.
 FLASHMLA_ETAP = _Etap(
@@ -300,7 +318,7 @@ FLASHMLA_ETAP = _Etap(
 FLASHMLA_SPARSE_FP8 = _SparseFP8(
     name="flashmla-sparse-fp8",
     summary=f"FlashMLA's sm90 sparse FP8 decode ({FLASHMLA_COMMIT}), DeepSeek V3.2's and MODEL1's caches",
-    version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--flashmla-dir",
+    version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--flashmla-dir", builds=_SHIPPED,
     source_help=_CHECKOUT.format("deepseek-ai/FlashMLA", FLASHMLA_COMMIT))
 
 
@@ -439,5 +457,5 @@ FLASHMLA_SPARSE_PREFILL = _SparsePrefill(
     name="flashmla-sparse-prefill",
     summary=f"FlashMLA's sm90 sparse prefill flash_mla_sparse_fwd ({FLASHMLA_COMMIT}), DeepSeek V3.2's BF16-cache "
             "sparse attention (vLLM's FLASHMLA_SPARSE, SGLang's DSA prefill), d_qk 576 and 512",
-    version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--flashmla-dir",
+    version_key="flashmla_commit", version=FLASHMLA_COMMIT, source_flag="--flashmla-dir", builds=_SHIPPED,
     source_help=_CHECKOUT.format("deepseek-ai/FlashMLA", FLASHMLA_COMMIT))

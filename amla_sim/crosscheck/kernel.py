@@ -58,6 +58,10 @@ class DeployedKernel:
     launch: dict[str, Any] = field(default_factory=dict)  # settings every capture of it records
     needs_source: bool = True  # False: the kernel can be found without its option (an installed package)
     empty_requests: bool = False  # True: a request (a token of a sparse call) may have no key
+    #: the builds of the kernel a capture may come from besides ``upstream`` (this project's build of the upstream
+    #: sources, from `source_flag`): the engines' shipped libraries (``vllm``, ``sglang``), which a recipe's
+    #: ``build`` names and the model follows
+    builds: tuple[str, ...] = ()
 
     def recipes(self, seed: int) -> list[dict]:
         """The recipes of the case table, every case's seed shifted by `seed` (no CRC yet)."""
@@ -99,6 +103,13 @@ class DeployedKernel:
     def load(self, source: str | None) -> Any:
         """The kernel on this machine's GPU, from `source` (its build folder or file)."""
         raise NotImplementedError
+
+    def load_shipped(self, source: str, build: str) -> Any:
+        """The kernel as an engine ships it (`build`, one of :attr:`builds`), from `source` (the unpacked
+        package)."""
+        from ..gpu.adapters.flashmla_shipped import load_shipped_flashmla
+
+        return load_shipped_flashmla(source, build)
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         """Case `i` on the GPU: its arrays, and the recipe as the capture records it (with the inputs' CRC)."""
@@ -142,6 +153,10 @@ def check_recipe(spec: DeployedKernel, where: str, i: int, case: object, arrays:
             api_float(case["scale"], "scale")
         if not isinstance(case["dist"], str):
             raise TypeError(f"dist: expected a string, got {case['dist']!r}")
+        build = case.get("build", "upstream")
+        if build != "upstream" and build not in spec.builds:
+            raise ValueError(f"build: {spec.name} has the builds "
+                             f"{', '.join(repr(b) for b in ('upstream', *spec.builds))}, not {build!r}")
         spec.check(case)
         shapes = spec.outputs(case)
     except KeyError as e:

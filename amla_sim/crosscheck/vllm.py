@@ -27,6 +27,8 @@ from .fa3 import fa3_inputs
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, run_twice, stage
 
+_SHIPPED = ("vllm", "sglang")  # the engines' libraries a capture may come from (crosscheck --build)
+
 __all__ = ["DENSE_FP8_CASES", "TRITON_CASES", "FLASHMLA_DENSE_FP8", "VLLM_TRITON_MLA", "fp8_inputs"]
 
 _DS = 0.1352  # DeepSeek-V3's softmax scale (1 / sqrt(192) with its YaRN mscale)
@@ -203,7 +205,7 @@ FLASHMLA_DENSE_FP8 = _DenseFp8(
     name="flashmla-dense-fp8",
     summary=f"vLLM's dense FP8 FlashMLA decode (vllm-project/FlashMLA {DENSE_FP8_COMMIT}, the FLASHMLA backend with an "
             "FP8 KV cache), E4M3 q and cache",
-    version_key="flashmla_fp8_commit", version=DENSE_FP8_COMMIT, source_flag="--flashmla-fp8-dir",
+    version_key="flashmla_fp8_commit", version=DENSE_FP8_COMMIT, source_flag="--flashmla-fp8-dir", builds=_SHIPPED,
     source_help=f"a vllm-project/FlashMLA checkout at {DENSE_FP8_COMMIT} with CUTLASS at csrc/cutlass (git clone "
                 "--recursive), compiled here")
 

@@ -55,18 +55,26 @@ def api_float(x: object, name: str) -> np.float32:
     return f
 
 
-def softmax_scale(scale: float | None, default: float = DEFAULT_SCALE) -> np.float32:
+def softmax_scale(scale: float | None, default: float = DEFAULT_SCALE, *,
+                  double: bool = False) -> np.float32 | np.float64:
     """The API's ``float softmax_scale`` (None: `default`, 576^-0.5 unless the kernel's interface says
-    otherwise), refused by :func:`api_float` under the name ``scale``."""
-    return api_float(default if scale is None else scale, "scale")
+    otherwise), refused by :func:`api_float` under the name ``scale``. double: the API takes a ``double`` (a
+    torch op's ``float``, as vLLM's and SGLang's FlashMLA ops do): the caller's number itself, as float64, checked
+    as a float would be."""
+    value = default if scale is None else scale
+    f = api_float(value, "scale")
+    return np.float64(value) if double else f
 
 
-def scale_log2(mc: Machine, scale: np.float32) -> np.ndarray:
-    """``float(softmax_scale * M_LOG2E)``: the API's FP32 scale times log2 e in double, rounded once to the
-    machine's float (exact on ``golden``)."""
+def scale_log2(mc: Machine, scale: np.float32 | np.float64) -> np.ndarray:
+    """``float(softmax_scale * M_LOG2E)``: the API's scale (FP32, or a double) times log2 e in double, rounded once
+    to the machine's float (exact on ``golden``)."""
     return mc.f(np.float64(scale) * _LOG2E)
 
 
-def scale_log2_f32(mc: Machine, scale: np.float32) -> np.ndarray:
-    """``sm_scale * LOG_2_E``: the API's FP32 scale times fl32(log2 e), an FP32 product on FP32 machines."""
+def scale_log2_f32(mc: Machine, scale: np.float32 | np.float64) -> np.ndarray:
+    """``sm_scale * LOG_2_E``: the API's FP32 scale times fl32(log2 e), an FP32 product on FP32 machines; a double
+    scale makes it a double product, rounded once."""
+    if isinstance(scale, np.float64) and mc.dtype == np.float32:
+        return mc.f(scale * np.float64(np.float32(_LOG2E)))
     return mc.f(mc.f(scale) * mc.f(_LOG2E))

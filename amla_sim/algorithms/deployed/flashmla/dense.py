@@ -36,10 +36,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ...._validate import check_int, quiet_fp
-from ....machines import Machine, get_machine
+from ....machines import Machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ..fast_math import logf_plus
 from ..scalars import scale_log2, softmax_scale
+from .builds import DEFAULT_BUILD, resolve_build
 from .combine import combine_sum, combine_width
 from .scheduler import BLOCK_SIZE_N, check_splits, num_sm_parts, request_splits
 
@@ -47,6 +49,7 @@ __all__ = ["flashmla", "flashmla_decode"]
 
 _MAX_INIT_SM = -1e30  # the running max before the first block
 _MAX_INIT = -1e33  # a masked score
+_BLOCK_M = 64  # query rows (position, head) of a CTA: an m-block
 
 
 class _Units:
@@ -56,6 +59,7 @@ class _Units:
         self.mc = mc
         self.dt = mc.dtype
         self.ln2 = mc.f(math.log(2.0))  # fl32(ln 2) = 0x3F317218 on FP32 machines
+        self.log2e = mc.f(math.log2(math.e))  # (float)M_LOG2E = 0x3FB8AA3B
 
     def c(self, x: float) -> np.ndarray:
         return self.mc.f(x)
@@ -77,25 +81,33 @@ def flashmla(
     *,
     seqlens: npt.ArrayLike,
     scale: float | None = None,
+    causal: bool = False,
     num_sms: int = 132,
     splits: Sequence[Sequence[tuple[int, int]]] | None = None,
-    machine: str | Machine = "sm90-cuda",
+    build: str = DEFAULT_BUILD,
+    machine: str | Machine | None = None,
     trace: bool = False,
 ) -> AttentionResult:
-    """FlashMLA's dense decode on `machine` (see the module docstring).
+    """FlashMLA's dense decode as `build` compiles it (see the module docstring).
 
     q: (b, s_q, h_q, 576) BF16; kv: (b, S_max, 576) BF16, rows past ``seqlens[i]`` ignored, V its first 512
-    columns. No causal mask (FlashMLA's ``is_causal=False``; with s_q = 1 it never applies). Returns ``.out``
-    (b, s_q, h_q, 512) BF16 and ``.lse`` (b, h_q, s_q) natural log, FlashMLA's layouts; with `trace`, per request
-    the splits' token ranges, partial outputs and LSEs (``split_ranges``, ``split_out``, ``split_lse``).
-    splits: per request, token ranges to run as its splits in place of the scheduler's (a what-if; the kernel's
-    own plan is :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.request_splits`;
+    columns. causal: the mask within the step (vLLM's multi-token call; FlashMLA ignores it where s_q = 1): query
+    position j of s_q sees the request's first ``seqlen - (s_q - 1 - j)`` keys, none where that is not positive.
+    build: ``vllm`` (the default: vLLM 0.33's library), ``sglang`` (sgl-flash-mla 1.0.0) or ``upstream``
+    (FlashMLA's sources with their own flags and binding); :mod:`.builds` says what each changes. machine: run the
+    build's algorithm on other arithmetic instead (a what-if; default the build's). Returns ``.out`` (b, s_q, h_q,
+    512) BF16 and ``.lse`` (b, h_q, s_q) natural log, FlashMLA's layouts (+inf for a row that sees no key); with
+    `trace`, per request the splits' token ranges, partial outputs and LSEs (``split_ranges``, ``split_out``,
+    ``split_lse``). splits: per request, token ranges to run as its splits in place of the scheduler's (a what-if;
+    the kernel's own plan is :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.request_splits`;
     :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` says what a plan may be).
     """
-    mc = get_machine(machine)
+    mc, double = resolve_build("dense", build, machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens)
-    sm = softmax_scale(scale)
+    sm = softmax_scale(scale, double=double)
     check_int(num_sms, "num_sms", lo=1)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected True or False, got {causal!r}")
     lens = [int(n) for n in lens]
     b, s_q, H, _ = qa.shape
     u = _Units(mc)
@@ -103,23 +115,27 @@ def flashmla(
     parts = num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
     plan = request_splits(lens, parts) if splits is None else check_splits(splits, lens, max_splits)
+    # dense_decode.h:71: one query token is never causal; rows are (position, head), position-major
+    mask_len = (s_q - 1 - np.arange(s_q * H) // H) if causal and s_q > 1 else None
     Q, K = mc.cast(qa, "bf16"), mc.cast(kva, "bf16")
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.zeros((b, s_q * H), mc.dtype)
     tr: dict[str, list] = {}
     for i, ranges in enumerate(plan):
         rows = Q[i].reshape(s_q * H, D_K)
-        res = [_split(u, rows, K[i], lens[i], lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N), c) for lo, hi in ranges]
+        res = [_split_rows(u, rows, K[i], lens[i], lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N), c, mask_len)
+               for lo, hi in ranges]
         if len(res) == 1:
             O, L, m = res[0]
             out[i] = O
-            lse[i] = mc.mul_add(mc.log2(L), u.ln2, mc.f(m * u.ln2))
+            empty = (L == 0) | np.isnan(L)  # splitkv_mla.cuh:1236, the unpruned sum
+            lse[i] = np.where(empty, np.inf, logf_plus(mc, L, mc.div(m, u.log2e)))
         else:
             out[i], lse[i] = _combine(u, res, max_splits)
         if trace:
             tr.setdefault("split_ranges", []).append(np.array(ranges))
             tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]))
-            tr.setdefault("split_lse", []).append(np.stack([mc.f(mc.log2(r[1]) + r[2]) for r in res]))
+            tr.setdefault("split_lse", []).append(np.stack([_split_lse(u, r) for r in res]))
     hazards = Counter()
     if np.isnan(out).any():
         hazards["nan_outputs"] += int(np.isnan(out).sum())
@@ -131,24 +147,28 @@ def flashmla_decode(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,
     *,
-    machine: str | Machine = "sm90-cuda",
+    machine: str | Machine | None = None,
     schedule: str | Schedule = "reference",
     block: int = BLOCK_SIZE_N,
     scale: float | None = None,
     num_sms: int = 132,
+    build: str = DEFAULT_BUILD,
     trace: bool = False,
 ) -> AttentionResult:
     """:func:`flashmla` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): every request
     the whole of kv. The kernel lays its work out itself: `block` must be its 64 and `schedule` is checked, not
     used."""
     check_kernel_layout(schedule, block, BLOCK_SIZE_N)
-    return flashmla(q, kv, seqlens=None, scale=scale, num_sms=num_sms, machine=machine, trace=trace)
+    return flashmla(q, kv, seqlens=None, scale=scale, num_sms=num_sms, build=build, machine=machine, trace=trace)
 
 
-def _blocks(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, blks: range, first_half: bool):
-    """Scores of the 64-token blocks `blks` (masked keys: -1e33), (n, R, 64), and their V (masked rows zero),
-    (n, 64, 512). Scores do not depend on the softmax state, so the blocks a warpgroup takes go in few products
-    (:meth:`Machine.block_width`: each element is the same chain of T-FDPA blocks whatever the columns beside it)."""
+def _blocks(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, blks: range, first_half: bool,
+            border: np.ndarray, masked_from: int):
+    """Scores of the 64-token blocks `blks`, (n, R, 64), and their V (rows past `seqlen` zero), (n, 64, 512). A
+    score gets -1e33 where its key is at or past its row's `border`, in the blocks from `masked_from` on (the
+    kernel masks a split's last two blocks alone, 350-356, 425-435). Scores do not depend on the softmax state, so
+    the blocks a warpgroup takes go in few products (:meth:`Machine.block_width`: each element is the same chain
+    of T-FDPA blocks whatever the columns beside it)."""
     mc = u.mc
     t = np.asarray(blks, dtype=np.int64)[:, None] * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)  # (n, 64)
     ok = t < seqlen
@@ -163,12 +183,37 @@ def _blocks(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, blks: range, f
         return mc.matmul(Qm[:, :256], kt[:256], mc.matmul(Qm[:, 256:], kt[256:]))  # warpgroup 1: tiles 4..8, 0..3
 
     S = mc.by_blocks(product, KT, rows=Q.shape[0], block=BLOCK_SIZE_N)
-    S = np.where(ok.reshape(1, -1), mc.f(S), u.c(_MAX_INIT)).astype(u.dt)  # (R, 64 n)
+    tt = t.reshape(1, -1)
+    live = (tt < border[:, None]) | (np.repeat(np.asarray(blks, np.int64), BLOCK_SIZE_N)[None, :] < masked_from)
+    S = np.where(live, mc.f(S), u.c(_MAX_INIT)).astype(u.dt)  # (R, 64 n)
     return np.moveaxis(S.reshape(S.shape[0], -1, BLOCK_SIZE_N), 1, 0), Kb[..., :D_V]
 
 
-def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: int, c: np.ndarray):
-    """One split over blocks [b0, b1): (O / L, L, m) per row."""
+def _split_rows(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: int, c: np.ndarray,
+                mask_len: np.ndarray | None):
+    """One split over blocks [b0, b1) of every row: (O / L, L, m), L the rows' unpruned sums. Causal
+    (`mask_len`: the keys each row may not see at the end, 947-956), each m-block of 64 rows ends at the block
+    its last row's mask lets it reach (1036-1061: the common mask; 0 for a row past the rows), and masks each row
+    at its own border; an m-block left no block keeps the initial state (O = 0, L = 0, m = -1e30)."""
+    if mask_len is None:
+        return _split(u, Q, K, seqlen, b0, b1, c, np.full(Q.shape[0], seqlen, np.int64))
+    R, dt = Q.shape[0], u.dt
+    O, L, m = np.zeros((R, D_V), dt), np.zeros(R, dt), np.full(R, u.c(_MAX_INIT_SM), dt)
+    for r0 in range(0, R, _BLOCK_M):
+        r1 = min(r0 + _BLOCK_M, R)
+        common = int(mask_len[r0 + _BLOCK_M - 1]) if r0 + _BLOCK_M <= R else 0
+        end = min(b1, -(-(seqlen - common) // BLOCK_SIZE_N))
+        if end <= b0:
+            continue
+        border = np.minimum(seqlen - mask_len[r0:r1], end * BLOCK_SIZE_N)
+        O[r0:r1], L[r0:r1], m[r0:r1] = _split(u, Q[r0:r1], K, seqlen, b0, end, c, border)
+    return O, L, m
+
+
+def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: int, c: np.ndarray,
+           border: np.ndarray):
+    """One split over blocks [b0, b1): (O / L, L, m) per row, L the unpruned sum (O divided by 1 where it is 0 or
+    NaN, 1211-1218)."""
     mc, dt = u.mc, u.dt
     R = Q.shape[0]
     m = np.full(R, u.c(_MAX_INIT_SM), dt)
@@ -179,8 +224,8 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
         m_new = np.maximum(m, mc.f(np.max(S, axis=1) * c))
         return m_new, mc.exp2(m - m_new), mc.exp2(mc.mul_add(S, c, -m_new[:, None]))
 
-    S0s, V0s = _blocks(u, Q, K, seqlen, range(b0, b1, 2), True)
-    S1s, V1s = _blocks(u, Q, K, seqlen, range(b0 + 1, b1, 2), False)
+    S0s, V0s = _blocks(u, Q, K, seqlen, range(b0, b1, 2), True, border, b1 - 2)
+    S1s, V1s = _blocks(u, Q, K, seqlen, range(b0 + 1, b1, 2), False, border, b1 - 2)
     for i, blk in enumerate(range(b0, b1, 2)):
         S0, V0 = S0s[i], V0s[i]
         m, s0, P0 = softmax(S0)
@@ -206,17 +251,25 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
         return mc.f(mc.f(x[:, 0] + x[:, 1]) + mc.f(x[:, 2] + x[:, 3]))
 
     L = mc.f(lanes(l0) + lanes(l1))
-    L = np.where((L == 0) | np.isnan(L), u.c(1.0), L).astype(dt)
-    return mc.div(np.concatenate([OL, OR], axis=1), L[:, None]), L, m
+    Lp = np.where((L == 0) | np.isnan(L), u.c(1.0), L).astype(dt)
+    return mc.div(np.concatenate([OL, OR], axis=1), Lp[:, None]), L, m
+
+
+def _split_lse(u: _Units, res: tuple) -> np.ndarray:
+    """A split's ``log2f(L) + m``, -inf where L is 0 or NaN (1258)."""
+    _, L, m = res
+    return np.where((L == 0) | np.isnan(L), -np.inf, u.mc.f(u.mc.log2(L) + m)).astype(u.dt)
 
 
 def _combine(u: _Units, res: list, max_splits: int) -> tuple[np.ndarray, np.ndarray]:
+    """combine.cu:81-117: ``g = log2f(sum) + M`` (+inf where the sum is 0), LSE ``g / (float)M_LOG2E``, and the
+    splits' outputs weighted by ``exp2f(lse_s - g)``."""
     mc, dt = u.mc, u.dt
-    lse_s = np.stack([mc.f(mc.log2(L) + m) for _, L, m in res], axis=1)  # (R, n)
+    lse_s = np.stack([_split_lse(u, r) for r in res], axis=1)  # (R, n)
     M, total = combine_sum(mc, lse_s, max_splits, mc.exp2)
-    g = mc.f(mc.log2(total) + M)
+    g = np.where((total == 0) | np.isneginf(total), np.inf, mc.f(mc.log2(total) + M)).astype(dt)
     scales = mc.exp2(lse_s - g[:, None])
     acc = np.zeros((lse_s.shape[0], D_V), dt)
     for s in range(lse_s.shape[1]):
         acc = mc.mul_add(scales[:, s:s + 1], res[s][0], acc)
-    return acc, mc.f(g * u.ln2)
+    return acc, mc.div(g, u.log2e)
