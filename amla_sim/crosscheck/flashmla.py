@@ -277,7 +277,8 @@ class _SparseFP8(DeployedKernel):
         _check_sparse_recipe(case)
 
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
-        res = flashmla_sparse_fp8(**sparse_inputs(case), scale=case.get("scale"), num_sms=case.get("num_sms", 132))
+        res = flashmla_sparse_fp8(**sparse_inputs(case), scale=case.get("scale"), num_sms=case.get("num_sms", 132),
+                                  build=case.get("build", "upstream"))
         return [stage("lse", arrays[f"c{i}_lse"], res.lse, np.float32),
                 stage("out", arrays[f"c{i}_out"], res.out, ml_dtypes.bfloat16)]
 

@@ -34,10 +34,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ...._validate import check_int, quiet_fp
-from ....machines import Machine, get_machine
+from ....machines import Machine
 from ....schedules import Schedule
 from ..._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout
+from ..fast_math import logf_plus
 from ..scalars import scale_log2_f32, softmax_scale
+from .builds import DEFAULT_BUILD, resolve_build
 from .combine import combine_sum, combine_width
 from .fp8_cache import dequantize_kv_cache, layout_of, pages, quantize_kv_cache
 from .scheduler import BLOCK_SIZE_N, SchedPart, block_ranges, check_splits, decoding_schedule, num_sm_parts, request_splits
@@ -64,7 +66,7 @@ def sparse_schedule(lengths: list[int], *, s_q: int, heads: int, num_sms: int = 
     return decoding_schedule(_slots(lengths), parts)
 
 
-def _check(q, kv_cache, indices, topk_length, attn_sink, scale, num_sms):
+def _check(q, kv_cache, indices, topk_length, attn_sink, scale, num_sms, double=False):
     qa = _check_storage(q, "q", ("bf16",))
     c = np.asarray(kv_cache)
     if c.dtype != np.uint8 or c.ndim != 4 or c.shape[2] != 1 or min(c.shape) < 1:
@@ -98,7 +100,7 @@ def _check(q, kv_cache, indices, topk_length, attn_sink, scale, num_sms):
         sink = np.asarray(attn_sink)
         if sink.dtype != np.float32 or sink.shape != (H,) or np.isnan(sink).any():
             raise ValueError(f"attn_sink: expected float32 ({H},) without NaN, got {sink.dtype} {sink.shape}")
-    sm = softmax_scale(scale, default=lay.d ** -0.5)  # FlashMLA's default: d_qk^-0.5
+    sm = softmax_scale(scale, default=lay.d ** -0.5, double=double)  # FlashMLA's default: d_qk^-0.5
     check_int(num_sms, "num_sms", lo=1)
     return qa, c, lay, idx.astype(np.int64), lengths, topk_length is not None, sink, sm
 
@@ -114,10 +116,12 @@ def flashmla_sparse_fp8(
     scale: float | None = None,
     num_sms: int = 132,
     splits: Sequence[Sequence[tuple[int, int]]] | None = None,
-    machine: str | Machine = "sm90-cuda",
+    build: str = DEFAULT_BUILD,
+    machine: str | Machine | None = None,
     trace: bool = False,
 ) -> AttentionResult:
-    """FlashMLA's sparse FP8 decode on `machine` (see the module docstring).
+    """FlashMLA's sparse FP8 decode as `build` compiles it (see the module docstring; ``vllm``, the default,
+    ``sglang`` or ``upstream``, as :mod:`.builds` says; `machine`: other arithmetic instead, a what-if).
 
     q: (b, s_q, 64 or 128, 576 or 512) BF16; kv_cache: uint8 pages (num_blocks, page, 1, 656 or 584), the V3.2
     or MODEL1 layout (:func:`.fp8_cache.quantize_kv_cache`; q's head dim must match); indices: (b, s_q,
@@ -128,9 +132,9 @@ def flashmla_sparse_fp8(
     run as its splits in place of the scheduler's (a what-if; each request is its topk_length or topk slots, 0
     counted as 1; :func:`.scheduler.check_splits` says what a plan may be).
     """
-    mc = get_machine(machine)
+    mc, double = resolve_build("sparse_fp8", build, machine)
     qa, cache, _lay, idx, lengths, has_len, sink, sm = _check(q, kv_cache, indices, topk_length, attn_sink, scale,
-                                                             num_sms)
+                                                             num_sms, double)
     b, s_q, H, _ = qa.shape
     keys = mc.cast(_keys(cache), "bf16")  # the kernel's BF16 keys, on every machine: the cache is the input
     c = scale_log2_f32(mc, sm)  # sparse_decode.h:387, params.sm_scale_div_log2 = sm_scale * LOG_2_E
@@ -155,7 +159,7 @@ def flashmla_sparse_fp8(
             res = _splits(mc, S, K, ok, splits[i], c)
             if len(res) == 1:
                 O, L, m = res[0]
-                r = mc.div(mc.f(1.0), L if sink is None else _with_sink(mc, L, m, sink))
+                r = mc.div_approx(mc.f(1.0), L if sink is None else _with_sink(mc, L, m, sink))  # __fdividef
                 out[i, j] = np.where((L == 0)[:, None], mc.f(0.0), mc.f(O * r[:, None]))
                 lse[i, j] = np.where(L == 0, np.inf, _lse(mc, L, m, ln2))
             else:
@@ -172,11 +176,12 @@ def flashmla_sparse_fp8_decode(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,
     *,
-    machine: str | Machine = "sm90-cuda",
+    machine: str | Machine | None = None,
     schedule: str | Schedule = "reference",
     block: int = BLOCK_SIZE_N,
     scale: float | None = None,
     num_sms: int = 132,
+    build: str = DEFAULT_BUILD,
     trace: bool = False,
 ) -> AttentionResult:
     """:func:`flashmla_sparse_fp8` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``): kv
@@ -192,7 +197,7 @@ def flashmla_sparse_fp8_decode(
     idx = np.full((b, s_q, -(-S // BLOCK_SIZE_N) * BLOCK_SIZE_N), -1, np.int32)
     idx[..., :S] = (base[:, None, None] + np.arange(S)).astype(np.int32)
     return flashmla_sparse_fp8(qa, quantize_kv_cache(paged, "v32"), idx, scale=scale, num_sms=num_sms,
-                               machine=machine, trace=trace)
+                               build=build, machine=machine, trace=trace)
 
 
 def _splits(mc: Machine, scores: np.ndarray, K: np.ndarray, ok: np.ndarray, ranges: list,
@@ -238,8 +243,9 @@ def _with_sink(mc: Machine, L: np.ndarray, m: np.ndarray, sink: np.ndarray) -> n
 
 
 def _lse(mc: Machine, L: np.ndarray, m: np.ndarray, ln2: np.ndarray) -> np.ndarray:
-    """``logf(L) + m / log2 e`` under fast math: ``fma(lg2(L), ln 2, fl(m ln 2))`` (as the dense decode)."""
-    return mc.mul_add(mc.log2(L), ln2, mc.f(m * ln2))
+    """``logf(L) + m / (float)M_LOG2E`` (splitkv_mla.cuh:340); under fast math ``fma(lg2(L), ln 2, fl(m ln 2))``
+    (as the dense decode)."""
+    return logf_plus(mc, L, mc.div(m, mc.f(_LOG2E)))
 
 
 def _row_total(mc: Machine, lanes: np.ndarray) -> np.ndarray:
@@ -273,12 +279,12 @@ def _combine(mc: Machine, res: list, max_splits: int, sink: np.ndarray | None,
     lse_s = np.where(Ls == 0, -np.inf, mc.f(mc.log2(Ls) + np.stack([r[2] for r in res], axis=1))).astype(dt)
     M, total = combine_sum(mc, lse_s, max_splits, mc.exp2)
     g = np.where((total == 0) | np.isneginf(total), np.inf, mc.f(mc.log2(total) + M)).astype(dt)
-    lse = mc.f(g * ln2)
+    lse = mc.div(g, mc.f(_LOG2E))  # combine.cu:100, global_lse / (float)M_LOG2E
     if sink is not None:
         g = _combine_sink(mc, g, mc.f(sink))
     scales = mc.exp2(mc.f(lse_s - g[:, None]))
     acc = np.zeros((lse_s.shape[0], D_V), dt)
     for k, (O, L, _) in enumerate(res):
-        Os = np.where((L == 0)[:, None], mc.f(0.0), mc.f(O * mc.div(mc.f(1.0), L)[:, None]))
+        Os = np.where((L == 0)[:, None], mc.f(0.0), mc.f(O * mc.div_approx(mc.f(1.0), L)[:, None]))
         acc = mc.mul_add(scales[:, k:k + 1], Os, acc)
     return acc, lse
