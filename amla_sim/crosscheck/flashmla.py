@@ -432,7 +432,8 @@ class _SparsePrefill(DeployedKernel):
         return f" d_qk={case['d_qk']} topk={case['topk']}"
 
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
-        res = flashmla_sparse_prefill(**sparse_prefill_inputs(case), scale=case.get("scale"))
+        res = flashmla_sparse_prefill(**sparse_prefill_inputs(case), scale=case.get("scale"),
+                                      build=case.get("build", "upstream"))
         return [stage("max_logits", arrays[f"c{i}_max_logits"], res.max_logits, np.float32),
                 stage("lse", arrays[f"c{i}_lse"], res.lse, np.float32),
                 stage("out", arrays[f"c{i}_out"], res.out, ml_dtypes.bfloat16)]

@@ -46,11 +46,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ...._validate import quiet_fp
-from ....machines import Machine, get_machine
+from ....machines import Machine
 from ....schedules import Schedule
 from ..._common import D_V, AttentionResult, _check_storage, causal_lists, check_kernel_layout
-from ..fast_math import logf
+from ..fast_math import logf_plus
 from ..scalars import scale_log2_f32, softmax_scale
+from .builds import DEFAULT_BUILD, resolve_build
 
 __all__ = ["flashmla_sparse_prefill", "SparsePrefillResult", "B_TOPK", "HEADS", "D_QK", "CHOICES", "flashmla_sparse_prefill_decode"]
 
@@ -91,7 +92,7 @@ class SparsePrefillResult(AttentionResult):
     max_logits: np.ndarray | None = None
 
 
-def _check(q, kv, indices, topk_length, attn_sink, scale):
+def _check(q, kv, indices, topk_length, attn_sink, scale, double=False):
     """Everything ``sparse_attn_prefill_interface`` checks or the kernel asserts (``sparse_fwd.h:117-198``,
     ``phase1.cuh:576-579``), refused by argument name before any work."""
     qa = _check_storage(q, "q", ("bf16",))
@@ -125,7 +126,7 @@ def _check(q, kv, indices, topk_length, attn_sink, scale):
         sink = np.asarray(attn_sink)
         if sink.dtype != np.float32 or sink.shape != (h_q,) or np.isnan(sink).any():
             raise ValueError(f"attn_sink: expected float32 ({h_q},) without NaN, got {sink.dtype} {sink.shape}")
-    sm = softmax_scale(scale, default=d_qk ** -0.5)
+    sm = softmax_scale(scale, default=d_qk ** -0.5, double=double)
     return qa, kva, idx.astype(np.int64)[:, 0], lengths, has_len, sink, sm
 
 
@@ -138,10 +139,13 @@ def flashmla_sparse_prefill(
     topk_length: npt.ArrayLike | None = None,
     attn_sink: npt.ArrayLike | None = None,
     scale: float | None = None,
-    machine: str | Machine = "sm90-cuda",
+    build: str = DEFAULT_BUILD,
+    machine: str | Machine | None = None,
     trace: bool = False,
 ) -> SparsePrefillResult:
-    """FlashMLA's sparse prefill ``flash_mla_sparse_fwd`` on `machine` (see the module docstring).
+    """FlashMLA's sparse prefill ``flash_mla_sparse_fwd`` as `build` compiles it (see the module docstring;
+    ``vllm``, the default, ``sglang`` or ``upstream``, as :mod:`.builds` says; `machine`: other arithmetic
+    instead, a what-if).
 
     q: (s_q, h_q, d_qk) BF16, h_q 64 or 128, d_qk 576 (V3.2) or 512 (MODEL1); kv: (s_kv, 1, d_qk) BF16, V its
     first 512 columns; indices: (s_q, 1, topk) ints (any width), topk a positive multiple of 128, -1 (any
@@ -158,9 +162,9 @@ def flashmla_sparse_prefill(
     the first h heads of the result. Rows are independent, so the real heads' bits are those of the padded call:
     pad here the same way (``np.concatenate([q, zeros], axis=1)``) and slice ``out[:, :h]``.
     """
-    mc = get_machine(machine)
+    mc, double = resolve_build("sparse_prefill", build, machine)
     mc.require(kernel="flashmla-sparse-prefill", log2=True, suggest="sm90-cuda")
-    qa, kva, idx, lengths, has_len, sink, sm = _check(q, kv, indices, topk_length, attn_sink, scale)
+    qa, kva, idx, lengths, has_len, sink, sm = _check(q, kv, indices, topk_length, attn_sink, scale, double)
     s_q, H, _ = qa.shape
     s_kv, topk = kva.shape[0], idx.shape[1]
     Q = mc.cast(qa, "bf16")
@@ -342,9 +346,9 @@ def _sink_term(mc: Machine, sink: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 def _reciprocal(mc: Machine, x: np.ndarray) -> np.ndarray:
-    """``1.0f / x`` (206) under ``-prec-div=false``: NVPTX selects ``rcp.approx.ftz.f32`` for a numerator of 1.0,
-    which is the machine's ``1 / x`` (MUFU.RCP has ``div.full``'s bits for x in [2^-126, 2^126], and x here is a
-    row sum of at most topk + 1 terms of at most 1), as in the sparse decode."""
+    """``1.0f / x`` (206): the machine's ``1 / x``. Under ``-prec-div=false`` NVPTX selects ``rcp.approx.ftz.f32``
+    for a numerator of 1.0 (MUFU.RCP has ``div.full``'s bits for x in [2^-126, 2^126], and x here is a row sum of
+    at most topk + 1 terms of at most 1); without fast math it is IEEE division."""
     return mc.div(mc.f(1.0), x)
 
 
@@ -354,19 +358,21 @@ def _max_logits(mc: Machine, m: np.ndarray, ln2: np.ndarray) -> np.ndarray:
 
 
 def _lse(mc: Machine, L: np.ndarray, m: np.ndarray, ln2: np.ndarray) -> np.ndarray:
-    """``logf(rL) + rM * CUDART_LN2_F`` (449) under fast math: ``fma(lg2(L), ln 2, fl(m ln 2))`` (``__logf``'s
-    multiply contracted into the add; the other product is max_logits' too), as the decodes' LSE."""
-    return logf(mc, L, plus=_max_logits(mc, m, ln2))
+    """``logf(rL) + rM * CUDART_LN2_F`` (449). Under fast math ``fma(lg2(L), ln 2, fl(m ln 2))`` (``__logf``'s
+    multiply contracted into the add; the other product is max_logits' too, rounded once for both), as the
+    decodes' LSE; without it libdevice's ``logf``, then the add (that product is still not contracted)."""
+    return logf_plus(mc, L, _max_logits(mc, m, ln2))
 
 
 def flashmla_sparse_prefill_decode(
     q: npt.ArrayLike,
     kv: npt.ArrayLike,
     *,
-    machine: str | Machine = "sm90-cuda",
+    machine: str | Machine | None = None,
     schedule: str | Schedule = "reference",
     block: int = 64,
     scale: float | None = None,
+    build: str = DEFAULT_BUILD,
     trace: bool = False,
 ) -> AttentionResult:
     """:func:`flashmla_sparse_prefill` as the papers' algorithms are called (``run``, ``reproduce``, ``sweep``):
@@ -387,7 +393,7 @@ def flashmla_sparse_prefill_decode(
     padded = 64 if H <= 64 else 128
     qp = np.zeros((b * s_q, padded, d), qa.dtype)
     qp[:, :H] = qa.reshape(b * s_q, H, d)
-    res = flashmla_sparse_prefill(qp, kva.reshape(b * S, 1, d), idx[:, None], scale=scale,
+    res = flashmla_sparse_prefill(qp, kva.reshape(b * S, 1, d), idx[:, None], scale=scale, build=build,
                                   machine=machine, trace=trace)
     return AttentionResult(res.out[:, :H].reshape(b, s_q, H, -1), res.lse[:, :H].reshape(b, s_q, H), res.trace,
                            res.hazards)
