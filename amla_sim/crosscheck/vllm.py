@@ -113,7 +113,8 @@ class _DenseFp8(DeployedKernel):
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
         q, kv = fp8_inputs(case)
         res = flashmla_dense_fp8(q, kv, seqlens=np.array(case["seqlens"]), descale_q=case["q_scale"],
-                                 descale_k=case["k_scale"], scale=case["scale"], trace=True)
+                                 descale_k=case["k_scale"], scale=case["scale"], trace=True,
+                                 build=case.get("build", "upstream"))
         out = []
         if f"c{i}_splits" in arrays:
             out.append(("splits", arrays[f"c{i}_splits"],

@@ -37,11 +37,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ...._validate import check_int, quiet_fp
-from ....machines import Machine, get_machine
+from ....machines import Machine
 from ....schedules import Schedule
 from ..._common import (D_K, D_V, AttentionResult, check_causal_lengths, check_kernel_inputs,
                         check_kernel_layout)
 from ..scalars import api_float, scale_log2, softmax_scale
+from .builds import DEFAULT_BUILD, resolve_build
 from ..row_sums import lane_sums as _lane_sum
 from ..row_sums import quad_total as _row_total
 from ..vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
@@ -69,10 +70,14 @@ def flashmla_dense_fp8(
     causal: bool | None = None,
     num_sms: int = 132,
     splits: Sequence[Sequence[tuple[int, int]]] | None = None,
-    machine: str | Machine = "sm90-cuda",
+    build: str = DEFAULT_BUILD,
+    machine: str | Machine | None = None,
     trace: bool = False,
 ) -> AttentionResult:
-    """vLLM's dense FP8 FlashMLA decode on `machine` (see the module docstring).
+    """vLLM's dense FP8 FlashMLA decode as `build` compiles it (see the module docstring): ``vllm`` (the default:
+    vLLM 0.33's ``_flashmla_extension_C``, whose op takes the scale as a double), ``sglang`` (sgl-flash-mla
+    1.0.0's copy) or ``upstream`` (vllm-project/FlashMLA's sources); every build with fast math. machine: other
+    arithmetic instead (a what-if).
 
     q: (b, s_q, h_q, 576) and kv: (b, S_max, 576), both E4M3 (``float8_e4m3fn``, as vLLM quantizes them:
     :func:`~amla_sim.algorithms.deployed.vllm.fp8.quantize_query_fp8`, :func:`~amla_sim.algorithms.deployed.vllm.
@@ -84,10 +89,10 @@ def flashmla_dense_fp8(
     splits in place of the scheduler's (a what-if, as
     :func:`amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` allows).
     """
-    mc = get_machine(machine)
+    mc, double = resolve_build("dense_fp8", build, machine)
     mc.require(kernel="flashmla-dense-fp8", e4m3_products=True, suggest="sm90-cuda")
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("e4m3",))
-    scale = softmax_scale(scale)
+    scale = softmax_scale(scale, double=double)
     dq, dk = api_float(descale_q, "descale_q"), api_float(descale_k, "descale_k")
     check_int(num_sms, "num_sms", lo=1)
     b, s_q, H, _ = qa.shape
