@@ -9,6 +9,7 @@ lays the work out is not the machine's: see :mod:`amla_sim.schedules`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Literal
@@ -157,6 +158,14 @@ class Machine:
             raise ValueError(f"machine: {self.name} has no model of its log2 (Triton's tl.log2 is libdevice's "
                              "log2f, not modelled)")
         return self.logarithm.log2(self.f(x))
+
+    def log_plus(self, x: npt.ArrayLike, plus: npt.ArrayLike) -> np.ndarray:
+        """CUDA's ``logf(x) + plus``: ln x, then the add; on a machine with no natural-log unit of its own (CUDA
+        under ``--use_fast_math``, whose ``__logf`` is lg2 x times fl(ln 2)) the multiply contracted into the
+        add."""
+        if self.logarithm.ln is None:
+            return self.mul_add(self.log2(x), self.f(math.log(2.0)), plus)
+        return self.f(self.log(x) + self.f(plus))
 
     def div(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         return self.division.div(self.f(a), self.f(b))

@@ -1,7 +1,7 @@
 """What the FlashAttention-derived CUDA decodes compute the same way under ``--use_fast_math``: ``__logf`` and
 ``M_LN2`` (the scale in log2 units is :func:`.scalars.scale_log2`). FlashMLA-ETAP (:mod:`.flashmla.etap`) and
-FlashAttention-3's MLA decode (:mod:`.fa3.mla`) share them; FlashMLA's decodes take :func:`logf_plus`, which is
-the same under fast math and libdevice's ``logf`` without it."""
+FlashAttention-3's MLA decode (:mod:`.fa3.mla`) share them. FlashMLA's kernels, which engines build with and
+without fast math, take the machine's :meth:`~amla_sim.machines.Machine.log_plus` instead."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from ...machines import Machine
 
-__all__ = ["ln2", "logf", "logf_plus"]
+__all__ = ["ln2", "logf"]
 
 
 def ln2(mc: Machine) -> np.ndarray:
@@ -27,11 +27,3 @@ def logf(mc: Machine, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarr
     return mc.mul_add(mc.log2(x), ln2(mc), plus)
 
 
-
-def logf_plus(mc: Machine, x: np.ndarray, plus: np.ndarray) -> np.ndarray:
-    """``logf(x) + plus`` as the machine's build compiles it: under fast math (a machine with no natural-log unit
-    of its own: ``sm90-cuda``) ``__logf`` with its multiply contracted into the add (:func:`logf`); without it
-    (``sm90-cuda-precise``) libdevice's ``logf``, then the add."""
-    if mc.logarithm.ln is None:
-        return logf(mc, x, plus)
-    return mc.f(mc.log(x) + plus)

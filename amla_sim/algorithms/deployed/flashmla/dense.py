@@ -39,7 +39,6 @@ from ...._validate import check_int, quiet_fp
 from ....machines import Machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
-from ..fast_math import logf_plus
 from ..scalars import scale_log2, softmax_scale
 from .builds import DEFAULT_BUILD, resolve_build
 from .combine import combine_sum, combine_width
@@ -129,7 +128,7 @@ def flashmla(
             O, L, m = res[0]
             out[i] = O
             empty = (L == 0) | np.isnan(L)  # splitkv_mla.cuh:1236, the unpruned sum
-            lse[i] = np.where(empty, np.inf, logf_plus(mc, L, mc.div(m, u.log2e)))
+            lse[i] = np.where(empty, np.inf, mc.log_plus(L, mc.div(m, u.log2e)))
         else:
             out[i], lse[i] = _combine(u, res, max_splits)
         if trace:

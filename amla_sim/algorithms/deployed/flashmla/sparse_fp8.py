@@ -37,7 +37,6 @@ from ...._validate import check_int, quiet_fp
 from ....machines import Machine
 from ....schedules import Schedule
 from ..._common import D_V, AttentionResult, _check_storage, check_kernel_inputs, check_kernel_layout
-from ..fast_math import logf_plus
 from ..scalars import scale_log2_f32, softmax_scale
 from .builds import DEFAULT_BUILD, resolve_build
 from .combine import combine_sum, combine_width
@@ -245,7 +244,7 @@ def _with_sink(mc: Machine, L: np.ndarray, m: np.ndarray, sink: np.ndarray) -> n
 def _lse(mc: Machine, L: np.ndarray, m: np.ndarray, ln2: np.ndarray) -> np.ndarray:
     """``logf(L) + m / (float)M_LOG2E`` (splitkv_mla.cuh:340); under fast math ``fma(lg2(L), ln 2, fl(m ln 2))``
     (as the dense decode)."""
-    return logf_plus(mc, L, mc.div(m, mc.f(_LOG2E)))
+    return mc.log_plus(L, mc.div(m, mc.f(_LOG2E)))
 
 
 def _row_total(mc: Machine, lanes: np.ndarray) -> np.ndarray:

@@ -49,7 +49,6 @@ from ...._validate import quiet_fp
 from ....machines import Machine
 from ....schedules import Schedule
 from ..._common import D_V, AttentionResult, _check_storage, causal_lists, check_kernel_layout
-from ..fast_math import logf_plus
 from ..scalars import scale_log2_f32, softmax_scale
 from .builds import DEFAULT_BUILD, resolve_build
 
@@ -361,7 +360,7 @@ def _lse(mc: Machine, L: np.ndarray, m: np.ndarray, ln2: np.ndarray) -> np.ndarr
     """``logf(rL) + rM * CUDART_LN2_F`` (449). Under fast math ``fma(lg2(L), ln 2, fl(m ln 2))`` (``__logf``'s
     multiply contracted into the add; the other product is max_logits' too, rounded once for both), as the
     decodes' LSE; without it libdevice's ``logf``, then the add (that product is still not contracted)."""
-    return logf_plus(mc, L, _max_logits(mc, m, ln2))
+    return mc.log_plus(L, _max_logits(mc, m, ln2))
 
 
 def flashmla_sparse_prefill_decode(
