@@ -115,6 +115,9 @@ class DivUnit:
                 return a / b
         return ew.div(a, b, mode=self.mode)
 
+    def __repr__(self) -> str:
+        return f"DivUnit(mode={self.mode!r}" + ("" if self.approx is None else f", approx={self.approx!r}") + ")"
+
     def div_approx(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """``__fdividef(a, b)``: the approximate division whatever ``/`` compiles to."""
         return self.div(a, b) if self.approx is None else ew.div(a, b, mode=self.approx)

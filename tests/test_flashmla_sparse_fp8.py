@@ -228,7 +228,7 @@ def test_flashmla_sparse_fp8_is_attention_over_the_named_keys(machine, layout):
          "topk_length": [150, 192] if layout == "model1" else None, "invalid": 0.2, "sink": "normal",
          "dist": "normal:1", "seed": 4, "scale": None, "power_of_two": True}
     inputs = sparse_inputs(c)
-    res = flashmla_sparse_fp8(**inputs, machine=machine, num_sms=4, trace=True)
+    res = flashmla_sparse_fp8(**inputs, machine=machine, num_sms=4, build="upstream", trace=True)  # the FP32 scale
     keys = dequantize_kv_cache(inputs["kv_cache"])
     assert res.out.shape == (2, 2, 64, 512) and res.lse.shape == (2, 64, 2)
     tol = 1e-12 if machine == "golden" else 8e-3
@@ -312,12 +312,16 @@ def test_the_fp8_table_runs_through_reproduce(tmp_path, fastest_engine):
     sel = np.full(128, -1, np.int32)  # the one top-k list: every token, -1 after (topk a multiple of 128)
     sel[:100] = np.arange(100)
     fp4 = dequantize_mla_kv(*quantize_mla_kv(kv[0, :, None, :512], kv[0, :, None, 512:]))[None, :, 0]
-    for alg, out in (("flashmla", flashmla(q, kv, seqlens=None).out),
-                     ("flashmla-sparse-fp8", flashmla_sparse_fp8(q, quantize_kv_cache(pg), sel[None, None]).out),
+    cuda = {"machine": "sm90-cuda"}  # the table's machine (each FlashMLA model's default build otherwise)
+    for alg, out in (("flashmla", flashmla(q, kv, seqlens=None, **cuda).out),
+                     ("flashmla-sparse-fp8", flashmla_sparse_fp8(q, quantize_kv_cache(pg), sel[None, None],
+                                                                 **cuda).out),
                      # FA3's list is as long as the context (the call's max_seqlen_k), the same valid rows
                      ("fa3-mla-sparse", fa3_mla_sparse(q[0], kv[0], sel[None, :100]).out[None]),
-                     ("flashmla-sparse-prefill", flashmla_sparse_prefill(q[0], kv[0][:, None], sel[None, None]).out),
-                     ("flashmla-dense-fp8", flashmla_dense_fp8(quantize_query_fp8(q), quantize_cache_fp8(kv)).out),
+                     ("flashmla-sparse-prefill", flashmla_sparse_prefill(q[0], kv[0][:, None], sel[None, None],
+                                                                         **cuda).out),
+                     ("flashmla-dense-fp8", flashmla_dense_fp8(quantize_query_fp8(q), quantize_cache_fp8(kv),
+                                                               **cuda).out),
                      ("vllm-triton-fp8", vllm_triton_mla(q, quantize_cache_fp8(kv), machine="sm90-triton").out),
                      ("flashinfer-mla", flashinfer_mla(q, kv).out),
                      ("sglang-fp4", flashinfer_mla(q, fp4).out)):

@@ -88,7 +88,7 @@ def test_the_api_rounds_the_scale_to_fp32_first(kernel, monkeypatch, fastest_eng
     """Taken as the caller's double, the scale gives other bits on exactly the listed cases (192^-0.5 among them:
     FlashMLA's dense model derived its constant so before, one ULP off the device there)."""
     monkeypatch.setattr(_module(kernel), "softmax_scale",
-                        lambda scale, default=576**-0.5: float(default if scale is None else scale))
+                        lambda scale, default=576**-0.5, double=False: float(default if scale is None else scale))
     cases = UNROUNDED_BITES[kernel]
     report = replay(CAPTURES[kernel], cases=[0, *cases])
     assert _differing(report) == list(range(1, len(cases) + 1)), report.format()
@@ -111,8 +111,10 @@ def test_flashmla_dense_192_is_one_ulp_of_the_constant():
     consts = [np.float32(np.float64(np.float32(s)) * math.log2(math.e)), np.float32(s * math.log2(math.e))]
     assert abs(int(consts[0].view(np.int32)) - int(consts[1].view(np.int32))) == 1
     q, kv = make_inputs("normal:1", heads=16, context=300, seed=3)
-    a, b = flashmla(q, kv, seqlens=None, scale=s), flashmla(q, kv, seqlens=None, scale=float(np.float32(s)))
+    a, b = (flashmla(q, kv, seqlens=None, scale=x, build="upstream") for x in (s, float(np.float32(s))))
     np.testing.assert_array_equal(a.lse.view(np.uint32), b.lse.view(np.uint32))  # the API's float is the input
+    a, b = (flashmla(q, kv, seqlens=None, scale=x, build="sglang") for x in (s, float(np.float32(s))))
+    assert (a.lse.view(np.uint32) != b.lse.view(np.uint32)).any()  # the engines' ops take the double
 
 
 @pytest.mark.parametrize("value, match", [

@@ -270,7 +270,8 @@ def test_dense_fp8_near_golden_on_its_inputs(machine):
     """Against FP64 attention over the dequantized inputs: exact on golden, within the FP8 P's error elsewhere."""
     q, kv = make_inputs("normal:1", batch=2, sq=2, heads=16, context=700, seed=9)
     q8, kv8 = quantize_query_fp8(q, 0.5), quantize_cache_fp8(kv, 0.25)
-    res = flashmla_dense_fp8(q8, kv8, seqlens=[700, 130], descale_q=0.5, descale_k=0.25, machine=machine)
+    res = flashmla_dense_fp8(q8, kv8, seqlens=[700, 130], descale_q=0.5, descale_k=0.25, machine=machine,
+                             build="upstream")  # the API's float scale, as the reference takes it
     for i, n in enumerate((700, 130)):
         qd, kd = q8[i:i + 1].astype(np.float64) * 0.5, kv8[i:i + 1, :n].astype(np.float64) * 0.25
         ref = golden(qd, kd, scale=float(np.float32(576**-0.5)))  # the API's float scale

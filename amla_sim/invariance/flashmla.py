@@ -30,6 +30,11 @@ from .races import RaceExposure, etap_race_exposure
 
 __all__ = ["FlashMLADense", "FlashMLASparseFP8", "FlashMLAEtap", "PayloadWalkDecode"]
 
+#: The FlashMLA build these batch-invariance models predict: the one their device checks ran
+#: (tests/data/invariance_h200.npz, FlashMLA's sources built with its own flags). Which splits a batch makes is the
+#: same in every build; the bits of each split follow the build (:mod:`amla_sim.algorithms.deployed.flashmla.builds`).
+DEVICE_CHECK_BUILD = "upstream"
+
 _COMBINE = ("flashmla-combine", "splits' LSEs in log2 units; 32 lanes sum exp2(lse_s - M) over splits j, j + 32, "
                                 "...; then an xor butterfly; out = sum fma(exp2(lse_s - g), O_s, .)")
 _EX2_FMA = ("ex2(fma(S, c, -m))", "ex2.approx.ftz of fma(S, c, -m), c = scale log2 e, m in log2 units")
@@ -103,7 +108,7 @@ class FlashMLADense(PayloadWalkDecode):
 
     def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
         res = flashmla(query_rows(req, launch.s_q)[None], req.arrays["kv"][None], seqlens=[req.length],
-                       num_sms=launch.num_sms, splits=[plan])
+                       num_sms=launch.num_sms, splits=[plan], build=DEVICE_CHECK_BUILD)
         return {"out": res.out[0, -1], "lse": res.lse[0, :, -1]}
 
 
@@ -259,7 +264,7 @@ class FlashMLASparseFP8(BatchKernel):
         cache = quantize_kv_cache(paged, "v32")
         res = flashmla_sparse_fp8(query_rows(req, launch.s_q)[None], cache,
                                   req.arrays["indices"][None, -launch.s_q:], num_sms=launch.num_sms,
-                                  scale=576**-0.5, splits=[plan])
+                                  scale=576**-0.5, splits=[plan], build=DEVICE_CHECK_BUILD)
         return {"out": res.out[0, -1], "lse": res.lse[0, :, -1]}
 
     def batch(self, req: Request, launch: Launch) -> dict[str, Any]:

@@ -312,7 +312,8 @@ class FlashMLASparsePrefill(SparseTokenKernel):
             raise ValueError(f"plan: FlashMLA's sparse prefill runs a token in one split of its {valid} keys, got "
                              f"{plan}")
         res = flashmla_sparse_prefill(self._padded(req.arrays["q"]), req.arrays["kv"][:, None],
-                                      req.arrays["indices"][:, None], topk_length=np.array([valid]))
+                                      req.arrays["indices"][:, None], topk_length=np.array([valid]),
+                                      build="upstream")  # the build its device check ran (prefill_decode_*.npz)
         return {"out": res.out[0, :req.heads], "lse": res.lse[0, :req.heads]}
 
     def batch(self, req: Request, launch: Launch) -> dict[str, Any]:

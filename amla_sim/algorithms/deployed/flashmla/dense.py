@@ -102,6 +102,7 @@ def flashmla(
     :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.check_splits` says what a plan may be).
     """
     mc, double = resolve_build("dense", build, machine)
+    mc.require(kernel="flashmla", log2=True, suggest="sm90-cuda")
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens)
     sm = softmax_scale(scale, double=double)
     check_int(num_sms, "num_sms", lo=1)

@@ -132,6 +132,7 @@ def flashmla_sparse_fp8(
     counted as 1; :func:`.scheduler.check_splits` says what a plan may be).
     """
     mc, double = resolve_build("sparse_fp8", build, machine)
+    mc.require(kernel="flashmla-sparse-fp8", log2=True, suggest="sm90-cuda")
     qa, cache, _lay, idx, lengths, has_len, sink, sm = _check(q, kv_cache, indices, topk_length, attn_sink, scale,
                                                              num_sms, double)
     b, s_q, H, _ = qa.shape

@@ -385,8 +385,8 @@ def flashmla_sparse_prefill_decode(
         raise ValueError(f"q, kv: expected (b, s_q, h, 576) and (b, S, 576), got {qa.shape} and {kva.shape}")
     b, s_q, H, d = qa.shape
     S = kva.shape[1]
-    if H > 128:
-        raise ValueError(f"q: the kernel takes at most 128 heads, got {H}")
+    if not 1 <= H <= 128:
+        raise ValueError(f"q: the kernel takes 1 to 128 heads (padded to 64 or 128), got {H}")
     topk = -(-S // 128) * 128
     idx = causal_lists(b, s_q, S, topk)
     padded = 64 if H <= 64 else 128
