@@ -1,6 +1,7 @@
 """FlashMLA as the serving engines ship it: the compiled libraries of vLLM's wheel and of SGLang's ``sgl-flash-mla``
 package, loaded as they are (``torch.ops.load_library``; nothing is compiled) and called through the same four
-functions as this project's builds of FlashMLA's sources (:mod:`.flashmla`, :mod:`.vllm`), so that one case table
+functions as this project's builds of FlashMLA's sources (:mod:`amla_sim.gpu.adapters.flashmla`,
+:mod:`amla_sim.gpu.adapters.vllm`), so that one case table
 captures any build.
 
 - ``vllm``: vLLM 0.33.0's wheel, unpacked: ``vllm/_flashmla_C.abi3.so`` (the dense decode, the sparse FP8 decode
