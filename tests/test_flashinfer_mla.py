@@ -6,6 +6,7 @@ model is not claimed bit-exact."""
 from __future__ import annotations
 
 import importlib
+import tracemalloc
 import zlib
 
 import numpy as np
@@ -239,12 +240,56 @@ def test_plan_refusals():
     with pytest.raises(ValueError, match="^seqlens: .*drop key 64"):  # 48 heads: a tile of 128 rows ends mid-query
         flashinfer_mla_plan([65], heads=48, q_lens=3, causal=True)
     flashinfer_mla_plan([66], heads=48, q_lens=3, causal=True)
-    with pytest.raises(ValueError, match="^seqlens: the plan needs 17000 work items"):
+    with pytest.raises(ValueError, match="^seqlens, q_lens, heads: 17000 requests in 17000 query tiles"):
         flashinfer_mla_plan([1] * 17000, heads=128)
+    with pytest.raises(ValueError, match="^seqlens, num_sms: the plan needs 16385 work items in chunks of 32"):
+        flashinfer_mla_plan([32 * 16385], heads=16, num_sms=389936)
     for kwargs, name in (({"heads": 0}, "heads"), ({"heads": 16, "num_sms": 0}, "num_sms"),
                          ({"heads": 16, "q_lens": [1, 1]}, "q_lens"), ({"heads": 16, "page_size": 0}, "page_size")):
         with pytest.raises((ValueError, TypeError), match=name):
             flashinfer_mla_plan([10], **kwargs)
+
+
+def _peak_bytes(fn) -> int:
+    """The most memory `fn` holds at once (tracemalloc), whatever it raises."""
+    tracemalloc.start()
+    try:
+        fn()
+    except ValueError:
+        pass
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+_BF16_Q, _BF16_KV = (round_to(np.zeros(s, np.float32), "bf16") for s in ((1, 1, 16, 576), (1, 8, 576)))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: flashinfer_mla_plan([256], heads=16, num_sms=10**7), "^num_sms: 10000000 SMs stage .* int workspace"),
+    (lambda: flashinfer_mla_plan([256], heads=16, num_sms=389937), "^num_sms: 389937 SMs .*at most 389936 SMs"),
+    (lambda: flashinfer_mla(_BF16_Q, _BF16_KV, num_sms=10**9), "^num_sms: "),
+    (lambda: flashinfer_mla(_BF16_Q, _BF16_KV, plan_seqlens=[10**7], kv_len_limit=1),
+     "^kv_len_limit: the plan needs 10000000 work items"),
+    (lambda: flashinfer_mla_plan([1] * 20000, heads=16, q_lens=10**6), "^seqlens, q_lens, heads: 20000 requests"),
+])
+def test_a_plan_too_large_is_refused_before_it_is_built(call, match):
+    """The SM count (the wrapper's 8 MiB int workspace), the query tiles and the work items are checked from the
+    lengths before anything is sized by them or walked: each refusal holds a few MB at most."""
+    with pytest.raises(ValueError, match=match):
+        call()
+    assert _peak_bytes(call) < 8 << 20
+
+
+def test_padded_rows_move_the_cluster_size_only():
+    """A batch padded with 10^12 empty requests is planned as fast as one padded with 8: the pads count in the
+    cluster size's mean and nowhere else."""
+    p = flashinfer_mla_plan([300], heads=128, q_lens=1, empty_requests=10**12)
+    assert p.cluster_size == 1 and flashinfer_mla_plan([300], heads=128, q_lens=1).cluster_size == 2
+    assert _peak_bytes(lambda: flashinfer_mla(_BF16_Q, _BF16_KV, pad_rows=10**12)) < 8 << 20
+    check = scheduler.check_num_sms
+    assert check(389936, 1) == 389936 and check(132, 2) == 66
 
 
 def test_the_heap_breaks_ties_as_libstdcxx():
@@ -392,3 +437,21 @@ def test_formats_and_shapes_the_kernel_does_not_take_are_refused():
     q2, kv2 = make_inputs("normal:1", sq=2, heads=16, context=64)
     with pytest.raises(ValueError, match="^seqlens"):  # a causal step longer than its request
         flashinfer_mla(q2, kv2, seqlens=[1], causal=True)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["invariance", "--kernel", "flashinfer-mla", "--length", "256", "--heads", "16", "--num-sms", "1000000000"],
+     "--num-sms"),
+    (["run", "--algorithm", "flashinfer-mla:num_sms=1000000000", "--context", "256", "--heads", "16"], "num_sms"),
+    (["diff", "--kernel", "flashinfer-mla:num_sms=1000000000", "--kernel", "flashinfer-mla", "--length", "256",
+      "--heads", "16"], "num_sms"),
+    (["sweep", "--algorithms", "flashinfer-mla:num_sms=1000000000", "--contexts", "256", "--heads", "16"], "num_sms"),
+])
+def test_commands_refuse_an_sm_count_the_plan_cannot_stage(argv, flag, capsys, tmp_path):
+    """Each command names the SM count (no out-of-memory, no hint at other flags) before any plan is built."""
+    from amla_sim.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv + (["--out", str(tmp_path / "s")] if argv[0] == "sweep" else []))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{flag}: 1000000000 SMs stage" in err and "memory" not in err, err

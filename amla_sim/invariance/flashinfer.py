@@ -33,8 +33,8 @@ from .._validate import check_int
 from ..algorithms.deployed.fast_math import ln2
 from ..algorithms.deployed.flashinfer.mla import FLASHINFER_VERSION, flashinfer_mla
 from ..algorithms.deployed.flashinfer.scheduler import (CTA_TILE_Q, MAX_WORKS, FlashInferPlan, causal_kv_end,
-                                                        check_causal_tile_bound, cluster_size, flashinfer_mla_plan,
-                                                        kv_len_limit)
+                                                        check_causal_tile_bound, check_num_sms, cluster_size,
+                                                        flashinfer_mla_plan, kv_len_limit)
 from ..comparison import ComparisonReport, compare
 from ..formats import get_format
 from ..machines import get_machine
@@ -114,6 +114,7 @@ class FlashInferMLA(DenseDecode):
         if clusters < 1:
             raise ValueError(f"num_sms: {launch.num_sms} SM holds no cluster of {cs} CTAs (FlashInfer pairs CTAs "
                              f"where s_q x heads, {launch.s_q * heads}, is over 64)")
+        check_num_sms(launch.num_sms, cs)
         if launch.s_q > 1 and min(launch.lengths) < launch.s_q:
             raise ValueError(f"s_q: a causal step of s_q = {launch.s_q} query tokens needs every request at least "
                              f"{launch.s_q} tokens long; the launch holds one of {min(launch.lengths)}")

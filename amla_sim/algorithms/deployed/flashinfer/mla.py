@@ -182,8 +182,8 @@ def _plan(lens: list[int], s_q: int, H: int, causal: bool, *, num_sms: int, page
         check_causal_lengths(lens, s_q, kernel="flashinfer-mla")
     pads = check_int(pad_rows, "pad_rows", lo=0)
     planned = _plan_lengths(plan_seqlens, lens, causal)
-    return flashinfer_mla_plan(planned + [0] * pads, heads=H, q_lens=[s_q] * len(lens) + [0] * pads, causal=causal,
-                               num_sms=num_sms, page_size=page_size, kv_len_limit=kv_len_limit)
+    return flashinfer_mla_plan(planned, heads=H, q_lens=s_q, causal=causal, num_sms=num_sms, page_size=page_size,
+                               kv_len_limit=kv_len_limit, empty_requests=pads)
 
 
 def _plan_lengths(plan_seqlens: npt.ArrayLike | None, lens: list[int], causal: bool) -> list[int]:

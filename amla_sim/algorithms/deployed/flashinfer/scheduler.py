@@ -24,13 +24,14 @@ import numpy.typing as npt
 
 from ...._validate import check_int
 
-__all__ = ["CTA_TILE_Q", "CTA_TILE_KV", "MAX_WORKS", "TileWork", "FlashInferPlan", "cluster_size", "kv_len_limit",
-           "causal_kv_end", "flashinfer_mla_plan"]
+__all__ = ["CTA_TILE_Q", "CTA_TILE_KV", "MAX_WORKS", "INT_WORKSPACE_BYTES", "TileWork", "FlashInferPlan",
+           "cluster_size", "kv_len_limit", "causal_kv_end", "check_num_sms", "flashinfer_mla_plan"]
 
 CTA_TILE_Q = 64  # mla_hopper.cuh:1297
 CTA_TILE_KV = 64  # mla_hopper.cuh:1298
 MAX_WORKS = 16384  # scheduler.cuh:1775 (max_total_num_works); _fa_common.py:253 refuses more
 _ID_BYTES = 4  # IdType int32
+INT_WORKSPACE_BYTES = 8 << 20  # the wrapper's int workspace (flashinfer/mla/_core.py: torch.empty(8 * 1024 * 1024))
 _f32 = np.float32
 
 
@@ -93,10 +94,26 @@ class FlashInferPlan:
         return {n: getattr(self, n) for n in STAGED_ARRAYS}
 
 
-def cluster_size(q_lens: Sequence[int], heads: int) -> int:
+def cluster_size(q_lens: Sequence[int], heads: int, empty: int = 0) -> int:
     """Two CTAs a cluster when the batch's mean packed query length (integer division) is over 64
-    (scheduler.cuh:1644-1651)."""
-    return 2 if sum(q * heads for q in q_lens) // len(q_lens) > CTA_TILE_Q else 1
+    (scheduler.cuh:1644-1651); `empty` more requests of no query count in the mean."""
+    return 2 if sum(q * heads for q in q_lens) // (len(q_lens) + empty) > CTA_TILE_Q else 1
+
+
+def check_num_sms(num_sms: int, cs: int, *, name: str = "num_sms") -> int:
+    """`num_sms` checked as the plan needs it, before anything is sized by it: one cluster of `cs` CTAs at least,
+    and the staged int arrays (five of one entry an SM) within the wrapper's 8 MiB int workspace, which MLAPlan's
+    allocator refuses to overflow (allocator.h:76-88, "Buffer overflow ... Increase the workspace buffer size").
+    Returns the clusters. The SM count is the device's (cudaDevAttrMultiProcessorCount, 132 on an H100 SXM and an
+    H200); another is a what-if."""
+    n = check_int(num_sms, name, lo=1)
+    if n // cs < 1:
+        raise ValueError(f"{name}: {n} SM holds no cluster of {cs} CTAs")
+    end = _offsets(n, n // cs, 0, 0)[13] + MAX_WORKS * _ID_BYTES
+    if end > INT_WORKSPACE_BYTES:
+        raise ValueError(f"{name}: {n} SMs stage {end} bytes of plan, more than the wrapper's int workspace "
+                         f"({INT_WORKSPACE_BYTES}); MLAPlan refuses it (at most {_MAX_SMS} SMs)")
+    return n // cs
 
 
 def kv_len_limit(total_kv: int, num_clusters: int) -> int:
@@ -174,6 +191,9 @@ def _offsets(num_sms: int, num_clusters: int, cluster_tile_q: int, head_dim_o: i
     return (*out, 0, -(-partial_o // 16) * 16)
 
 
+_MAX_SMS = (INT_WORKSPACE_BYTES - 9 * MAX_WORKS * _ID_BYTES) // 5 // 16 * 16 // _ID_BYTES  # 389936
+
+
 def check_causal_tile_bound(q_lens: Sequence[int], seqlens: Sequence[int], heads: int, cluster_tile_q: int) -> None:
     """The wrapper's refusal (_fa_common.py:325-357): the kernel bounds a causal tile's KV with floor((start +
     ctq) / heads) (mla_hopper.cuh:1074), the plan with ceil; where ctq is not a multiple of heads, a partial query at
@@ -202,24 +222,24 @@ def flashinfer_mla_plan(
     kv_indptr: Sequence[int] | None = None,
     head_dim_o: int = 512,
     kv_len_limit: int | None = None,
+    empty_requests: int = 0,
 ) -> FlashInferPlan:
     """``MLAPlan`` for a batch: request i has ``q_lens[i]`` queries (an int: all alike) and ``seqlens[i]`` keys.
     kv_indptr: the page offsets the call passes (None: each request's pages after the previous one's, ``ceil(len /
     page_size)`` each); they are only recorded in the work lists. num_sms: the device's SM count (132 on an H100
-    SXM and an H200). Refusals (ValueError naming the argument) are those of FlashInfer's fa3 preflight: more than
-    16384 work items, the causal tile boundary (:func:`check_causal_tile_bound`).
+    SXM and an H200; see :func:`check_num_sms`). empty_requests: requests of no query after the batch (a padded
+    batch): they move the cluster size only. Refusals (ValueError naming the argument) are those of FlashInfer's
+    fa3 preflight: more than 16384 work items, the causal tile boundary (:func:`check_causal_tile_bound`); each is
+    checked from the lengths before any tile is walked.
 
     kv_len_limit: the chunk length to cut with, in place of the one the batch's KV gives (None). A request's tiles
     and chunks depend on the batch only through the chunk length and the cluster size (the batch's mean query
     length), so a request planned alone with its batch's ``kv_len_limit`` (and its query length) gets the tiles it
     has in that batch. Any length of at least 1 is taken (FlashInfer's own are 32, 64, 128, 192 and multiples of
-    256); a plan that then needs more merge CTAs than SMs, or more than 16384 work items, is refused naming it.
-
-    Long: MLAPlan's passes in its order (cluster size, chunk length, the cost heap over the query tiles, the merge
-    layout), so that each can be read beside ``scheduler.cuh``."""
+    256); a plan that then needs more merge CTAs than SMs, or more than 16384 work items, is refused naming it."""
     lens = [int(n) for n in np.asarray(seqlens).ravel()]
     if not lens or min(lens) < 0 or np.asarray(seqlens).dtype.kind not in "iu":
-        raise ValueError(f"seqlens: expected one or more ints >= 0, got {seqlens!r}")
+        raise ValueError(f"seqlens: expected one or more ints >= 0, got {seqlens!r:.200}")
     b = len(lens)
     qs = [check_int(q_lens, "q_lens", lo=0)] * b if isinstance(q_lens, (int, np.integer)) else \
         [check_int(q, "q_lens", lo=0) for q in q_lens]
@@ -227,7 +247,24 @@ def flashinfer_mla_plan(
         raise ValueError(f"q_lens: expected {b} query counts, got {len(qs)}")
     H = check_int(heads, "heads", lo=1)
     check_int(page_size, "page_size", lo=1)
-    check_int(num_sms, "num_sms", lo=1)
+    cs = cluster_size(qs, H, check_int(empty_requests, "empty_requests", lo=0))
+    num_clusters = check_num_sms(num_sms, cs)
+    ctq = cs * CTA_TILE_Q
+    tiles = [-(-q * H // ctq) for q in qs]
+    if sum(tiles) > MAX_WORKS:  # each query tile is a work item at least
+        raise ValueError(f"seqlens, q_lens, heads: {b} requests in {sum(tiles)} query tiles of {ctq} rows, more work "
+                         f"items than FlashInfer's fa3 MLA holds ({MAX_WORKS}); the wrapper refuses the plan")
+    if causal:
+        check_causal_tile_bound(qs, lens, H, ctq)
+    ends = [[causal_kv_end(q, n, t, ctq, k, H) if causal else n for t in range(k - 1, -1, -1)]
+            for q, n, k in zip(qs, lens, tiles)]
+    limit = _chunk_length(sum(map(sum, ends)), num_clusters) if kv_len_limit is None else \
+        check_int(kv_len_limit, "kv_len_limit", lo=1)
+    works = sum(max(-(-e // limit), 1) for tile in ends for e in tile)
+    if works > MAX_WORKS:
+        raise ValueError(f"{'seqlens, num_sms' if kv_len_limit is None else 'kv_len_limit'}: the plan needs {works} "
+                         f"work items in chunks of {limit} keys; FlashInfer's fa3 MLA holds {MAX_WORKS} (the wrapper "
+                         "refuses the plan)")
     if kv_indptr is None:
         kv_ptr = np.concatenate([[0], np.cumsum([-(-n // page_size) for n in lens])]).astype(np.int64)
     else:
@@ -235,34 +272,28 @@ def flashinfer_mla_plan(
         if kv_ptr.shape[0] < b + 1:
             raise ValueError(f"kv_indptr: expected {b + 1} page offsets, got {kv_ptr.shape[0]}")
     q_ptr = np.concatenate([[0], np.cumsum(qs)]).astype(np.int64)
+    return _walk(qs, lens, ends, q_ptr, kv_ptr, H=H, cs=cs, num_sms=int(num_sms), limit=limit,
+                 user_limit=kv_len_limit is not None, head_dim_o=head_dim_o)
 
-    cs = cluster_size(qs, H)
-    num_clusters = num_sms // cs
-    if num_clusters < 1:
-        raise ValueError(f"num_sms: {num_sms} SMs hold no cluster of {cs} CTAs")
-    ctq = cs * CTA_TILE_Q
-    if causal:
-        check_causal_tile_bound(qs, lens, H, ctq)
 
-    def remaining(q: int, n: int, t: int, tiles: int) -> int:
-        return causal_kv_end(q, n, t, ctq, tiles, H) if causal else n
+def _walk(qs: list[int], lens: list[int], ends: list[list[int]], q_ptr: np.ndarray, kv_ptr: np.ndarray, *, H: int,
+          cs: int, num_sms: int, limit: int, user_limit: bool, head_dim_o: int) -> FlashInferPlan:
+    """MLAPlan's walk over the tiles, last tile of a request first (scheduler.cuh:1684-1760): the merge layout of
+    a tile cut in chunks, each chunk to the cluster the cost heap pops. Bounded by the checks before it: at most
+    16384 work items.
 
-    total = sum(remaining(q, n, t, -(-q * H // ctq)) for q, n in zip(qs, lens)
-                for t in range(-(-q * H // ctq) - 1, -1, -1))
-    limit = _chunk_length(total, num_clusters) if kv_len_limit is None else \
-        check_int(kv_len_limit, "kv_len_limit", lo=1)
-
+    Long: the passes in MLAPlan's order, so that each can be read beside ``scheduler.cuh``."""
+    ctq, num_clusters = cs * CTA_TILE_Q, num_sms // cs
     heap = _MinHeap(num_clusters)
-    fields = ("q_indptr", "kv_indptr", "partial_indptr", "q_len", "kv_len", "q_start", "kv_start", "kv_end")
-    work: list[dict[str, list[int]]] = [{f: [] for f in fields} for _ in range(num_clusters)]
+    fields = ("q_len", "kv_len", "q_indptr", "kv_indptr", "partial_indptr", "q_start", "kv_start", "kv_end")
+    items: list[tuple[int, tuple[int, ...]]] = []  # (cluster, the work item's fields), in plan order
     merge = np.zeros((5, num_sms), np.int64)  # packed start, end, partial start, end, stride
     merges = partial_nnz = 0
     tiles: list[TileWork] = []
     for i, (q, n) in enumerate(zip(qs, lens)):
         packed = q * H
-        num_tiles = -(-packed // ctq)
-        for t in range(num_tiles - 1, -1, -1):
-            rem = rem0 = remaining(q, n, t, num_tiles)
+        for t, rem0 in zip(range(len(ends[i]) - 1, -1, -1), ends[i]):
+            rem = rem0
             split = rem > limit
             row_tile = min(ctq, packed - t * ctq)
             if split:
@@ -270,7 +301,7 @@ def flashinfer_mla_plan(
                 step = -(-row_tile // chunks_q)
                 for off in range(0, row_tile, step):
                     if merges >= num_sms:
-                        if kv_len_limit is not None:
+                        if user_limit:
                             raise ValueError(f"kv_len_limit: chunks of {limit} keys need more merge CTAs than the "
                                              f"{num_sms} SMs (MLAPlan's merge_cta_counter <= num_sm)")
                         raise AssertionError("MLAPlan: merge_cta_counter exceeds num_sm (scheduler.cuh:1771)")
@@ -283,11 +314,8 @@ def flashinfer_mla_plan(
                 c, cost = heap.pop()
                 take = min(rem, limit)
                 heap.insert((c, _f32(cost + _f32(_f32(2) * _f32(ctq) + _f32(take)))))
-                w = work[c]
-                for f, v in (("q_len", q), ("kv_len", n), ("q_indptr", q_ptr[i]), ("kv_indptr", kv_ptr[i]),
-                             ("partial_indptr", partial_nnz if split else -1), ("q_start", t * ctq),
-                             ("kv_start", kv_start), ("kv_end", kv_start + take)):
-                    w[f].append(int(v))
+                items.append((c, (q, n, int(q_ptr[i]), int(kv_ptr[i]), partial_nnz if split else -1, t * ctq,
+                                  kv_start, kv_start + take)))
                 if split:
                     partial_nnz += row_tile
                 chunks.append((kv_start, kv_start + take))
@@ -296,10 +324,11 @@ def flashinfer_mla_plan(
                 if empty:
                     break
             tiles.append(TileWork(i, t, t * ctq, t * ctq + row_tile, rem0, tuple(chunks), split))
-    indptr = np.concatenate([[0], np.cumsum([len(w["q_len"]) for w in work])]).astype(np.int64)
-    if indptr[-1] > MAX_WORKS:
-        raise ValueError(f"{'seqlens' if kv_len_limit is None else 'kv_len_limit'}: the plan needs {indptr[-1]} "
-                         f"work items; FlashInfer's fa3 MLA holds {MAX_WORKS} (the wrapper refuses the plan)")
-    flat = {f: np.array([v for w in work for v in w[f]], np.int64) for f in fields}
+    items.sort(key=lambda it: it[0])  # stable: cluster by cluster, each in plan order
+    counts = np.bincount(np.array([c for c, _ in items], np.int64), minlength=num_clusters)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    flat = dict(zip(fields, np.array([v for _, v in items], np.int64).reshape(-1, len(fields)).T))
     info = (cs, num_clusters, *_offsets(num_sms, num_clusters, ctq, head_dim_o))
-    return FlashInferPlan(info, cs, limit, indptr, *(flat[f] for f in fields), *merge, tuple(tiles))
+    return FlashInferPlan(info, cs, limit, indptr, flat["q_indptr"], flat["kv_indptr"], flat["partial_indptr"],
+                          flat["q_len"], flat["kv_len"], flat["q_start"], flat["kv_start"], flat["kv_end"], *merge,
+                          tuple(tiles))
