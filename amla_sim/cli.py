@@ -328,7 +328,9 @@ def _cmd_invariance(args: argparse.Namespace) -> int:
         raise (type(e) if type(e) is TypeError else ValueError)(
             _flag_names(str(e), files={"inputs": args.inputs, "projection": args.projection})) from None
     print(dumps_strict(report.to_dict(), indent=2) if args.json else report.format())
-    return 0 if report.invariant else 3
+    if not all(r.comparison.bit_exact for r in report.results):
+        return 3
+    return 4 if any(report.nan.values()) else 0
 
 
 def _flag_names(text: str, flags: Sequence[str] | None = None, files: dict[str, str | None] | None = None) -> str:
@@ -367,7 +369,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         flags = ("--kernel", "--length", "--heads", "--dist", "--seed", "--sq", "--num-sms", "--max-memory")
         raise (type(e) if type(e) is TypeError else ValueError)(_flag_names(str(e), flags=flags)) from None
     print(dumps_strict(report.to_dict(), indent=2) if args.json else report.format())
-    return exit_code(report.comparison)
+    code = exit_code(report.comparison)
+    return 4 if code == 0 and not report.identical else code  # NaN in both: no answer
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -750,8 +753,9 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
                        description="Run one request alone and in other launches (batchmates of its length and of "
                                    "other lengths, other SM counts, more query rows, split counts) through a "
                                    "kernel's model, and say per launch which bits change and which split plan "
-                                   "caused it. Exit status: 0 no launch changed a bit, 3 some did (--replay: 0 "
-                                   "every launch of the device check as predicted, 3 not), 1 or 2 an error.")
+                                   "caused it. Exit status: 0 no launch changed a bit, 3 some did, 4 none did but "
+                                   "the request's outputs hold NaN (not an answer; --replay: 0 every launch of the "
+                                   "device check as predicted, 3 not), 1 or 2 an error.")
     p.add_argument("--kernel", required=True, choices=sorted(BATCH_KERNELS),
                    help="; ".join(f"{k}: {v}" for k, v in BATCH_KERNELS.items()))
     _request_flags(p)
@@ -804,7 +808,7 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
                                    "step by step and the first that differs, and whether running both on one "
                                    "split plan removes the difference. Exit status: 0 identical bits, 3 bits "
                                    "differ, 4 no compared bit differs but a stage was not compared (one kernel "
-                                   "returns it alone), 1 or 2 an error.")
+                                   "returns it alone) or the bits are NaN in both (no answer), 1 or 2 an error.")
     p.add_argument("--kernel", action="append", metavar="NAME", required=True,
                    help=f"twice: the two kernels ({', '.join(BATCH_KERNELS)}, an algorithm of amla-sim run with its "
                         "options, or a plugin's module:function); a modelled kernel may set its own launch: "
@@ -923,11 +927,15 @@ def _cmd_prefill_decode(args: argparse.Namespace) -> int:
     q, kv, idx = request_inputs(args.length, heads=args.heads, topk=args.topk, dist=args.dist, seed=args.seed)
     reports = [prefill_vs_decode(s, q, kv, idx, tokens=tokens, decode_batch=args.decode_batch) for s in stacks]
     if args.json:
-        print(dumps_strict([{"stack": r.stack.name, "tokens": [{**vars(v), "identical": v.identical}
-                                                                for v in r.tokens]} for r in reports], indent=2))
+        print(dumps_strict([{"stack": r.stack.name, "hazards": r.hazards, "tokens": [
+            {**vars(v), "identical": v.identical, "bits_identical": v.bits_identical} for v in r.tokens]}
+            for r in reports], indent=2))
     else:
         print("\n".join(r.format() for r in reports))
-    return 0 if all(v.identical for r in reports for v in r.tokens) else 3
+    verdicts = [v for r in reports for v in r.tokens]
+    if not all(v.bits_identical for v in verdicts):
+        return 3
+    return 0 if all(v.identical for v in verdicts) else 4
 
 
 def _add_prefill_decode(sub: argparse._SubParsersAction) -> None:
@@ -939,7 +947,8 @@ def _add_prefill_decode(sub: argparse._SubParsersAction) -> None:
                                    "stack's prefill launch and, token by token, its decode launches, on the models "
                                    "of the kernels each stack runs on Hopper with a BF16 cache: which output and "
                                    "LSE bits differ and why (two kernels, or one kernel's split plan). Exit status: "
-                                   "0 every token identical, 3 bits differ, 1 or 2 an error.")
+                                   "0 every token identical, 3 bits differ, 4 the bits agree but hold NaN (no "
+                                   "answer), 1 or 2 an error.")
     p.add_argument("--stack", default="all", choices=["all", *STACKS],
                    help="; ".join(f"{s.name}: {s.what}" for s in STACKS.values()))
     p.add_argument("--length", type=_int_at_least(1), default=400, help="the request's tokens (prefilled at once)")

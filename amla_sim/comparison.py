@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from ._validate import strict_json
 from .formats import Format, FormatLike, get_format, is_float_dtype
-from .testing import _fmt_elem, ulp_distance
+from .testing import _fmt_elem, row_ulp_distance, ulp_distance
 
 __all__ = ["compare", "ComparisonReport", "StageComparison", "HISTOGRAM_BINS"]
 
@@ -34,9 +34,13 @@ class StageComparison:
     NaN agrees with NaN whatever the payloads (units write different quiet NaNs); ``nan_payload`` counts those
     agreements whose words differ (a wrong format can make distinct words NaN: the report shows them),
     ``nan_mismatch`` the elements that are NaN on one side only (the histogram's ``"nan"`` bin), ``inf_mismatch``
-    those where an infinity meets anything else. ULP statistics are over the other elements, NaN against NaN at
-    distance 0 (integer stages: exact absolute differences of the values, whatever their widths and signs); the
-    histogram's bins add up to ``size``. A stage of no element compares nothing: it is never bit-exact.
+    those where an infinity meets anything else, ``nan_both`` the elements NaN on both sides (an agreement on the
+    bits, not on a number). ULP statistics are over the other elements, NaN against NaN at distance 0 (integer
+    stages: exact absolute differences of the values, whatever their widths and signs); the histogram's bins add up
+    to ``size``. ``max_row_ulp`` is the largest difference between two finite values in ULPs of their row's largest
+    finite magnitude (:func:`~amla_sim.testing.row_ulp_distance`; rows are the last axis), the scale a reader judges
+    an output by where ``max_ulp`` counts the values between two outputs near zero. A stage of no element compares
+    nothing: it is never bit-exact.
     """
 
     name: str
@@ -51,6 +55,8 @@ class StageComparison:
     inf_mismatch: int
     first_mismatch: dict[str, Any] | None = None  # index, device and simulated values of the first differing one
     nan_payload: int = 0  # NaN on both sides in different words (counted identical)
+    nan_both: int = 0  # NaN on both sides, whatever the words
+    max_row_ulp: float = 0.0  # the largest difference in ULPs of its row's largest |value|
 
     @property
     def bit_exact(self) -> float:
@@ -114,21 +120,24 @@ class ComparisonReport:
         return json.dumps(strict_json(self.to_dict()), allow_nan=False, **kwargs)
 
     def format(self, *, indent: str = "  ") -> str:
-        """A table: stage, format, bit-exact %, max and median ULP, histogram; then the verdict."""
-        lines = [f"{indent}{'stage':6s} {'format':6s} {'bit-exact':>10s} {'max ulp':>8s} {'median':>7s}  histogram"]
+        """A table: stage, format, bit-exact %, max ULP (and in ULPs of the row's largest value), median ULP,
+        histogram, NaN counts; then the verdict."""
+        lines = [f"{indent}{'stage':6s} {'format':6s} {'bit-exact':>10s} {'max ulp':>8s} {'row ulp':>8s} "
+                 f"{'median':>7s}  histogram"]
         for s in self.stages:
             hist = " ".join(f"{k}:{v}" for k, v in s.histogram.items() if v)
-            extra = "".join(f" {k} {v}" for k, v in (("nan≠", s.nan_mismatch), ("inf≠", s.inf_mismatch),
-                                                      ("nan-payload≠", s.nan_payload)) if v)
+            extra = "".join(f" {k} {v}" for k, v in (("nan≠", s.nan_mismatch), ("nan=", s.nan_both),
+                                                      ("inf≠", s.inf_mismatch), ("nan-payload≠", s.nan_payload)) if v)
             lines.append(f"{indent}{s.name:6s} {s.format:6s} {100 * s.bit_exact:9.3f}% {s.max_ulp:8d} "
-                         f"{s.median_ulp:7g}  {hist}{extra}")
+                         f"{s.max_row_ulp:8.3g} {s.median_ulp:7g}  {hist}{extra}")
         for name, why in self.not_compared.items():
             lines.append(f"{indent}{name:6s} not compared: {why}")
         if self.not_selected:
             lines.append(f"{indent}not selected, so not compared: {', '.join(self.not_selected)}")
         first = self.first_difference
+        nan = sum(s.nan_both for s in self.stages)
         if first is None and self.bit_exact:
-            lines.append(f"{indent}every stage bit-identical")
+            lines.append(f"{indent}every stage bit-identical" + (f", {nan} element{'s' * (nan != 1)} NaN on both sides" if nan else ""))
         elif first is None:
             lines.append(f"{indent}no compared element differs, but not every stage was compared: not bit-exact")
         else:
@@ -289,7 +298,7 @@ def _compare_stage(name: str, d: np.ndarray, s: np.ndarray, fmt: FormatLike | No
         dist = _int_distance(d.ravel(), s.ravel())
         same = dist == 0
         nan_d = nan_s = inf_bad = nan_payload = np.zeros(d.size, bool)
-        fmt_name = "int"
+        fmt_name, row_ulp = "int", 0.0
     else:
         d, s = _view(d, f, "device", name), _view(s, f, "simulated", name)
         with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a NaN
@@ -304,6 +313,8 @@ def _compare_stage(name: str, d: np.ndarray, s: np.ndarray, fmt: FormatLike | No
         nan_payload = nan_d & nan_s & ~words
         inf_bad = (np.isinf(wd) | np.isinf(ws)) & (wd != ws)
         fmt_name = f.name
+        by_row = row_ulp_distance(d, s, f) if d.size else np.zeros(0)
+        row_ulp = float(np.nanmax(by_row, initial=0.0))
     one_nan = nan_d ^ nan_s
     num = np.where(nan_d & nan_s, 0, dist)[~one_nan]  # NaN against NaN: distance 0
     hist = {k: int(np.count_nonzero((num >= lo) if hi is None else ((num >= lo) & (num < hi))))
@@ -319,7 +330,7 @@ def _compare_stage(name: str, d: np.ndarray, s: np.ndarray, fmt: FormatLike | No
         name=name, format=fmt_name, shape=tuple(d.shape), size=int(d.size), identical=int(same.sum()),
         max_ulp=int(num.max()) if num.size else 0, median_ulp=float(np.median(num)) if num.size else 0.0,
         histogram=hist, nan_mismatch=int(one_nan.sum()), inf_mismatch=int(inf_bad.sum()), first_mismatch=first,
-        nan_payload=int(nan_payload.sum()))
+        nan_payload=int(nan_payload.sum()), nan_both=int((nan_d & nan_s).sum()), max_row_ulp=row_ulp)
 
 
 def _int_distance(d: np.ndarray, s: np.ndarray) -> np.ndarray:

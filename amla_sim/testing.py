@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from .formats import Format, FormatLike, get_format, is_float_dtype
 
-__all__ = ["assert_bitwise_equal", "ulp_distance", "bits_of", "float_arrays", "flashmla_check", "snapmla_check"]
+__all__ = ["assert_bitwise_equal", "ulp_distance", "row_ulp_distance", "bits_of", "float_arrays", "flashmla_check", "snapmla_check"]
 
 
 def bits_of(x: npt.ArrayLike) -> np.ndarray:
@@ -50,6 +50,26 @@ def ulp_distance(actual: npt.ArrayLike, desired: npt.ArrayLike) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a NaN
         nan = np.isnan(a.astype(np.float64)) | np.isnan(d.astype(np.float64))
     return np.where(nan, -1, dist).astype(np.int64)
+
+
+def row_ulp_distance(actual: npt.ArrayLike, desired: npt.ArrayLike, fmt: FormatLike | None = None) -> np.ndarray:
+    """``|actual - desired|`` in ULPs of its row's largest finite magnitude (the last axis, over both arrays), as
+    float64: the scale a reader judges an output's difference by. :func:`ulp_distance` counts the values between
+    the two, which near zero is many for a change far below the row's rounding. An ULP of ``x`` is
+    ``2^(max(floor(log2 |x|), emin) - mantissa bits)`` in `fmt` (default: the arrays' format); NaN where either
+    side is NaN or not finite (a ULP distance of NaN or an infinity against a number means nothing)."""
+    a, d = np.asarray(actual), np.asarray(desired)
+    if a.dtype != d.dtype or a.shape != d.shape:
+        raise TypeError(f"actual and desired: expected one dtype and shape, got {a.dtype} {a.shape} and {d.dtype} "
+                        f"{d.shape}")
+    f = get_format(a.dtype if fmt is None else fmt)
+    with np.errstate(invalid="ignore", over="ignore"):  # ml_dtypes warns when it widens a NaN
+        wa, wd = np.atleast_1d(a.astype(np.float64)), np.atleast_1d(d.astype(np.float64))
+        finite = np.isfinite(wa) & np.isfinite(wd)
+        big = np.max(np.where(finite, np.maximum(np.abs(wa), np.abs(wd)), 0.0), axis=-1, keepdims=True)
+        e = np.maximum(np.frexp(big)[1] - 1, f.emin)
+        out = np.where(finite, np.abs(wa - wd) / np.ldexp(1.0, e - f.mantissa_bits), np.nan)
+    return out.reshape(a.shape)
 
 
 def _fmt_elem(v: Any, b: Any, hexw: int) -> str:

@@ -51,9 +51,15 @@ class DiffReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
+    def nan(self) -> int:
+        """The elements NaN on both sides: the same bits, not the same answer."""
+        return sum(s.nan_both for s in self.comparison.stages)
+
+    @property
     def identical(self) -> bool:
-        """Every stage of both kernels compared and bit for bit the same (a stage one returns alone never is)."""
-        return self.comparison.bit_exact
+        """Every stage of both kernels compared, bit for bit the same and no NaN (a stage one returns alone never
+        is)."""
+        return self.comparison.bit_exact and not self.nan
 
     @property
     def differing_steps(self) -> list[str]:
@@ -64,6 +70,8 @@ class DiffReport:
     def explanation(self) -> str:
         if self.identical:
             return "the same bits: nothing to explain"
+        if self.comparison.bit_exact:
+            return f"the same bits, but {self.nan} elements are NaN in both: NaN against NaN is no answer"
         skipped = self.comparison.not_compared
         if self.comparison.first_difference is None:
             return (f"no compared bit differs ({', '.join(s.name for s in self.comparison.stages)}), but "
@@ -95,8 +103,11 @@ class DiffReport:
                  f"({self.request.get('dist')}, seed {self.request.get('seed')})", ""]
         for s in self.comparison.stages:
             hist = " ".join(f"{k}:{v}" for k, v in s.histogram.items() if v)
-            lines.append(f"  {s.name:4s} {s.size - s.identical} of {s.size} elements differ, max {s.max_ulp} ulp  "
-                         f"{hist}")
+            nan = "".join(f", {n} {what}" for n, what in ((s.nan_mismatch, "NaN against a number"),
+                                                           (s.nan_both, "NaN in both"),
+                                                           (s.inf_mismatch, "infinity against another value")) if n)
+            lines.append(f"  {s.name:4s} {s.size - s.identical} of {s.size} elements differ, max {s.max_ulp} ulp "
+                         f"between numbers ({s.max_row_ulp:.3g} ulp of the row's largest |value|){nan}  {hist}")
         for name, why in self.comparison.not_compared.items():
             lines.append(f"  {name:4s} not compared: {why}")
         pa, pb = self.plans

@@ -21,6 +21,7 @@ values differ and why.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,7 @@ from .._validate import check_int
 from ..algorithms.deployed.fa3.sparse import fa3_mla_sparse
 from ..algorithms.deployed.flashmla.sparse_prefill import flashmla_sparse_prefill
 from ..experiments.inputs import make_inputs
-from ..testing import ulp_distance
+from ..testing import row_ulp_distance, ulp_distance
 
 __all__ = ["STACKS", "Stack", "TokenVerdict", "PrefillDecodeReport", "prefill_vs_decode", "request_inputs"]
 
@@ -61,40 +62,65 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
 @dataclass(frozen=True)
 class TokenVerdict:
     """One token: how many of its output elements and LSE values differ between its prefill and its decode, the
-    largest difference in ULPs, and why."""
+    largest difference between two numbers in ULPs and in ULPs of its row's largest |value|
+    (:func:`~amla_sim.testing.row_ulp_distance`), its NaN (out and LSE, each side; NaN against a number has no ULP
+    distance), and why."""
 
     token: int
     out_differ: int
     out_total: int
     lse_differ: int
-    max_ulp: int
+    max_ulp: int  # between two numbers
     why: str
+    max_row_ulp: float = 0.0
+    nan_prefill: int = 0
+    nan_decode: int = 0
+    nan_vs_number: int = 0
+
+    @property
+    def bits_identical(self) -> bool:
+        return self.out_differ == 0 and self.lse_differ == 0
 
     @property
     def identical(self) -> bool:
-        return self.out_differ == 0 and self.lse_differ == 0
+        """The same bits and no NaN among them: NaN against NaN is the same bits, not the same answer."""
+        return self.bits_identical and not (self.nan_prefill or self.nan_decode)
+
+    def describe(self) -> str:
+        nan = f"{self.nan_prefill} NaN in the prefill, {self.nan_decode} in the decode"
+        if self.bits_identical:
+            return f"bits identical, but {nan}: NaN against NaN is the same bits, not an answer"
+        against = f", {self.nan_vs_number} NaN against a number" if self.nan_vs_number else ""
+        return (f"{self.out_differ} of {self.out_total} output elements (max {self.max_ulp} ULP between numbers, "
+                f"{self.max_row_ulp:.3g} ULP of the row's largest |value|{against}), {self.lse_differ} LSE values "
+                f"differ" + (f" ({nan})" if self.nan_prefill or self.nan_decode else "") + f": {self.why}")
 
 
 @dataclass(frozen=True)
 class PrefillDecodeReport:
     """Every compared token's verdict for one stack; the prefill's and the decode's outputs and LSEs of those
-    tokens, (tokens, h, 512) BF16 and (tokens, h) natural log, for a device check to compare with; and the whole
-    prefill launch (every token's out, lse and split count), to compare other decodes with."""
+    tokens, (tokens, h, 512) BF16 and (tokens, h) natural log, for a device check to compare with; the whole
+    prefill launch (every token's out, lse and split count), to compare other decodes with; and the models'
+    hazard counts (``nan_outputs``...) of the prefill launch and of the decode launches together."""
 
     stack: Stack
     tokens: list[TokenVerdict]
     prefill: dict[str, np.ndarray] = field(repr=False)
     decode: dict[str, np.ndarray] = field(repr=False)
     prefill_launch: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
+    hazards: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def format(self) -> str:
         same = sum(v.identical for v in self.tokens)
+        nan = sum(v.bits_identical and not v.identical for v in self.tokens)
         lines = [f"{self.stack.name} ({self.stack.what}): {same} of {len(self.tokens)} tokens bit-identical "
-                 f"between prefill and decode"]
-        for v in self.tokens:
-            if not v.identical:
-                lines.append(f"  token {v.token}: {v.out_differ} of {v.out_total} output elements (max {v.max_ulp} "
-                             f"ULP), {v.lse_differ} LSE values differ: {v.why}")
+                 f"between prefill and decode" + (f"; {nan} more with identical bits that hold NaN (no answer)"
+                                                  if nan else "")]
+        lines += [f"  token {v.token}: {v.describe()}" for v in self.tokens if not v.identical]
+        counts = "; ".join(f"{side} " + ", ".join(f"{k} {n}" for k, n in h.items())
+                           for side, h in self.hazards.items() if h)
+        if counts:
+            lines.append(f"  hazards (the models' counts, whole launches): {counts}")
         return "\n".join(lines)
 
 
@@ -119,16 +145,19 @@ def request_inputs(length: int, *, heads: int, topk: int, dist: str = "normal:1"
 
 def _run(kernel: str, q: np.ndarray, kv: np.ndarray, idx: np.ndarray, valid: np.ndarray, *, scale: float | None,
          num_splits: int) -> dict[str, np.ndarray]:
-    """One launch of `kernel` over the tokens of `q`: out (T, h, 512), lse (T, h), and FA3's split counts."""
+    """One launch of `kernel` over the tokens of `q`: out (T, h, 512), lse (T, h), FA3's split counts, and the
+    model's hazards (``hazards``, a Counter)."""
     if kernel == "fa3-mla-sparse":
         res = fa3_mla_sparse(q, kv, idx, valid_counts=valid, scale=scale, num_splits=num_splits, trace=True)
-        return {"out": res.out, "lse": res.lse.T, "splits": np.array(res.trace["schedule"][0].splits)}
+        return {"out": res.out, "lse": res.lse.T, "splits": np.array(res.trace["schedule"][0].splits),
+                "hazards": Counter(res.hazards)}
     h = q.shape[1]
     padded = max(64, -(-h // 64) * 64)  # vLLM and SGLang pad the heads with zeros up to 64
     qp = np.concatenate([q, np.zeros((q.shape[0], padded - h, q.shape[2]), q.dtype)], axis=1) if padded > h else q
     # the build the device checks ran (tests/data/prefill_decode_*.npz): FlashMLA's sources with its own flags
     res = flashmla_sparse_prefill(qp, kv[:, None], idx[:, None], topk_length=valid, scale=scale, build="upstream")
-    return {"out": res.out[:, :h], "lse": res.lse[:, :h], "splits": np.ones(len(q), np.int64)}
+    return {"out": res.out[:, :h], "lse": res.lse[:, :h], "splits": np.ones(len(q), np.int64),
+            "hazards": Counter(res.hazards)}
 
 
 def _why(stack: Stack, pre: dict, dec: dict, t: int, j: int) -> str:
@@ -160,21 +189,34 @@ def prefill_vs_decode(stack: str | Stack, q: npt.ArrayLike, kv: npt.ArrayLike, i
     valid = (idx >= 0).sum(axis=1)
     pre = prefill_launch or _run(st.prefill, qa, kva, idx, valid, scale=scale, num_splits=st.num_splits)
     dec: dict[str, list] = {"out": [], "lse": [], "splits": [], "valid": []}
+    hazards = Counter()
     for t in todo:
         rep = np.repeat(np.array([t]), decode_batch)
         got = _run(st.decode, qa[rep], kva, idx[rep], valid[rep], scale=scale, num_splits=st.num_splits)
         for k in ("out", "lse", "splits"):
             dec[k].append(got[k][0])
         dec["valid"].append(valid[t])
+        hazards.update(got["hazards"])
     decode = {k: np.array(v) for k, v in dec.items()}
-    verdicts = []
-    for j, t in enumerate(todo):
-        a, b = pre["out"][t].view(np.uint16).astype(np.int32), decode["out"][j].view(np.uint16).astype(np.int32)
-        differ = int((a != b).sum())
-        lse_differ = int((pre["lse"][t].astype(np.float32).view(np.uint32)
-                          != decode["lse"][j].astype(np.float32).view(np.uint32)).sum())
-        ulp = int(ulp_distance(pre["out"][t], decode["out"][j]).max(initial=0))
-        why = "" if differ == lse_differ == 0 else _why(st, pre, decode, t, j)
-        verdicts.append(TokenVerdict(t, differ, a.size, lse_differ, ulp, why))
-    return PrefillDecodeReport(st, verdicts, {k: pre[k][todo] for k in ("out", "lse")}, decode, pre)
+    verdicts = [_verdict(st, pre, decode, t, j) for j, t in enumerate(todo)]
+    return PrefillDecodeReport(st, verdicts, {k: pre[k][todo] for k in ("out", "lse")}, decode, pre,
+                               {"prefill": dict(pre.get("hazards", {})), "decode": dict(hazards)})
+
+
+def _verdict(st: Stack, pre: dict, decode: dict, t: int, j: int) -> TokenVerdict:
+    """Token `t` (the `j`-th decoded): its bits, its distances between numbers, its NaN."""
+    po, do = pre["out"][t], decode["out"][j]
+    pl, dl = pre["lse"][t].astype(np.float32), decode["lse"][j].astype(np.float32)
+    differ = int((po.view(np.uint16) != do.view(np.uint16)).sum())
+    lse_differ = int((pl.view(np.uint32) != dl.view(np.uint32)).sum())
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a NaN
+        nan_p, nan_d = np.isnan(po.astype(np.float32)), np.isnan(do.astype(np.float32))
+    ulp = ulp_distance(po, do)
+    row = row_ulp_distance(po, do)
+    why = "" if differ == lse_differ == 0 else _why(st, pre, decode, t, j)
+    return TokenVerdict(t, differ, po.size, lse_differ, int(ulp.max(initial=0)), why,
+                        max_row_ulp=float(np.nanmax(row, initial=0.0)),
+                        nan_prefill=int(nan_p.sum() + np.isnan(pl).sum()),
+                        nan_decode=int(nan_d.sum() + np.isnan(dl).sum()),
+                        nan_vs_number=int((nan_p ^ nan_d).sum() + (np.isnan(pl) ^ np.isnan(dl)).sum()))
 

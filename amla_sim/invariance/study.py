@@ -84,9 +84,17 @@ class InvarianceReport:
     races: dict[str, Any] = field(default_factory=dict)  # run to run: the row's heads a published race can change
 
     @property
+    def nan(self) -> dict[str, int]:
+        """Per stage, the request's elements that are NaN in some launch (the models' ``nan_outputs`` hazard):
+        NaN against NaN is the same bits, not an answer."""
+        with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a NaN
+            return {s: max(int(np.isnan(r.bits[s].astype(np.float64)).sum()) for r in self.results if s in r.bits)
+                    for s in self.results[0].changed}
+
+    @property
     def invariant(self) -> bool:
-        """True when no launch changed a bit of the request."""
-        return all(r.comparison.bit_exact for r in self.results)
+        """True when no launch changed a bit of the request and no element of it is NaN."""
+        return all(r.comparison.bit_exact for r in self.results) and not any(self.nan.values())
 
     def to_dict(self) -> dict[str, Any]:
         def one(r: LaunchResult) -> dict[str, Any]:
@@ -96,7 +104,8 @@ class InvarianceReport:
 
         w = self.what_if
         return strict_json({
-            "kernel": self.kernel, "request": self.request, "invariant": self.invariant,
+            "kernel": self.kernel, "request": self.request, "invariant": self.invariant, "hazards": {
+                f"nan_{s}": n for s, n in self.nan.items()},
             "results": [one(r) for r in self.results], "projection": self.projection,
             "what_if": None if w is None else {
                 "split_tokens": w.split_tokens, "description": w.description, "plan": [list(p) for p in w.plan],
@@ -110,12 +119,13 @@ class InvarianceReport:
                  f"reference: {ref.launch.label}, {describe_plan(ref.plan)}; {ref.reason}", ""]
         stages = [s.name for s in ref.comparison.stages]
         head = f"  {'launch':46s} {'splits':30s} " + " ".join(f"{s + ' changed':>13s}" for s in stages)
-        lines += [head + "  max ulp  heads  units/SM"]
+        lines += [head + "  max ulp  row ulp  heads  units/SM"]
         for r in self.results:
             ch = " ".join(f"{r.changed[s]:13d}" for s in stages)
             flip = "" if r.argmax is None else f"  argmax {r.argmax}" + ("" if r.argmax == ref.argmax else " FLIPS")
             lines.append(f"  {r.launch.label[:46]:46s} {describe_plan(r.plan)[:30]:30s} {ch} "
-                         f"{max(s.max_ulp for s in r.comparison.stages):8d} {len(r.changed_heads):6d} "
+                         f"{max(s.max_ulp for s in r.comparison.stages):8d} "
+                         f"{max(s.max_row_ulp for s in r.comparison.stages):8.3g} {len(r.changed_heads):6d} "
                          f"{r.units['per_sm']:9.2f}{flip}")
         lines.append("")
         for r in self.results[1:]:
@@ -123,7 +133,13 @@ class InvarianceReport:
                 lines.append(f"  {r.launch.label}: {r.reason}")
         moved = [r for r in self.results[1:] if not r.comparison.bit_exact]
         odd = [r.launch.label for r in moved if r.same_plan]
-        if not moved:
+        nan = {s: n for s, n in self.nan.items() if n}
+        if nan:
+            lines.append("verdict: not answered: the request's " + ", ".join(
+                f"{s} holds {n} NaN of {ref.bits[s].size}" for s, n in nan.items()) + "; NaN against NaN is the same "
+                "bits, not the same answer" + (
+                f"; {len(moved)} of {len(self.results) - 1} launches change other bits" if moved else ""))
+        elif not moved:
             lines.append("verdict: batch-invariant over these launches: every one gave the reference's bits")
         else:
             lines.append(f"verdict: {len(moved)} of {len(self.results) - 1} launches change the request's bits; "
