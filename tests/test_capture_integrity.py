@@ -335,3 +335,33 @@ def test_assert_bitwise_equal_of_no_element_compares_nothing(shape):
     with pytest.raises(AssertionError, match="nothing compared"):
         assert_bitwise_equal(empty, empty)
     assert_bitwise_equal(empty, empty, allow_empty=True)
+
+
+@pytest.mark.parametrize("name, case, member", [
+    ("flashinfer_mla_h100.npz", 0, "work"),  # FlashInfer's staged work lists, read back for every case
+    ("flashinfer_mla_sparse_h100.npz", 1, "work"),
+    ("fa3_mla_sparse_h100.npz", 0, "splits"),  # FA3's split counts, where the scheduler metadata holds them
+    ("fa3_mla_h100.npz", 3, "splits"),
+])
+def test_a_readback_the_capture_lacks_is_not_compared_exit_4(name, case, member, tmp_path, capsys):
+    """A case whose device exposes an array (the plan's work lists, FA3's split counts) but whose file lacks it
+    replays as not compared: not bit-exact, exit 4, the member named."""
+    meta, arrays = _read(name)
+    assert replay_deployed(name, meta, arrays, cases=[case]).bit_exact
+    del arrays[f"c{case}_{member}"]
+    report = replay_deployed(name, meta, arrays, cases=[case])
+    assert not report.bit_exact and report.cases[0].first_difference is None
+    assert f"c{case}_{member}" in report.cases[0].not_compared
+    one = {f"c0_{k.split('_', 1)[1]}": v for k, v in arrays.items() if k.startswith(f"c{case}_")}  # that case alone
+    code, out, _ = _exit(["crosscheck", "--replay", str(_write(tmp_path / name, {**meta, "cases": [
+        meta["cases"][case]]}, one))], capsys)
+    assert code == 4 and f"c0_{member}" in out and "not in the capture" in out, out
+
+
+@pytest.mark.parametrize("name, case", [("fa3_mla_h100.npz", 4), ("fa3_mla_h100.npz", 6),
+                                        ("fa3_mla_sparse_h100.npz", 3), ("fa3_mla_sparse_h100.npz", 4)])
+def test_a_case_whose_device_exposes_no_split_count_replays_whole(name, case):
+    """The unpaged call, num_splits = 1 and a launch of more than 992 requests give no split counts to read back:
+    their replay is complete without them."""
+    meta, arrays = _read(name)
+    assert f"c{case}_splits" not in arrays and replay_deployed(name, meta, arrays, cases=[case]).bit_exact

@@ -178,10 +178,14 @@ def _replay_case(spec: DeployedKernel, path: str | Path, i: int, case: dict, arr
         "case": i, "batch": case["batch"], "sq": case.get("sq", 1), "heads": case["heads"],
         "seqlens": case["seqlens"], "num_kv_splits": case.get("num_kv_splits"), "dist": case["dist"],
         "format": case.get("format") or case.get("layout"), "seconds": seconds})
-    unread = [f"c{i}_{n}" for n in spec.outputs(case) if n in held and f"c{i}_{n}" not in reads.read]
-    if unread or misfit:
+    declared = spec.outputs(case)
+    unread = [f"c{i}_{n}" for n in declared if n in held and f"c{i}_{n}" not in reads.read]
+    absent = [f"c{i}_{n}" for n in spec.readbacks(case) if n not in held]  # the device gives it; the file lacks it
+    if unread or misfit or absent:
         row = replace(row, skipped={**row.skipped, **misfit,
-                                    **dict.fromkeys(unread, "held, but no stage of the model read it")})
+                                    **dict.fromkeys(unread, "held, but no stage of the model read it"),
+                                    **dict.fromkeys(absent, "not in the capture (the device's readback of it "
+                                                            "is missing)")})
     splits = f" splits={case['num_kv_splits']}" if case.get("num_kv_splits") else ""
     label = (f"case {i}:{spec.label(case)} b={case['batch']} s_q={case.get('sq', 1)} H={case['heads']} "
              f"seqlens={case['seqlens']}{splits} ({seconds} s)")

@@ -94,6 +94,12 @@ class _Fa3(DeployedKernel):
         return {"out": ((b * sq, H, D_V), np.uint16, True), "lse": (lse, np.uint32, True),
                 "splits": ((b,), np.int32, False)}
 
+    def readbacks(self, case: dict) -> set[str]:
+        """The split counts where the call's scheduler metadata holds them: vLLM's paged call, a split count left
+        to FA3 (not 1) and a batch FA3 still splits (at most 992 requests)."""
+        paged = case["page_size"] is not None
+        return {"splits"} if paged and case["num_splits"] != 1 and case["batch"] <= 992 else set()
+
     def label(self, case: dict) -> str:
         page = "not paged" if case["page_size"] is None else f"page {case['page_size']}"
         return f" {case['format']} {page} num_splits={case['num_splits']}"
@@ -192,6 +198,11 @@ class _Fa3Sparse(DeployedKernel):
         T, H = case["batch"], case["heads"]
         return {"out": ((case["keep"], H, D_V), np.uint16, True), "lse": ((H, T), np.uint32, True),
                 "splits": ((T,), np.int32, False)}
+
+    def readbacks(self, case: dict) -> set[str]:
+        """The split counts ``get_scheduler_metadata`` gives for the call: a split count left to FA3 (not 1) and
+        a launch FA3 still splits (at most 992 tokens)."""
+        return {"splits"} if case["num_splits"] != 1 and case["batch"] <= 992 else set()
 
     def label(self, case: dict) -> str:
         return f" {case['format']} topk={case['topk']} num_splits={case['num_splits']} (out of {case['keep']} kept)"

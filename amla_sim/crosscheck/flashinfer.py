@@ -102,6 +102,9 @@ class _FlashInfer(DeployedKernel):
         return {"out": ((case["keep"] * sq, H, D_V), np.uint16, True), "lse": ((b * sq, H), np.uint32, True),
                 "plan": ((18,), np.int64, True), "work": ((None,), np.int32, False)}  # its length: the plan's
 
+    def readbacks(self, case: dict) -> set[str]:
+        return {"work"}  # the adapter reads the staged work lists back from the pinned int workspace
+
     def label(self, case: dict) -> str:
         return f" {case['kv_format']} page {case['page_size']} causal={case['causal']} (out of {case['keep']} kept)"
 

@@ -88,6 +88,11 @@ class DeployedKernel:
         b, sq, H = case["batch"], case.get("sq", 1), case["heads"]
         return {"out": ((b, sq, H, D_V), np.uint16, True), "lse": ((b, H, sq), np.uint32, True)}
 
+    def readbacks(self, case: dict) -> set[str]:
+        """The optional arrays of :meth:`outputs` that the device gives for `case` (a capture reads them back):
+        where a capture lacks one, the replay reports it as not compared."""
+        return set()
+
     def check(self, case: dict) -> None:
         """What the model covers, beyond :func:`check_recipe` (ValueError or TypeError naming the field)."""
 
