@@ -905,12 +905,13 @@ def _add_roofline(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_roofline)
 
 
-_PREFILL_DECODE_WORK = 2e7  # (key, head) products: a few minutes of the models on one core
+_PREFILL_DECODE_WORK = 2e7  # (key, head) products a stack runs: a few minutes of the models on one core
 
 
 def _cmd_prefill_decode(args: argparse.Namespace) -> int:
     """Each stack's prefill of the request against each listed token's decode; exit 3 when a token's bits part."""
-    from .invariance.prefill_decode import STACKS, prefill_vs_decode, request_inputs
+    from .invariance.prefill_decode import STACKS, prefill_vs_decode, request_inputs, stack_work
+    from .resources import check_fits
 
     if args.heads > 128:
         raise ValueError(f"--heads: the kernels take at most 128 query heads, got {args.heads}")
@@ -919,11 +920,19 @@ def _cmd_prefill_decode(args: argparse.Namespace) -> int:
     if tokens is not None and not all(0 <= t < args.length for t in tokens):
         raise ValueError(f"--tokens: expected positions in 0..{args.length - 1} (or -1 for the last), got "
                          f"{args.tokens}")
-    work = args.heads * (sum(min(t + 1, args.topk) for t in range(args.length))
-                         + args.decode_batch * args.topk * len(tokens or range(4)))
-    if work > _PREFILL_DECODE_WORK:
-        raise ValueError(f"--length, --topk, --heads: {work:.3g} (key, head) products to model, over the "
-                         f"{_PREFILL_DECODE_WORK:.0e} a CPU runs in a few minutes; ask for a shorter request")
+    twice = sorted({t for t in tokens or () if tokens.count(t) > 1})
+    if twice:
+        raise ValueError(f"--tokens: position{'s' * (len(twice) > 1)} {', '.join(map(str, twice))} listed twice "
+                         f"({','.join(map(str, args.tokens))}; -1 is position {args.length - 1})")
+    valid = np.minimum(np.arange(1, args.length + 1), args.topk)  # token t lists min(t + 1, topk) rows
+    for name in stacks:
+        work, held = stack_work(name, valid, heads=args.heads, tokens=len(tokens or range(min(4, args.length))),
+                                decode_batch=args.decode_batch)
+        if work > _PREFILL_DECODE_WORK:
+            raise ValueError(f"--length, --topk, --heads: {name} runs {work:.3g} (key, head) products (the heads "
+                             f"its kernels run, the keys they walk), over the {_PREFILL_DECODE_WORK:.0e} a CPU runs "
+                             f"in a few minutes; ask for a shorter request")
+        check_fits(held, what=f"prefill-decode --stack {name}", lower="--length or --topk", limit=_limit(args))
     q, kv, idx = request_inputs(args.length, heads=args.heads, topk=args.topk, dist=args.dist, seed=args.seed)
     reports = [prefill_vs_decode(s, q, kv, idx, tokens=tokens, decode_batch=args.decode_batch) for s in stacks]
     if args.json:
@@ -960,6 +969,8 @@ def _add_prefill_decode(sub: argparse._SubParsersAction) -> None:
                    help="tokens in each decode launch (the token and batchmates with lists as long)")
     p.add_argument("--dist", default="normal:1")
     p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--max-memory", type=_positive_float, metavar="GIB",
+                   help="memory the models may use (default: what this machine has free)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_prefill_decode)
 

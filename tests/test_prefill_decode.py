@@ -126,3 +126,33 @@ def test_every_stack_is_named():
         prefill_vs_decode("nope", *request_inputs(4, heads=16, topk=128))
     with pytest.raises(ValueError, match="^topk: the prefill kernel takes a multiple of 128"):
         request_inputs(4, heads=16, topk=200)
+
+
+@pytest.mark.parametrize("stack, want", [
+    # FlashMLA's kernel runs 64 heads for 1 and walks counts rounded up to 128: 64 (128 + 256 + 384), then the
+    # decode of one token of the longest count, 64 x 384; FA3 walks the counts of 1 head and gathers 3 x 300 keys
+    ("vllm-flashmla-sparse", (64 * (128 + 256 + 384) + 64 * 384, 0)),
+    ("vllm-fa3-sparse", (1 + 129 + 300 + 300, 6 * 3 * 300 * 576)),
+    ("sglang-dsa", (64 * (128 + 256 + 384) + 300, 6 * 1 * 300 * 576)),
+])
+def test_stack_work_counts_what_the_kernels_run(stack, want):
+    from amla_sim.invariance.prefill_decode import stack_work
+
+    assert stack_work(stack, [1, 129, 300], heads=1, tokens=1) == want
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--heads", "1", "--length", "5000", "--stack", "vllm-flashmla-sparse"], "--length, --topk, --heads: "
+                                                                             "vllm-flashmla-sparse runs 5.3e+08"),
+    (["--heads", "1", "--length", "10000", "--topk", "2048", "--stack", "vllm-fa3-sparse", "--max-memory", "8"],
+     "prefill-decode --stack vllm-fa3-sparse needs about 65.9 GiB"),
+    (["--length", "10", "--tokens", "0,0"], "--tokens: position 0 listed twice"),
+    (["--length", "10", "--tokens=-1,9"], "--tokens: position 9 listed twice (-1,9; -1 is position 9)"),
+])
+def test_prefill_decode_refuses_before_any_work(argv, says, capsys):
+    from amla_sim.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["prefill-decode", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err, err

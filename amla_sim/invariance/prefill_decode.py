@@ -33,7 +33,8 @@ from ..algorithms.deployed.flashmla.sparse_prefill import flashmla_sparse_prefil
 from ..experiments.inputs import make_inputs
 from ..testing import row_ulp_distance, ulp_distance
 
-__all__ = ["STACKS", "Stack", "TokenVerdict", "PrefillDecodeReport", "prefill_vs_decode", "request_inputs"]
+__all__ = ["STACKS", "Stack", "TokenVerdict", "PrefillDecodeReport", "prefill_vs_decode", "request_inputs",
+           "stack_work"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,38 @@ def request_inputs(length: int, *, heads: int, topk: int, dist: str = "normal:1"
     return q[0], kv[0], idx
 
 
+_B_TOPK_PAIR = 128  # the sparse prefill kernel walks a token's list in pairs of 64-slot blocks (phase1.cuh:398)
+_GATHER_BYTES = 6  # FA3's model gathers each token's keys, (T, longest count, 576) BF16, and widens what it reads
+
+
+def padded_heads(h: int) -> int:
+    """The heads the sparse prefill kernel runs for `h`: vLLM and SGLang pad q with zero heads to 64 (or 128)."""
+    return max(64, -(-h // 64) * 64)
+
+
+def stack_work(stack: str | Stack, valid: npt.ArrayLike, *, heads: int, tokens: int,
+               decode_batch: int = 1) -> tuple[int, int]:
+    """What modelling `stack` on a request costs: ((key, head) products, bytes held at once), counting what the
+    kernels run, not what the request holds. valid: (T,) each token's valid count; `tokens` tokens are decoded,
+    each in a launch of `decode_batch` (their counts taken as the longest, an upper bound).
+
+    FlashMLA's sparse prefill kernel runs the heads padded to 64 and walks a token's list to its count rounded up
+    to 128 slots; FA3's sparse call walks each token's count, after its model gathers every token's keys (the
+    launch's tokens by the longest count, 576 wide)."""
+    st = STACKS[stack] if isinstance(stack, str) else stack
+    v = np.asarray(valid, np.int64)
+    top = int(v.max(initial=0))
+    work = held = 0
+    for kernel, counts in ((st.prefill, v), (st.decode, np.full(tokens * decode_batch, top, np.int64))):
+        if kernel == "flashmla-sparse-prefill":
+            work += padded_heads(heads) * int((-(-counts // _B_TOPK_PAIR) * _B_TOPK_PAIR).sum())
+        else:
+            work += heads * int(counts.sum())
+            held = max(held, _GATHER_BYTES * int(counts.size) * max(top, 1) * 576 if kernel == st.prefill
+                       else _GATHER_BYTES * decode_batch * max(top, 1) * 576)
+    return work, held
+
+
 def _run(kernel: str, q: np.ndarray, kv: np.ndarray, idx: np.ndarray, valid: np.ndarray, *, scale: float | None,
          num_splits: int) -> dict[str, np.ndarray]:
     """One launch of `kernel` over the tokens of `q`: out (T, h, 512), lse (T, h), FA3's split counts, and the
@@ -152,7 +185,7 @@ def _run(kernel: str, q: np.ndarray, kv: np.ndarray, idx: np.ndarray, valid: np.
         return {"out": res.out, "lse": res.lse.T, "splits": np.array(res.trace["schedule"][0].splits),
                 "hazards": Counter(res.hazards)}
     h = q.shape[1]
-    padded = max(64, -(-h // 64) * 64)  # vLLM and SGLang pad the heads with zeros up to 64
+    padded = padded_heads(h)  # vLLM and SGLang pad the heads with zeros up to 64
     qp = np.concatenate([q, np.zeros((q.shape[0], padded - h, q.shape[2]), q.dtype)], axis=1) if padded > h else q
     # the build the device checks ran (tests/data/prefill_decode_*.npz): FlashMLA's sources with its own flags
     res = flashmla_sparse_prefill(qp, kv[:, None], idx[:, None], topk_length=valid, scale=scale, build="upstream")
@@ -186,6 +219,8 @@ def prefill_vs_decode(stack: str | Stack, q: npt.ArrayLike, kv: npt.ArrayLike, i
     check_int(decode_batch, "decode_batch", lo=1, hi=4096)
     todo = list(range(max(0, T - 4), T)) if tokens is None else [check_int(t, "tokens", lo=0, hi=T - 1)
                                                                   for t in tokens]
+    if len(set(todo)) != len(todo):
+        raise ValueError(f"tokens: each position once, got {tokens}")
     valid = (idx >= 0).sum(axis=1)
     pre = prefill_launch or _run(st.prefill, qa, kva, idx, valid, scale=scale, num_splits=st.num_splits)
     dec: dict[str, list] = {"out": [], "lse": [], "splits": [], "valid": []}
