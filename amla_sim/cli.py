@@ -779,8 +779,10 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--projection", help=".npy of (heads x 512, vocab) floats: report each launch's argmax of the "
                                         "row's logits")
     p.add_argument("--split-tokens", type=_split_tokens, default=False,
-                   help="also the batch-invariant what-if: splits of this many tokens (a multiple of 64), or 'one' "
-                        "split a request")
+                   help="also the batch-invariant what-if: 'one' split a request, or splits of this many tokens "
+                        "(FlashMLA's decodes: a multiple of 64; sglang-triton and vllm-triton-mla: cdiv(length, "
+                        "N) splits; flashinfer-mla: its chunk length, kv_len_limit, any count; FA3's and the sparse "
+                        "prefill take no split size, so 'one' only)")
     p.add_argument("--tokens", type=_int_at_least(1), help="flashmla-sparse-fp8: the tokens of the request's cache "
                                                            "its topk are chosen from (default 4 x --length)")
     p.add_argument("--format", choices=["bf16", "fp16"], help="flashmla-etap, fa3-mla: the inputs' format")
@@ -794,8 +796,8 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
 
 
 def _split_tokens(text: str) -> int | None:
-    """An argparse type: 'one' (None: one split a request) or a token count."""
-    return None if text == "one" else _int_at_least(64)(text)
+    """An argparse type: 'one' (None: one split a request) or a token count (each kernel checks its own)."""
+    return None if text == "one" else _int_at_least(1)(text)
 
 
 def _add_diff(sub: argparse._SubParsersAction) -> None:

@@ -160,8 +160,7 @@ class FMAUnit:
     contract: bool = False
 
     def mul_add(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-        a, b, c = np.broadcast_arrays(a, b, c)
-        if not self.contract:
+        if not self.contract:  # both paths broadcast the operands together
             with np.errstate(invalid="ignore", over="ignore"):
                 return a * b + c
         return ew.fma(a, b, c)

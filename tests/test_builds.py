@@ -243,3 +243,23 @@ def test_flashinfer_a_failed_compile_names_its_source_and_leaves_nothing(tmp_pat
     with pytest.raises(RuntimeError, match=r"nvcc failed on batch_mla_sm90_run\.cu \(exit 2\)"):
         build_mla_module(root, cuda_home=cuda, tvm_ffi_includes=("/a", "/b"), cxx11_abi=1)
     assert not [p for p in (tmp_path / "tmp").rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("missing, kwargs, says", [
+    ("tvm_ffi", {"cuda_home": "/cuda", "cxx11_abi": 1}, r"apache-tvm-ffi's headers: pip install 'amla-sim\[gpu\]'"),
+    ("torch", {"cuda_home": "/cuda", "tvm_ffi_includes": ("/a", "/b")}, r"torch's C\+\+ ABI: pip install 'amla-sim\[gpu\]'"),
+    (None, {"cuda_home": "/nowhere/cuda", "tvm_ffi_includes": ("/a", "/b"), "cxx11_abi": 1},
+     r"no nvcc at /nowhere/cuda/bin/nvcc: the build needs a CUDA toolkit .*pip install 'amla-sim\[gpu\]'"),
+])
+def test_flashinfer_build_without_its_tools_names_the_extra(missing, kwargs, says, tmp_path, monkeypatch):
+    """Without apache-tvm-ffi, torch or a toolkit, FlashInfer's build says what to install, as FA3's does (not an
+    ImportError or an errno)."""
+    import sys
+
+    from amla_sim.gpu.adapters.flashinfer_build import build_mla_module
+
+    if missing is not None:
+        monkeypatch.setitem(sys.modules, missing, None)  # import fails
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with pytest.raises(GPUUnavailable, match=says):
+        build_mla_module(_flashinfer_checkout(tmp_path / "fi"), **kwargs)

@@ -416,6 +416,8 @@ def test_bad_input_names_the_argument(kwargs, name):
     ({"kpe_scale": 0.5, "ckv_scale_arr": np.ones((1, 64, 2), np.float32)}, "ckv_scale_arr"),
     ({"kpe_scale": 0.5, "ckv_scale_arr": np.ones((1, 64, 4))}, "ckv_scale_arr"),
     ({"ckv_scale": 0.0, "kpe_scale": 0.5}, "ckv_scale"), ({"ckv_scale": 0.5, "kpe_scale": np.inf}, "kpe_scale"),
+    *(({"kpe_scale": 0.5, "ckv_scale_arr": np.full((1, 64, 4), v, np.float32)}, "ckv_scale_arr: expected positive")
+      for v in (0.0, -0.5, 1e-40, np.nan)),  # the array refuses what the scalar does
 ])
 def test_fp8_scales_are_checked(kwargs, name):
     q, kv = make_inputs("normal:1", heads=16, context=64)
@@ -455,3 +457,25 @@ def test_commands_refuse_an_sm_count_the_plan_cannot_stage(argv, flag, capsys, t
         main(argv + (["--out", str(tmp_path / "s")] if argv[0] == "sweep" else []))
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"{flag}: 1000000000 SMs stage" in err and "memory" not in err, err
+
+
+@pytest.mark.parametrize("heads", [1, 129])
+def test_the_numba_engine_takes_any_head_count_quietly(heads):
+    """One and 129 heads (no multiple of a tile) broadcast the row statistics: the numba engine gives NumPy's bits
+    and warns of nothing (numba reading a broadcast view's flags did)."""
+    import warnings
+
+    pytest.importorskip("numba")
+    from amla_sim.engine import use_engine
+
+    rng = np.random.default_rng(heads)
+    q = round_to(rng.normal(size=(1, 1, heads, 576)).astype(np.float32), "bf16")
+    kv = round_to(rng.normal(size=(1, 100, 576)).astype(np.float32), "bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with use_engine("numba"):
+            fast = flashinfer_mla(q, kv)
+    with use_engine("numpy"):
+        slow = flashinfer_mla(q, kv)
+    np.testing.assert_array_equal(fast.out.view(np.uint16), slow.out.view(np.uint16))
+    np.testing.assert_array_equal(fast.lse.view(np.uint32), slow.lse.view(np.uint32))

@@ -398,3 +398,21 @@ def test_cli_refuses_bad_input_naming_the_flag(argv, msg, capsys, tmp_path):
     assert e.value.code in (1, 2)
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--kernel", "flashmla-sparse-prefill", "--num-sms", "132,114"], "not the SM count (132)"),
+    (["--kernel", "flashinfer-mla", "--split-tokens", "10"], "longest split 32 -> 10 tokens"),
+    (["--kernel", "flashmla", "--split-tokens", "10"], "--split-tokens: expected a multiple of 64 tokens, got 10"),
+])
+def test_the_study_says_what_a_flag_means_for_the_kernel(argv, says, capsys):
+    """A flag a kernel does not read is said not read; a split size each kernel checks as its what-if takes it
+    (FlashInfer's chunk length is any count)."""
+    from amla_sim.cli import main
+
+    try:
+        main(["invariance", "--length", "300", "--heads", "16", "--batchmates", "1", "--mixed", "0", *argv])
+    except SystemExit:
+        pass
+    out, err = capsys.readouterr()
+    assert says in out + err, out + err

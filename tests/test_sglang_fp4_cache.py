@@ -384,6 +384,13 @@ def test_refuses_wrong_width(shape):
         batched_quantize(np.zeros(shape, np.float32))
 
 
+@pytest.mark.parametrize("value", [1.0 + 2.0**-30, 1e300, -1e39, 2.0**-140])  # FP32 would round each to BF16
+def test_float64_values_that_are_not_bf16_are_refused(value):
+    with pytest.raises(ValueError, match="^tensor: .*BF16"):
+        batched_quantize(np.full((1, 1, 16), value))
+    batched_quantize(np.full((1, 1, 16), 1.5))  # a BF16 value held in float64 is one
+
+
 def test_refusals_name_the_argument():
     with pytest.raises(ValueError, match="^tensor: .*BF16"):
         batched_quantize(np.full((1, 1, 16), 1.0 + 2.0**-10, np.float32))
@@ -409,6 +416,8 @@ def test_refusals_name_the_argument():
         pack_e2m1(np.array([16, 0], np.uint8))
     with pytest.raises(TypeError, match="^packed: "):
         unpack_e2m1(np.zeros(2, np.int16))
+    with pytest.raises(ValueError, match="^packed: .*one axis"):
+        unpack_e2m1(np.uint8(3))
     with pytest.raises(ValueError, match="^kv: "):
         through_fp4_pool(np.zeros((2, 512), np.float32))
 

@@ -297,7 +297,8 @@ class FlashMLASparsePrefill(SparseTokenKernel):
 
     def reason(self, req: Request, launch: Launch) -> str:
         return (f"no scheduler: one CTA a token and 64 heads walks its whole list ({req.recipe['valid']} keys); "
-                f"nothing else of the launch ({launch.batch} token{_s(launch.batch)}) is read")
+                f"nothing else of the launch is read: not its {launch.batch} token{_s(launch.batch)}, not the SM "
+                f"count ({launch.num_sms})")
 
     @staticmethod
     def _padded(q: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import GPUUnavailable
 from ._build import checkout_files
 
 __all__ = ["FLASHINFER_CHECKOUT", "FlashInferBuild", "checkout_version", "mla_build_commands", "build_mla_module",
@@ -111,7 +112,8 @@ def _cuda_home() -> Path:
         return Path(os.path.dirname(os.path.dirname(nvcc)))
     if Path("/usr/local/cuda").exists():
         return Path("/usr/local/cuda")
-    raise FileNotFoundError("flashinfer-mla: no nvcc (set CUDA_HOME or put nvcc on PATH)")
+    raise GPUUnavailable("flashinfer-mla: no nvcc: the build needs a CUDA toolkit (set CUDA_HOME or put nvcc on "
+                         "PATH) and the GPU extra (pip install 'amla-sim[gpu]')")
 
 
 def mla_build_commands(checkout: str | Path, *, kv: str = "bf16", q: str = "bf16", head_dim_ckv: int = 512,
@@ -130,8 +132,11 @@ def mla_build_commands(checkout: str | Path, *, kv: str = "bf16", q: str = "bf16
     config = render_mla_config((root / "csrc" / "batch_mla_config.jinja").read_text(), values)
     cuda = Path(cuda_home) if cuda_home is not None else _cuda_home()
     if tvm_ffi_includes is None:
-        import tvm_ffi
-
+        try:
+            import tvm_ffi
+        except ImportError:
+            raise GPUUnavailable("flashinfer-mla: the build needs apache-tvm-ffi's headers: pip install "
+                                 "'amla-sim[gpu]' apache-tvm-ffi (or pass tvm_ffi_includes)") from None
         tvm_ffi_includes = (tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path())
     uri = f"q_{q}_kv_{kv}_ckv_{head_dim_ckv}_kpe_{head_dim_kpe}"
     # a folder of its own for each checkout, sources, header, toolkit and flag set: a library is never reused
@@ -168,12 +173,19 @@ def build_mla_module(checkout: str | Path, *, verbose: bool = False, cxx11_abi: 
     Each build runs in a folder of its own and moves the library into place whole: a second process building the
     same module at once, or a build killed half way, never leaves a torn object or library to be loaded."""
     if cxx11_abi is None:
-        import torch
-
+        try:
+            import torch
+        except ImportError:
+            raise GPUUnavailable("flashinfer-mla: the build takes torch's C++ ABI: pip install 'amla-sim[gpu]' "
+                                 "(or pass cxx11_abi)") from None
         cxx11_abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     final = mla_build_commands(checkout, cxx11_abi=cxx11_abi, **layout)
     if final.library.is_file():
         return final.library, 0.0
+    nvcc = Path(final.compiles[0][0])
+    if not nvcc.is_file():
+        raise GPUUnavailable(f"flashinfer-mla: no nvcc at {nvcc}: the build needs a CUDA toolkit (set CUDA_HOME) and "
+                             "the GPU extra (pip install 'amla-sim[gpu]')")
     final.folder.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="work.", dir=final.folder))
     try:

@@ -217,8 +217,12 @@ def _kv_scales(kv_fmt: str, shape: tuple[int, ...], ckv_scale: object, kpe_scale
     if ckv_scale_arr is not None:
         arr = np.asarray(ckv_scale_arr)
         want = (shape[0], shape[1], D_V // 128)
-        if arr.dtype != np.float32 or arr.shape != want or not np.isfinite(arr).all():
-            raise ValueError(f"ckv_scale_arr: expected finite float32 of shape {want}, got {arr.dtype} {arr.shape}")
+        if arr.dtype != np.float32 or arr.shape != want:
+            raise ValueError(f"ckv_scale_arr: expected float32 of shape {want}, got {arr.dtype} {arr.shape}")
+        bad = ~(np.isfinite(arr) & (arr >= np.finfo(np.float32).tiny))  # as ckv_scale: positive, finite, normal
+        if bad.any():
+            raise ValueError(f"ckv_scale_arr: expected positive finite normal scales (as ckv_scale), got "
+                             f"{arr[bad].flat[0]!r} at {tuple(int(i) for i in np.argwhere(bad)[0])}")
     ckv = np.float32(1) if ckv_scale is None else api_float(ckv_scale, "ckv_scale")
     return ckv, api_float(kpe_scale, "kpe_scale"), arr
 

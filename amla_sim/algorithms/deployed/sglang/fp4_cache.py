@@ -121,6 +121,8 @@ def unpack_e2m1(packed: npt.ArrayLike) -> np.ndarray:
     p = np.asarray(packed)
     if p.dtype != np.uint8:
         raise TypeError(f"packed: expected uint8 bytes, got dtype {p.dtype}")
+    if p.ndim < 1:
+        raise ValueError(f"packed: expected bytes (..., n/2), one axis at least, got a scalar ({p!r})")
     out = np.empty(p.shape[:-1] + (2 * p.shape[-1],), np.uint8)
     out[..., 0::2], out[..., 1::2] = p & 0x0F, p >> 4
     return out
@@ -131,10 +133,10 @@ def _bf16_values(x: npt.ArrayLike, name: str) -> np.ndarray:
     if not is_float_dtype(arr.dtype):
         raise TypeError(f"{name}: expected a float array (BF16 values), got dtype {arr.dtype}")
     with np.errstate(invalid="ignore", over="ignore"):
-        x32 = arr.astype(np.float32)
-    if not np.array_equal(round_to(x32, "bf16").astype(np.float32), x32, equal_nan=True):
+        wide = arr.astype(np.float64)  # checked at the caller's precision: FP32 would round 1 + 2^-30 to 1 first
+    if not np.array_equal(round_to(wide, "bf16").astype(np.float64), wide, equal_nan=True):
         raise ValueError(f"{name}: SGLang's cache takes BF16 values (the model's dtype); round them first")
-    return x32
+    return wide.astype(np.float32)
 
 
 @quiet_fp
