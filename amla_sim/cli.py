@@ -725,9 +725,10 @@ def _add_crosscheck(sub: argparse._SubParsersAction) -> None:
                         "of DeepSeek's softmax scales and N random ones in [0.03, 0.3]; descales and cache scales "
                         "drawn too)")
     p.add_argument("--build", choices=["upstream", "vllm", "sglang"],
-                   help="FlashMLA's kernels: upstream (the default: this project's build of the checkout its flag "
-                        "names), vllm (vLLM 0.33.0's shipped libraries: the flag names the folder its wheel unpacks "
-                        "to) or sglang (sgl-flash-mla 1.0.0's: the folder its wheel unpacks to)")
+                   help="FlashMLA's kernels and fa3-mla: upstream (the default: this project's build of the checkout "
+                        "its flag names), vllm (vLLM 0.33.0's shipped libraries: the flag names the folder its wheel "
+                        "unpacks to) or sglang (FlashMLA's only: sgl-flash-mla 1.0.0's, the folder its wheel unpacks "
+                        "to)")
     p.add_argument("--save", help="write inputs and device stages to this .npz")
     p.add_argument("--replay", help="compare a saved capture on the CPU (no GPU needed)")
     p.add_argument("--json", action="store_true")

@@ -193,7 +193,7 @@ def _replay_case(spec: DeployedKernel, path: str | Path, i: int, case: dict, arr
 
 
 def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: int = 0,
-            scales: int | None = None, build: str = "upstream") -> None:
+            scales: int | None = None, build: str = "upstream", cases: list[dict] | None = None) -> None:
     """Run `kernel`'s case table on this machine's GPU and write a capture.
 
     source: where the kernel is (the kernel's ``source_flag`` says what: a build folder or a kernel file).
@@ -202,14 +202,16 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: i
     softmax scales and this many random ones, each a small launch.
     build: ``upstream`` (this project's build of the upstream sources at `source`) or one of the kernel's
     :attr:`~.kernel.DeployedKernel.builds` (an engine's shipped library, unpacked at `source`); every recipe
-    records it."""
+    records it. cases: these recipes (as :meth:`.kernel.DeployedKernel.recipes` gives them) in place of the
+    table."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {tuple(KERNELS)}, got {kernel!r}")
     spec = KERNELS[kernel]
     if build != "upstream" and build not in spec.builds:
         raise ValueError(f"build: {spec.name} is captured from "
                          f"{' or '.join(repr(b) for b in ('upstream', *spec.builds))}, not {build!r}")
-    todo = spec.recipes(seed) if scales is None else spec.scale_recipes(seed, scales)
+    todo = list(cases) if cases is not None else spec.recipes(seed) if scales is None else \
+        spec.scale_recipes(seed, scales)
     if spec.builds:
         todo = [{**r, "build": build} for r in todo]
     if source is None and (spec.needs_source or build != "upstream"):

@@ -19,6 +19,7 @@ import numpy as np
 from .._validate import check_int
 from ..algorithms._common import D_K, D_V
 from ..algorithms.deployed.fa3 import FA3_COMMIT, SGL_FA3_COMMIT, fa3_mla, fa3_mla_sparse, sgl_fa3_mla
+from ..algorithms.deployed.fa3.scheduler import launch_splits
 from ..experiments.inputs import make_inputs
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, run_twice, stage
@@ -54,12 +55,22 @@ FA3_CASES = [
 ]
 
 
+def _bound(case: dict, max_seqlen_k: int) -> int:
+    """The launch's split bound as :func:`~amla_sim.algorithms.deployed.fa3.scheduler.launch_splits` gives it: the
+    metadata holds each request's split count only where it is over 1."""
+    sq = case.get("sq", 1)
+    return launch_splits(max_seqlen_k, s_q=sq, heads=case["heads"], num_splits=case["num_splits"],
+                         causal=sq > 1 and case.get("causal", True), batch=case["batch"])
+
+
 def fa3_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
     """q (b, s_q, h, 576) and kv (b, S_max, 576), zero past each request, from a recipe (checked against its CRC)."""
     b, sq, H, lens, fmt = case["batch"], case.get("sq", 1), case["heads"], case["seqlens"], case["format"]
     q, _ = make_inputs(case["dist"], batch=b, heads=H, sq=sq, context=1, seed=case["seed"], fmt=fmt)
     kv = np.zeros((b, max(lens), D_K), q.dtype)
     for i, n in enumerate(lens):
+        if n == 0:  # a request of no key: nothing to draw
+            continue
         kv[i, :n] = make_inputs(case["dist"], batch=1, heads=1, context=n, seed=100 * case["seed"] + i + 1,
                                 fmt=fmt)[1][0]
     if "input_crc" in case and input_crc(q, kv) != case["input_crc"]:
@@ -95,10 +106,9 @@ class _Fa3(DeployedKernel):
                 "splits": ((b,), np.int32, False)}
 
     def readbacks(self, case: dict) -> set[str]:
-        """The split counts where the call's scheduler metadata holds them: vLLM's paged call, a split count left
-        to FA3 (not 1) and a batch FA3 still splits (at most 992 requests)."""
-        paged = case["page_size"] is not None
-        return {"splits"} if paged and case["num_splits"] != 1 and case["batch"] <= 992 else set()
+        """The split counts where the call's scheduler metadata holds them: vLLM's paged call on a launch whose
+        split bound (the caller's count, or FA3's heuristic from the longest request) is over 1."""
+        return {"splits"} if case["page_size"] is not None and _bound(case, max(case["seqlens"])) > 1 else set()
 
     def label(self, case: dict) -> str:
         page = "not paged" if case["page_size"] is None else f"page {case['page_size']}"
@@ -123,6 +133,11 @@ class _Fa3(DeployedKernel):
 
         return build_fa3(source)
 
+    def load_shipped(self, source: str, build: str) -> Any:
+        from ..gpu.adapters.fa3 import load_shipped_fa3
+
+        return load_shipped_fa3(source)
+
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         from ..gpu.adapters.fa3 import run_fa3
 
@@ -138,7 +153,7 @@ FA3_MLA = _Fa3(
             "SGLang's fa3), BF16 and FP16",
     version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir",
     source_help=f"a vllm-project/flash-attention checkout at {FA3_COMMIT} with CUTLASS at csrc/cutlass (git clone "
-                "--recursive), compiled here")
+                "--recursive), compiled here", builds=("vllm",), empty_requests=True)
 
 
 _V32 = 0.1352337788608801  # DeepSeek V3.2's softmax scale: 192^-0.5 mscale^2 (YaRN)
@@ -200,9 +215,9 @@ class _Fa3Sparse(DeployedKernel):
                 "splits": ((T,), np.int32, False)}
 
     def readbacks(self, case: dict) -> set[str]:
-        """The split counts ``get_scheduler_metadata`` gives for the call: a split count left to FA3 (not 1) and
-        a launch FA3 still splits (at most 992 tokens)."""
-        return {"splits"} if case["num_splits"] != 1 and case["batch"] <= 992 else set()
+        """The split counts ``get_scheduler_metadata`` gives for the call, where its split bound (from topk, the
+        call's max_seqlen_k) is over 1."""
+        return {"splits"} if _bound(case, case["topk"]) > 1 else set()
 
     def label(self, case: dict) -> str:
         return f" {case['format']} topk={case['topk']} num_splits={case['num_splits']} (out of {case['keep']} kept)"

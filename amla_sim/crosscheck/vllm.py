@@ -218,4 +218,4 @@ VLLM_TRITON_MLA = _VllmTriton(
     source_help="vLLM's vllm/v1/attention/ops/triton_decode_attention.py, or a vLLM checkout holding it (default: "
                 "the installed vllm package)",
     launch={"block_n": 32, "block_h": 16, "num_warps": 4, "num_stages": 2},
-    needs_source=False)
+    needs_source=False, empty_requests=True)

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .. import require_gpu
 from ._build import CUDA_COMMON, SM90A, added_source, checkout_files, compile_extension
 from ._common import bits16, shuffled_pages
 
-__all__ = ["build_fa3", "run_fa3", "run_fa3_sparse", "run_sgl_fa3", "run_sgl_fa3_sparse", "FORKS"]
+__all__ = ["build_fa3", "load_shipped_fa3", "run_fa3", "run_fa3_sparse", "run_sgl_fa3", "run_sgl_fa3_sparse", "FORKS"]
 
 _WHAT = "a vllm-project/flash-attention checkout with CUTLASS at csrc/cutlass (git clone --recursive)"
 # The ten instantiations of head dims 64 x 512: {bf16, fp16} x {plain, packgqa, paged (non-TMA), paged + split,
@@ -121,6 +122,27 @@ _SGL_META_ARGS = ("batch_size max_seqlen_q max_seqlen_k num_heads num_heads_k he
                   "sm_margin").split()
 _SGL_NAME = "amla_sgl_fa3_mla"
 FORKS = ("vllm", "sglang")
+
+
+#: vLLM 0.33.0's FA3 library, relative to the folder its wheel unpacks to (flash-attention b273a02, op namespace
+#: ``_vllm_fa3_C``, the same schema as :func:`build_fa3`'s ops)
+SHIPPED_FA3 = "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
+
+
+def load_shipped_fa3(root: str | Path) -> SimpleNamespace:
+    """FA3 as vLLM 0.33.0 ships it: ``_vllm_fa3_C.abi3.so`` under `root` (the unpacked wheel), loaded as it is
+    (``torch.ops.load_library``, nothing compiled): ``fwd`` and ``get_scheduler_metadata`` as :func:`build_fa3`
+    gives them."""
+    lib = Path(root) / SHIPPED_FA3
+    if not lib.is_file():
+        raise FileNotFoundError(f"build vllm: {root} has no {SHIPPED_FA3}; it should be the folder vLLM 0.33.0's "
+                                f"wheel unpacks to")
+    require_gpu()
+    import torch
+
+    torch.ops.load_library(str(lib))
+    ops = torch.ops._vllm_fa3_C
+    return SimpleNamespace(fwd=ops.fwd, get_scheduler_metadata=ops.get_scheduler_metadata)
 
 
 def build_fa3(checkout: str | Path, *, fork: str = "vllm", verbose: bool = False) -> SimpleNamespace:

@@ -42,7 +42,7 @@ from ...._validate import check_int, quiet_fp
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_K, D_V, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
 from ..fast_math import ln2, logf
 from ..scalars import scale_log2, softmax_scale
 from ..row_sums import lane_sums as _lane_sum
@@ -118,9 +118,8 @@ def fa3_mla(
     fmt = get_format(qa.dtype).name
     b, s_q, H, _ = qa.shape
     is_causal = s_q > 1 and (causal is None or bool(causal))  # mha_fwd: causal is no mask when s_q = 1
-    lens = [int(n) for n in lens]
-    if is_causal:
-        check_causal_lengths(lens, s_q, kernel="fa3-mla")
+    lens = [int(n) for n in lens]  # a request shorter than its causal step: its first rows see no key (out 0,
+    # LSE -inf: epilogue_fwd.hpp store_zero, softmax.h finalize), as the kernel computes them
     sched = fa3_schedule(lens, s_q=s_q, heads=H, num_splits=num_splits, causal=is_causal, pack_gqa=pack_gqa,
                          page_size=page_size, varlen_q=varlen_q, num_sms=num_sms, max_seqlen_k=max_seqlen_k)
     if splits is not None:

@@ -39,8 +39,7 @@ import numpy.typing as npt
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine
 from ....schedules import Schedule
-from ..._common import (D_K, D_V, AttentionResult, check_causal_lengths, check_kernel_inputs,
-                        check_kernel_layout)
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
 from ..scalars import api_float, scale_log2, softmax_scale
 from .builds import DEFAULT_BUILD, resolve_build
 from ..row_sums import lane_sums as _lane_sum
@@ -48,7 +47,7 @@ from ..row_sums import quad_total as _row_total
 from ..vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
 from .combine import combine_width
 from .etap import check_causal
-from .first_generation import run_plan, softmax_steps, split_scores, walk
+from .first_generation import check_batch, run_plan, softmax_steps, split_scores, walk
 from .first_generation import split_lse as _split_lse
 from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
 
@@ -96,9 +95,8 @@ def flashmla_dense_fp8(
     dq, dk = api_float(descale_q, "descale_q"), api_float(descale_k, "descale_k")
     check_int(num_sms, "num_sms", lo=1)
     b, s_q, H, _ = qa.shape
-    causal = check_causal(causal, s_q)
-    if causal:
-        check_causal_lengths(lens, s_q, kernel="flashmla-dense-fp8")
+    causal = check_causal(causal, s_q)  # a request shorter than its step: rows with no key get out 0, LSE +inf
+    check_batch(b, "flashmla-dense-fp8")
     parts = etap_num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
     lengths = [int(n) for n in lens]

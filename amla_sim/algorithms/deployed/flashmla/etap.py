@@ -40,7 +40,7 @@ from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
 from ..scalars import scale_log2, softmax_scale
 from .combine import combine_width
-from .first_generation import run_plan, softmax_steps, split_scores
+from .first_generation import check_batch, run_plan, softmax_steps, split_scores
 from .first_generation import split_lse as _split_lse
 from .first_generation import walk as _walk
 from .scheduler import BLOCK_SIZE_N, block_ranges, check_splits, etap_num_sm_parts, etap_schedule, metadata_splits
@@ -83,6 +83,7 @@ def flashmla_etap(
     fmt = get_format(qa.dtype).name
     b, s_q, H, _ = qa.shape
     causal = check_causal(causal, s_q)
+    check_batch(b, "flashmla-etap")
     parts = etap_num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
     sm, c = _scales(mc, sm)

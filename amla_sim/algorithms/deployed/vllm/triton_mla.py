@@ -29,7 +29,7 @@ from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....resources import check_fits
 from ....schedules import Schedule
-from ..._common import D_K, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout
+from ..._common import D_K, AttentionResult, check_kernel_inputs, check_kernel_layout
 from ..scalars import api_float, softmax_scale
 from ..splitkv import split_ranges, stage1, stage2
 from .fp8 import quantize_cache_fp8
@@ -97,7 +97,10 @@ def vllm_triton_mla(
     """
     mc = get_machine(machine)
     mc.require(kernel="vllm-triton-mla", natural_log=True, suggest="sm90-triton")
-    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, kv_formats=("bf16", "e4m3"))
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, kv_formats=("bf16", "e4m3"), empty=True)
+    if qa.shape[2] == 1:  # kv_group_num 1: decode_attention_fwd_normal (triton_decode_attention.py:781)
+        raise ValueError("q: with one query head vLLM's op takes its MHA kernel (decode_attention_fwd_normal), "
+                         "which is not modelled; the model is the grouped kernel of 2 heads or more")
     sm, ks = softmax_scale(scale), api_float(k_scale, "k_scale")
     check_int(sms, "sms", lo=1)
     check_int(page_size, "page_size", lo=1)
@@ -108,9 +111,7 @@ def vllm_triton_mla(
         else check_int(num_kv_splits, "num_kv_splits", lo=1, hi=65535)  # stage 1's grid holds it in CUDA's z
     b, s_q, H, _ = qa.shape
     check_fits(_BYTES_PER_SPLIT * b * s_q * H * n, what=f"vllm_triton_mla with {n} splits", lower="num_kv_splits")
-    if causal:
-        check_causal_lengths(lens, s_q, kernel="vllm-triton-mla")
-    rows = row_extents(lens, s_q, bool(causal))
+    rows = row_extents(lens, s_q, bool(causal))  # a row that sees no key: out NaN, LSE -inf (0 / 0, log 0)
     ranges = split_ranges(rows, n, n, min_block_kv=1)
     Q = mc.cast(qa, "bf16").reshape(b * s_q, H, D_K)
     K = _dequantized(mc, kva, ks)
