@@ -1,6 +1,6 @@
 """What the deployed kernels' models refuse, each with a message naming the argument and what to do instead: a
-machine without a unit the kernel needs, a causal step longer than its request, quantizer inputs that are not float
-arrays (without a warning for the ones that are, however large)."""
+machine without a unit the kernel needs, quantizer inputs that are not float arrays (without a warning for the ones
+that are, however large); and what they compute where the kernel does (a causal step longer than its request)."""
 
 from __future__ import annotations
 
@@ -38,14 +38,30 @@ def test_a_machine_without_the_kernels_units_is_refused_by_name(inputs, call, ma
         call(*inputs)
 
 
-@pytest.mark.parametrize("call", [
-    lambda q, kv: vllm_triton_mla(q, kv, seqlens=[2, 64]),
-    lambda q, kv: flashmla_dense_fp8(*_fp8(q, kv), seqlens=[64, 1]),
-    lambda q, kv: fa3_mla(q, kv, seqlens=[2, 64]),
-])
-def test_a_causal_step_longer_than_its_request_is_refused(inputs, call):
-    with pytest.raises(ValueError, match=r"^seqlens: a causal step of s_q = 3 .* got \[(2|1)\]"):
-        call(*inputs)
+@pytest.mark.parametrize("call, out, lse", [
+    # the rows of request 0 (2 keys, a step of 3) that see no key, as each kernel computes them (captured on an
+    # H200: tests/data/limits_*_h200.npz): out 0 and LSE -inf (FA3), out 0 and LSE +inf (FlashMLA's first
+    # generation), 0 / 0 and log 0 (vLLM's Triton stage 2)
+    (lambda q, kv: fa3_mla(q, kv, seqlens=[2, 64]), 0.0, -np.inf),
+    (lambda q, kv: flashmla_dense_fp8(*_fp8(q, kv), seqlens=[2, 64]), 0.0, np.inf),
+    (lambda q, kv: vllm_triton_mla(q, kv, seqlens=[2, 64]), np.nan, -np.inf),
+], ids=["fa3-mla", "flashmla-dense-fp8", "vllm-triton-mla"])
+def test_a_causal_step_longer_than_its_request_is_computed(inputs, call, out, lse):
+    """Query 0 of a step of 3 over a request of 2 keys sees none; the kernels compute it, and so do the models."""
+    res = call(*inputs)
+    o = res.out[0, 0].astype(np.float32)
+    first = res.lse[0, :, 0] if res.lse.shape[1] == 16 else res.lse[0, 0]  # (b, h, s_q) or (b, s_q, h)
+    np.testing.assert_array_equal(o, np.full_like(o, out))
+    np.testing.assert_array_equal(first.astype(np.float32), np.full(16, lse, np.float32))
+    assert np.isfinite(res.out[1].astype(np.float32)).all()
+
+
+def test_flashinfer_still_refuses_a_request_shorter_than_its_step(inputs):
+    """FlashInfer's plan runs it too (its source: out 0, LSE -inf), but no capture shows it yet: refused, named."""
+    from amla_sim.algorithms import flashinfer_mla
+
+    with pytest.raises(ValueError, match=r"^seqlens: a causal step of s_q = 3 .*flashinfer-mla.* got \[2\]"):
+        flashinfer_mla(*inputs, seqlens=[2, 64], causal=True)
 
 
 def test_a_causal_step_as_long_as_its_request_runs(inputs):

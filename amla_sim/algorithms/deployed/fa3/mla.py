@@ -158,7 +158,7 @@ def _check_launch(*, num_sms: int, num_splits: int, page_size: int | None, causa
                   varlen_q: object, softcap: float, window_size: tuple[int, int]) -> None:
     """The call's settings, or an error naming the one the kernel does not take."""
     check_int(num_sms, "num_sms", lo=1)
-    check_int(num_splits, "num_splits", lo=0, hi=256)
+    check_int(num_splits, "num_splits", hi=256)  # <= 0: FA3's heuristic (flash_api.cpp:1059); > 256 raises
     if page_size is not None:
         check_int(page_size, "page_size", lo=1)
     for name, v in (("causal", causal), ("pack_gqa", pack_gqa)):
@@ -166,10 +166,11 @@ def _check_launch(*, num_sms: int, num_splits: int, page_size: int | None, causa
             raise TypeError(f"{name}: expected True, False or None, got {v!r}")
     if not isinstance(varlen_q, (bool, np.bool_)):
         raise TypeError(f"varlen_q: expected True or False, got {varlen_q!r}")
-    if softcap != 0.0:
-        raise ValueError(f"softcap: vLLM's FA3 build has no softcapping (FLASHATTENTION_DISABLE_SOFTCAP), got {softcap}")
+    if not softcap <= 0.0:  # <= 0: no cap (SOFTCAP_SWITCH(params.softcap > 0), flash_api.cpp:315); NaN raises
+        raise ValueError(f"softcap: softcapping is not modelled (vLLM's FA3 build computes it; no MLA model uses "
+                         f"it), got {softcap}")
     if tuple(window_size) != (-1, -1):
-        raise ValueError(f"window_size: vLLM's FA3 build has no local attention (FLASHATTENTION_DISABLE_LOCAL), got "
+        raise ValueError(f"window_size: local attention is not modelled (vLLM's FA3 build computes it), got "
                          f"{window_size}")
 
 

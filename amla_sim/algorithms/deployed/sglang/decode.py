@@ -53,8 +53,11 @@ def _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h, min_b
     check_int(page_size, "page_size", lo=1)
     check_int(num_stages, "num_stages", lo=1)
     check_int(num_warps, "num_warps", lo=1)
-    if logit_cap != 0:
-        raise ValueError(f"logit_cap: only 0 (no cap, DeepSeek's setting) is modelled, got {logit_cap!r}")
+    if isinstance(logit_cap, (bool, np.bool_)) or not isinstance(logit_cap, (int, float, np.integer, np.floating)):
+        raise TypeError(f"logit_cap: expected a number, got {logit_cap!r}")
+    if not logit_cap <= 0:  # the kernel caps only where logit_cap > 0 (decode_attention.py:710)
+        raise ValueError(f"logit_cap: a cap (logit_cap > 0) is not modelled; 0 or below is no cap, DeepSeek's "
+                         f"setting, got {logit_cap!r}")
     check_fits(_BYTES_PER_SPLIT * b * qa.shape[2] * max_splits, what=f"splitkv_decode with max_kv_splits={max_splits}",
                lower="max_kv_splits")
     return qa, kva, lens, splits.astype(np.int64), max_splits

@@ -1,0 +1,170 @@
+"""The limits table of the cross-check page, row by row: each row's input run through its model, which computes
+where the table says it computes and refuses, naming the argument, where it says it refuses; and the captures of
+the inputs the kernels compute, replayed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from amla_sim.algorithms import (fa3_mla, flashinfer_mla, flashmla, flashmla_dense_fp8, flashmla_etap,
+                                 flashmla_sparse_fp8, flashmla_sparse_prefill, splitkv_decode, vllm_triton_mla)
+from amla_sim.algorithms.deployed.flashinfer.scheduler import flashinfer_mla_plan
+from amla_sim.algorithms.deployed.flashmla.fp8_cache import quantize_kv_cache
+from amla_sim.algorithms.deployed.vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
+from amla_sim.crosscheck.deployed import replay_deployed
+from amla_sim.crosscheck.files import read_capture
+from amla_sim.experiments.inputs import make_inputs
+from amla_sim.formats import round_to
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data"
+
+
+def _rows() -> list[tuple[str, str, str, str]]:
+    """(kernel, input, upstream, model) of every row of the table under "What each model takes"."""
+    text = (ROOT / "docs" / "crosscheck.md").read_text()
+    section = text.split("### What each model takes", 1)[1].split("\n### ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| kernel")]
+    return [tuple(r) for r in rows]
+
+
+def _inputs(b=2, sq=3, heads=16, context=64, fmt="bf16"):
+    return make_inputs("normal:1", batch=b, sq=sq, heads=heads, context=context, seed=1, fmt=fmt)
+
+
+def _fp8(b=2, sq=1, heads=16, context=64):
+    q, kv = _inputs(b, sq, heads, context)
+    return quantize_query_fp8(q), quantize_cache_fp8(kv)
+
+
+def _sparse_fp8(heads=64, topk=64):
+    _, kv = _inputs(1, 1, 1, 128)
+    cache = quantize_kv_cache(kv.reshape(2, 64, 1, 576), "v32")
+    q = _inputs(1, 1, heads, 1)[0]
+    return q, cache, np.arange(topk, dtype=np.int32).reshape(1, 1, topk) % 128
+
+
+def _sparse_prefill(heads=64, topk=128):
+    q, kv = _inputs(1, 4, heads, 256)
+    return q[0], kv[0][:, None], np.tile(np.arange(topk, dtype=np.int32) % 256, (4, 1, 1))
+
+
+def _every(call):
+    """`call` for each model taking a plain softmax scale: the first one's error where every one refuses (a model
+    that computes fails the test)."""
+    def run():
+        q, kv = _inputs()
+        errors = []
+        for model in (fa3_mla, flashmla, flashinfer_mla, vllm_triton_mla):
+            try:
+                call(model, q, kv, seqlens=[64, 64])
+            except (ValueError, TypeError) as e:
+                errors.append(e)
+            else:
+                raise AssertionError(f"{model.__name__} computed it")
+        raise errors[0]
+    return run
+
+
+#: (kernel, input) of a row -> (the call, the argument a refusal names)
+PROBES = {
+    ("fa3-mla", "a causal step longer than its request (`seqlens < s_q`), a request of no key"):
+        (lambda: fa3_mla(*_inputs(), seqlens=[0, 2]), None),
+    ("fa3-mla", "`num_splits` over 256"): (lambda: fa3_mla(*_inputs(), num_splits=257), "num_splits"),
+    ("fa3-mla", "`num_splits` below 0"): (lambda: fa3_mla(*_inputs(), num_splits=-3), None),
+    ("fa3-mla", "`softcap` over 0, a local `window_size`"): (lambda: fa3_mla(*_inputs(), softcap=30.0), "softcap"),
+    ("fa3-mla", "`softcap` of 0 or below"): (lambda: fa3_mla(*_inputs(), softcap=-1.0), None),
+    ("fa3-mla", "a NaN or infinite scale"): (lambda: fa3_mla(*_inputs(), scale=float("nan")), "scale"),
+    ("every kernel", "a scale of 0, below 0 or subnormal"):
+        (_every(lambda model, q, kv, **kw: model(q, kv, scale=-0.1, **kw)), "scale"),
+    ("flashmla", "q and kv in FP16"): (lambda: flashmla(*_inputs(fmt="fp16"), seqlens=[64, 64]), "q"),
+    ("flashmla", "a request of no key"): (lambda: flashmla(*_inputs(sq=1), seqlens=[0, 64]), "seqlens"),
+    ("flashmla", "a causal step longer than its request"):
+        (lambda: flashmla(*_inputs(), seqlens=[2, 64], causal=True), None),
+    ("flashmla", "an SM count that makes more than 160 scheduler parts"):
+        (lambda: flashmla(*_inputs(sq=1), seqlens=[64, 64], num_sms=161), "num_sms"),
+    ("flashmla-dense-fp8", "a causal step longer than its request"):
+        (lambda: flashmla_dense_fp8(*_fp8(sq=3), seqlens=[2, 64]), None),
+    ("flashmla-dense-fp8", "a batch of 4,096 requests or more"):
+        (lambda: flashmla_dense_fp8(*_fp8(b=4096, heads=1, context=1)), "q"),
+    ("flashmla-etap", "a batch of 4,096 requests or more"):
+        (lambda: flashmla_etap(*_inputs(b=4096, sq=1, heads=1, context=1)), "q"),
+    ("flashmla-sparse-fp8", "heads other than 64 or 128"): (lambda: flashmla_sparse_fp8(*_sparse_fp8(heads=32)), "q"),
+    ("flashmla-sparse-fp8", "a top-k width that is not a multiple of 64"):
+        (lambda: flashmla_sparse_fp8(*_sparse_fp8(topk=96)), "indices"),
+    ("flashmla-sparse-prefill", "heads other than 64 or 128"):
+        (lambda: flashmla_sparse_prefill(*_sparse_prefill(heads=32)), "q"),
+    ("flashmla-sparse-prefill", "a top-k width that is not a positive multiple of 128"):
+        (lambda: flashmla_sparse_prefill(*_sparse_prefill(topk=192)), "indices"),
+    ("flashinfer-mla", "a causal step longer than its request"):
+        (lambda: flashinfer_mla(*_inputs(), seqlens=[2, 64], causal=True), "seqlens"),
+    ("flashinfer-mla", "a plan of more than 16,384 work items, a causal tile boundary that drops a key"):
+        (lambda: flashinfer_mla_plan([65], heads=48, q_lens=3, causal=True), "seqlens"),
+    ("flashinfer-mla", "an SM count whose plan overflows the wrapper's 8 MiB int workspace"):
+        (lambda: flashinfer_mla(*_inputs(sq=1), num_sms=10**6), "num_sms"),
+    ("flashinfer-mla", "a NaN or infinite scale"): (lambda: flashinfer_mla(*_inputs(sq=1), scale=np.inf), "scale"),
+    ("vllm-triton-mla", "a causal step longer than its request, a request of no key"):
+        (lambda: vllm_triton_mla(*_inputs(), seqlens=[0, 2]), None),
+    ("vllm-triton-mla", "one query head"): (lambda: vllm_triton_mla(*_inputs(heads=1)), "q"),
+    ("sglang-triton", "a request of no key"): (lambda: splitkv_decode(*_inputs(sq=1), seqlens=[0, 64]), "seqlens"),
+    ("sglang-triton", "`logit_cap` of 0 or below"): (lambda: splitkv_decode(*_inputs(sq=1), logit_cap=-1.0), None),
+    ("every FP8 kernel", "a descale or `k_scale` of 0, below 0 or not finite"):
+        (lambda: flashmla_dense_fp8(*_fp8(), descale_q=0.0), "descale_q"),
+}
+
+
+def test_every_row_has_its_probe_and_every_probe_its_row():
+    rows = {(r[0], r[1]) for r in _rows()}
+    assert len(rows) == len(_rows()) > 20
+    assert rows == set(PROBES), (rows - set(PROBES), set(PROBES) - rows)
+
+
+@pytest.mark.parametrize("kernel, what, upstream, model", _rows(), ids=[f"{r[0]}: {r[1][:40]}" for r in _rows()])
+def test_the_model_does_what_the_row_says(kernel, what, upstream, model):
+    call, arg = PROBES[(kernel, what)]
+    assert model.split()[0].rstrip(";,") in ("computes", "refuses"), model
+    if model.startswith("computes"):
+        assert arg is None
+        call()
+        return
+    named = re.search(r"naming (`\w+`|the argument|the scale)", model)
+    assert named and arg is not None, model
+    with pytest.raises((ValueError, TypeError)) as e:
+        call()
+    assert str(e.value).startswith(f"{arg}:"), str(e.value)
+    if "not modelled" in model or "not captured" in model:
+        assert upstream.startswith("computes"), (upstream, model)  # a refusal of what the kernel runs says so
+
+
+@pytest.mark.parametrize("name, cases", [("limits_fa3_mla_vllm_h200.npz", 6),
+                                         ("limits_flashmla_dense_fp8_vllm_h200.npz", 3),
+                                         ("limits_vllm_triton_mla_h200.npz", 4)])
+def test_the_captures_of_what_the_kernels_compute_replay_bit_for_bit(name, cases):
+    """Requests shorter than their causal step and requests of no key, as vLLM 0.33's shipped libraries and its
+    Triton decode computed them on an H200: every stage of every case."""
+    meta, arrays = read_capture(DATA / name, what=name)
+    assert len(meta["cases"]) == cases
+    assert any(min(c["seqlens"]) < c.get("sq", 1) or min(c["seqlens"]) == 0 for c in meta["cases"])
+    report = replay_deployed(name, meta, arrays)
+    assert report.bit_exact, report.format()
+
+
+def test_the_rows_without_a_key_are_in_the_captures():
+    """The FA3 capture's first case is vLLM's MTP call where row 0 of request 0 sees no key: out 0, LSE -inf."""
+    _, arrays = read_capture(DATA / "limits_fa3_mla_vllm_h200.npz", what="fa3")
+    out = arrays["c0_out"].view(np.float16).astype(np.float32)  # (b s_q, h, 512), FP16
+    lse = arrays["c0_lse"].view(np.float32)  # (h, b s_q)
+    assert (out[0] == 0).all() and np.isneginf(lse[:, 0]).all() and np.isfinite(lse[:, 1:]).all()
+    _, tri = read_capture(DATA / "limits_vllm_triton_mla_h200.npz", what="triton")
+    assert np.isnan(tri["c0_out"].view(ml_dtypes.bfloat16).astype(np.float32)[0]).all()
+
+
+def test_rounded_inputs_are_what_the_probes_use():
+    q, kv = _inputs()
+    assert q.dtype == ml_dtypes.bfloat16 and np.array_equal(round_to(kv.astype(np.float32), "bf16"), kv)
