@@ -63,7 +63,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
 @dataclass(frozen=True)
 class TokenVerdict:
     """One token: how many of its output elements and LSE values differ between its prefill and its decode, the
-    largest difference between two numbers in ULPs and in ULPs of its row's largest |value|
+    largest difference between two numbers in ULPs and in ULPs of its row's largest magnitude
     (:func:`~amla_sim.testing.row_ulp_distance`), its NaN (out and LSE, each side; NaN against a number has no ULP
     distance), and why."""
 

@@ -26,16 +26,16 @@ from ..fast_math import logf
 from .combine import splitkv_combine
 from .scheduler import BLOCK_SIZE_N
 
-__all__ = ["walk", "split_scores", "softmax_steps", "split_lse", "run_plan", "MAX_BATCH", "check_batch"]
+__all__ = ["walk", "split_scores", "softmax_steps", "split_lse", "run_plan", "MAX_BATCH_SIZE", "check_batch"]
 
-MAX_BATCH = 4096  # flash_fwd_mla_metadata.cu:3, MaxBatchSize: the metadata kernel's shared arrays
+MAX_BATCH_SIZE = 4096  # flash_fwd_mla_metadata.cu:3, MaxBatchSize: the metadata kernel's shared arrays
 
 
 def check_batch(b: int, kernel: str) -> None:
     """Refuse, naming q, a batch the first generation's metadata kernel aborts on: ``FLASH_ASSERT(batch_size <
     MaxBatchSize)`` prints and exits the process (flash_fwd_mla_metadata.cu:74, static_switch.h:20-26)."""
-    if b >= MAX_BATCH:
-        raise ValueError(f"q: a batch of {b} requests; {kernel}'s metadata kernel takes fewer than {MAX_BATCH} "
+    if b >= MAX_BATCH_SIZE:
+        raise ValueError(f"q: a batch of {b} requests; {kernel}'s metadata kernel takes fewer than {MAX_BATCH_SIZE} "
                          "(FLASH_ASSERT(batch_size < MaxBatchSize) exits the process)")
 
 
