@@ -2,12 +2,18 @@
 (its first query rows see no key), a request of no key, through vLLM 0.33.0's shipped FA3 and dense FP8 FlashMLA
 libraries and vLLM's Triton MLA decode, each as vLLM calls it.
 
-Run on a CUDA machine:  python scripts/capture_limits.py OUTDIR VLLM_ROOT VLLM_TRITON_FILE
+With ``edges``: the softmax scales no kernel checks (0, negative, subnormal) through every kernel that takes them
+(:data:`EDGE_SCALES`, each kernel's scale template), and requests of no key through FlashMLA's dense decode and
+SGLang's Triton decode.
 
-VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` and ``vllm/_flashmla_extension_C.abi3.so`` (vLLM
-0.33.0's wheel, unpacked); VLLM_TRITON_FILE is vLLM 0.33.0's ``triton_decode_attention.py``. Writes
-OUTDIR/limits_{kernel}.npz, each as :func:`amla_sim.crosscheck.deployed.capture` writes it (the cases below, their
-recipes recorded); the replay is ``amla-sim crosscheck --replay FILE``.
+Run on a CUDA machine:  python scripts/capture_limits.py OUTDIR VLLM_ROOT VLLM_TRITON_FILE [edges SGLANG_FILE ETAP_DIR]
+
+VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so``, ``vllm/_flashmla_C.abi3.so`` and
+``vllm/_flashmla_extension_C.abi3.so`` (vLLM 0.33.0's wheel, unpacked); VLLM_TRITON_FILE is vLLM 0.33.0's
+``triton_decode_attention.py``, SGLANG_FILE sglang 0.5.23's ``decode_attention.py``, ETAP_DIR a FlashMLA-ETAP
+checkout. Writes OUTDIR/limits_{kernel}.npz (or edges_{kernel}.npz), each as
+:func:`amla_sim.crosscheck.deployed.capture` writes it (the cases below, their recipes recorded); the replay is
+``amla-sim crosscheck --replay FILE``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import sys
 import time
 import traceback
 
-from amla_sim.crosscheck.deployed import capture
+from amla_sim.crosscheck.deployed import KERNELS, capture
 
 _192 = 192 ** -0.5
 _DS = 0.1352
@@ -63,18 +69,55 @@ CASES = {
 }
 
 
+#: softmax scales no kernel checks: 0, negative (DeepSeek's, signs flipped), subnormal (the smallest included)
+EDGE_SCALES = (0.0, -0.0417, -0.1352, 1e-40, -3e-39, 1e-45)
+
+
+def _scaled(kernel: str) -> list[dict]:
+    return [{**KERNELS[kernel].scale_template(), "seed": 950 + j, "scale": s} for j, s in enumerate(EDGE_SCALES)]
+
+
+def _dense(b, sq, H, lens, dist, seed):
+    return {"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "dist": dist, "seed": seed, "scale": _192}
+
+
+def _sglang(b, H, lens, splits, seed):
+    return {"batch": b, "heads": H, "seqlens": list(lens), "num_kv_splits": list(splits), "max_kv_splits": max(splits),
+            "dist": "normal:1", "seed": seed, "scale": _192}
+
+
+#: kernel -> (build, source key, cases) of the edges run
+EDGES = {
+    **{k: ("vllm", "vllm", _scaled(k)) for k in ("fa3-mla", "fa3-mla-sparse", "flashmla", "flashmla-sparse-fp8",
+                                                  "flashmla-sparse-prefill", "flashmla-dense-fp8")},
+    "flashmla-etap": ("upstream", "etap", _scaled("flashmla-etap")),
+    "vllm-triton-mla": ("upstream", "triton", _scaled("vllm-triton-mla")),
+    "sglang-triton": ("upstream", "sglang", _scaled("sglang-triton") + [
+        _sglang(2, 16, (0, 100), (1, 1), 971), _sglang(3, 128, (0, 1, 3000), (4, 4, 4), 972)]),
+    "flashmla-empty": ("vllm", "vllm", [_dense(3, 1, 128, (0, 64, 3000), "normal:1", 961),
+                                        _dense(3, 1, 128, (3000, 0, 3000), "flashmla", 962),
+                                        _dense(3, 1, 16, (0, 0, 1), "normal:1", 963),
+                                        _dense(4, 2, 64, (0, 700, 1, 0), "normal:1", 964)]),
+}
+
+
 def main() -> None:
     out, sources = sys.argv[1], {"vllm": sys.argv[2], "triton": sys.argv[3]}
+    edges = len(sys.argv) > 4 and sys.argv[4] == "edges"
+    if edges:
+        sources.update(sglang=sys.argv[5], etap=sys.argv[6])
     os.makedirs(out, exist_ok=True)
     failed = []
-    for kernel, (build, source, cases) in CASES.items():
+    for name, (build, source, cases) in (EDGES if edges else CASES).items():
+        kernel = name.removesuffix("-empty")
         t0 = time.time()
         try:
-            capture(kernel, os.path.join(out, f"limits_{kernel.replace('-', '_')}.npz"), source=sources[source],
-                    build=build, cases=cases)
-            print(f"{kernel}: {len(cases)} cases, {time.time() - t0:.1f} s", flush=True)
+            capture(kernel, os.path.join(out, f"{'edges' if edges else 'limits'}_{name.replace('-', '_')}.npz"),
+                    source=sources[source], build=build if KERNELS[kernel].builds or build == "upstream" else
+                    "upstream", cases=cases)
+            print(f"{name}: {len(cases)} cases, {time.time() - t0:.1f} s", flush=True)
         except Exception:  # one kernel's failure is reported, the others still run
-            failed.append(kernel)
+            failed.append(name)
             traceback.print_exc()
     print("failed:", failed or "none")
 

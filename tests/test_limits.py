@@ -17,7 +17,7 @@ from amla_sim.algorithms.deployed.flashinfer.scheduler import flashinfer_mla_pla
 from amla_sim.algorithms.deployed.flashmla.fp8_cache import quantize_kv_cache
 from amla_sim.algorithms.deployed.vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
 from amla_sim.crosscheck.deployed import replay_deployed
-from amla_sim.crosscheck.files import read_capture
+from amla_sim.crosscheck.files import CaptureError, read_capture
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.formats import round_to
 
@@ -55,13 +55,26 @@ def _sparse_prefill(heads=64, topk=128):
     return q[0], kv[0][:, None], np.tile(np.arange(topk, dtype=np.int32) % 256, (4, 1, 1))
 
 
+def _every_computes(scale: float) -> None:
+    """Every model but FlashInfer's on a softmax scale (each kernel's bits for it are captured)."""
+    q, kv = _inputs(sq=1)
+    fa3_mla(q, kv, scale=scale), flashmla(q, kv, seqlens=[64, 64], scale=scale)
+    flashmla_etap(q, kv, scale=scale), vllm_triton_mla(q, kv, scale=scale), splitkv_decode(q, kv, scale=scale)
+    flashmla_dense_fp8(*_fp8(), scale=scale), flashmla_sparse_fp8(*_sparse_fp8(), scale=scale)
+    flashmla_sparse_prefill(*_sparse_prefill(), scale=scale)
+
+
+def _dense_fp8(q, kv, **kw):
+    return flashmla_dense_fp8(quantize_query_fp8(q), quantize_cache_fp8(kv), **kw)
+
+
 def _every(call):
-    """`call` for each model taking a plain softmax scale: the first one's error where every one refuses (a model
-    that computes fails the test)."""
+    """`call` for each dense model whose subnormal scales are not modelled: the first one's error where every one
+    refuses (a model that computes fails the test)."""
     def run():
         q, kv = _inputs()
         errors = []
-        for model in (fa3_mla, flashmla, flashinfer_mla, vllm_triton_mla):
+        for model in (fa3_mla, flashmla, _dense_fp8, flashmla_etap):
             try:
                 call(model, q, kv, seqlens=[64, 64])
             except (ValueError, TypeError) as e:
@@ -81,10 +94,18 @@ PROBES = {
     ("fa3-mla", "`softcap` over 0, a local `window_size`"): (lambda: fa3_mla(*_inputs(), softcap=30.0), "softcap"),
     ("fa3-mla", "`softcap` of 0 or below"): (lambda: fa3_mla(*_inputs(), softcap=-1.0), None),
     ("fa3-mla", "a NaN or infinite scale"): (lambda: fa3_mla(*_inputs(), scale=float("nan")), "scale"),
-    ("every kernel", "a scale of 0, below 0 or subnormal"):
-        (_every(lambda model, q, kv, **kw: model(q, kv, scale=-0.1, **kw)), "scale"),
+    ("every kernel but flashinfer-mla", "a scale of 0 or below"):
+        (lambda: [_every_computes(s) for s in (0.0, -0.1352)], None),
+    ("flashinfer-mla", "a scale of 0 or below, or subnormal"):
+        (lambda: flashinfer_mla(*_inputs(sq=1), scale=-0.1), "scale"),
+    ("fa3-mla, flashmla, flashmla-dense-fp8, flashmla-etap", "a subnormal scale"):
+        (_every(lambda model, q, kv, **kw: model(q, kv, scale=1e-40, **kw)), "scale"),
+    ("flashmla-sparse-fp8, flashmla-sparse-prefill, vllm-triton-mla, sglang-triton", "a subnormal scale"):
+        (lambda: (flashmla_sparse_fp8(*_sparse_fp8(), scale=1e-40), flashmla_sparse_prefill(*_sparse_prefill(),
+                                                                                           scale=-3e-39),
+                  vllm_triton_mla(*_inputs(), scale=1e-45), splitkv_decode(*_inputs(sq=1), scale=1e-40)), None),
     ("flashmla", "q and kv in FP16"): (lambda: flashmla(*_inputs(fmt="fp16"), seqlens=[64, 64]), "q"),
-    ("flashmla", "a request of no key"): (lambda: flashmla(*_inputs(sq=1), seqlens=[0, 64]), "seqlens"),
+    ("flashmla", "a request of no key"): (lambda: flashmla(*_inputs(sq=1), seqlens=[0, 64]), None),
     ("flashmla", "a causal step longer than its request"):
         (lambda: flashmla(*_inputs(), seqlens=[2, 64], causal=True), None),
     ("flashmla", "an SM count that makes more than 160 scheduler parts"):
@@ -112,7 +133,7 @@ PROBES = {
     ("vllm-triton-mla", "a causal step longer than its request, a request of no key"):
         (lambda: vllm_triton_mla(*_inputs(), seqlens=[0, 2]), None),
     ("vllm-triton-mla", "one query head"): (lambda: vllm_triton_mla(*_inputs(heads=1)), "q"),
-    ("sglang-triton", "a request of no key"): (lambda: splitkv_decode(*_inputs(sq=1), seqlens=[0, 64]), "seqlens"),
+    ("sglang-triton", "a request of no key"): (lambda: splitkv_decode(*_inputs(sq=1), seqlens=[0, 64]), None),
     ("sglang-triton", "`logit_cap` of 0 or below"): (lambda: splitkv_decode(*_inputs(sq=1), logit_cap=-1.0), None),
     ("every FP8 kernel", "a descale or `k_scale` of 0, below 0 or not finite"):
         (lambda: flashmla_dense_fp8(*_fp8(), descale_q=0.0), "descale_q"),
@@ -140,6 +161,31 @@ def test_the_model_does_what_the_row_says(kernel, what, upstream, model):
     assert str(e.value).startswith(f"{arg}:"), str(e.value)
     if "not modelled" in model or "not captured" in model:
         assert upstream.startswith("computes"), (upstream, model)  # a refusal of what the kernel runs says so
+
+
+#: the edges captures: file -> (cases, the cases the model refuses: subnormal scales where they are not modelled)
+EDGES = {"edges_fa3_mla_h200.npz": (6, (3, 4, 5)), "edges_fa3_mla_sparse_h200.npz": (6, (3, 4, 5)),
+         "edges_flashmla_h200.npz": (6, (3, 4, 5)), "edges_flashmla_dense_fp8_h200.npz": (6, (3, 4, 5)),
+         "edges_flashmla_etap_h200.npz": (6, (3, 4, 5)), "edges_flashmla_sparse_fp8_h200.npz": (6, ()),
+         "edges_flashmla_sparse_prefill_h200.npz": (6, ()), "edges_vllm_triton_mla_h200.npz": (6, ()),
+         "edges_sglang_triton_h200.npz": (8, ()), "edges_flashmla_empty_h200.npz": (4, ())}
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_the_edges_the_kernels_compute_replay_bit_for_bit(name):
+    """Softmax scales of 0, below 0 and subnormal through every kernel, and requests of no key, as an H200 computed
+    them: every case the model takes replays in every bit; a subnormal scale the model refuses, it refuses by
+    name (the capture shows the kernel's bits, which the model's flush would not give)."""
+    cases, refused = EDGES[name]
+    meta, arrays = read_capture(DATA / name, what=name)
+    assert len(meta["cases"]) == cases
+    taken = [i for i in range(cases) if i not in refused]
+    report = replay_deployed(name, meta, arrays, cases=taken)
+    assert report.bit_exact, report.format()
+    for i in refused:
+        assert 0 < abs(meta["cases"][i]["scale"]) < np.finfo(np.float32).tiny
+        with pytest.raises(CaptureError, match=f"case {i}: scale: .* subnormal"):
+            replay_deployed(name, meta, arrays, cases=[i])
 
 
 @pytest.mark.parametrize("name, cases", [("limits_fa3_mla_vllm_h200.npz", 6),

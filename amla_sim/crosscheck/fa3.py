@@ -236,6 +236,11 @@ class _Fa3Sparse(DeployedKernel):
     def load(self, source: str | None) -> Any:
         from ..gpu.adapters.fa3 import build_fa3
 
+    def load_shipped(self, source: str, build: str) -> Any:
+        from ..gpu.adapters.fa3 import load_shipped_fa3
+
+        return load_shipped_fa3(source)
+
         return build_fa3(source)
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
@@ -254,7 +259,7 @@ FA3_MLA_SPARSE = _Fa3Sparse(
             "FLASH_ATTN_MLA_SPARSE, SGLang's DSA fa3 decode), one-token pages, BF16 and FP16",
     version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir", empty_requests=True,
     source_help=f"a vllm-project/flash-attention checkout at {FA3_COMMIT} with CUTLASS at csrc/cutlass (git clone "
-                "--recursive), compiled here")
+                "--recursive), compiled here", builds=("vllm",))
 
 
 

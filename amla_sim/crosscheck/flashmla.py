@@ -308,7 +308,7 @@ _CHECKOUT = "a {} checkout at {} with CUTLASS at csrc/cutlass (git clone --recur
 #: FlashMLA's sm90 dense decode as the cross-check drives it.
 FLASHMLA = _Dense(
     name="flashmla", summary=f"FlashMLA's sm90 dense decode (commit {FLASHMLA_COMMIT})", version_key="flashmla_commit",
-    version=FLASHMLA_COMMIT, source_flag="--flashmla-dir", builds=_SHIPPED,
+    version=FLASHMLA_COMMIT, source_flag="--flashmla-dir", builds=_SHIPPED, empty_requests=True,
     source_help=_CHECKOUT.format("deepseek-ai/FlashMLA", FLASHMLA_COMMIT))
 #: FlashMLA-ETAP, the ETAP paper's kernel, as the cross-check drives it.
 FLASHMLA_ETAP = _Etap(

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms._common import D_V
-from ..algorithms.deployed.scalars import api_float
+from ..algorithms.deployed.scalars import api_float, api_scale
 from ..experiments.inputs import make_inputs
 from ..resources import check_fits, run_bytes
 from .files import CaptureError, input_crc
@@ -155,7 +155,7 @@ def check_recipe(spec: DeployedKernel, where: str, i: int, case: object, arrays:
         if len(seqlens) != b:
             raise ValueError(f"seqlens: {len(seqlens)} lengths for batch {b}")
         if case.get("scale") is not None:
-            api_float(case["scale"], "scale")
+            api_scale(case["scale"], "scale", subnormal=True)  # the model checks its own
         if not isinstance(case["dist"], str):
             raise TypeError(f"dist: expected a string, got {case['dist']!r}")
         build = case.get("build", "upstream")

@@ -91,4 +91,4 @@ SGLANG = _SGLangDecode(
     source_help="the kernel file of the sglang wheel (default: the installed sglang package)",
     launch={"block_n": 32, "block_h": 16, "num_warps": 4, "num_stages": 2, "min_block_kv": 32, "page_size": 1,
             "logit_cap": 0.0},
-    needs_source=False)
+    needs_source=False, empty_requests=True)

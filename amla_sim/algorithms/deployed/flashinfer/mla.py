@@ -138,7 +138,7 @@ def flashinfer_mla(
         raise TypeError(f"kv: the kernel takes a cache of q's format ({fmt.upper()}) or E4M3 with a BF16 q, got "
                         f"{kv_fmt.upper()}")
     scales = _kv_scales(kv_fmt, kva.shape, ckv_scale, kpe_scale, ckv_scale_arr)
-    sm = softmax_scale(scale)
+    sm = softmax_scale(scale, positive=True)  # 0, negative and subnormal scales not captured
     for name, v in (("causal", causal), ("return_lse_base_on_e", return_lse_base_on_e), ("trace", trace)):
         if not isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{name}: expected True or False, got {v!r}")

@@ -103,7 +103,7 @@ def flashmla(
     """
     mc, double = resolve_build("dense", build, machine)
     mc.require(kernel="flashmla", log2=True, suggest="sm90-cuda")
-    qa, kva, lens = check_kernel_inputs(q, kv, seqlens)
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, empty=True)
     sm = softmax_scale(scale, double=double)
     check_int(num_sms, "num_sms", lo=1)
     if not isinstance(causal, (bool, np.bool_)):
@@ -125,7 +125,9 @@ def flashmla(
         rows = Q[i].reshape(s_q * H, D_K)
         res = [_split_rows(u, rows, K[i], lens[i], lo // BLOCK_SIZE_N, -(-hi // BLOCK_SIZE_N), c, mask_len)
                for lo, hi in ranges]
-        if len(res) == 1:
+        if not res:  # a request of no key: a split of no block (get_decoding_sched_meta.cu:95), out 0, LSE +inf
+            out[i], lse[i] = 0, np.inf
+        elif len(res) == 1:
             O, L, m = res[0]
             out[i] = O
             empty = (L == 0) | np.isnan(L)  # splitkv_mla.cuh:1236, the unpruned sum
@@ -134,8 +136,10 @@ def flashmla(
             out[i], lse[i] = _combine(u, res, max_splits)
         if trace:
             tr.setdefault("split_ranges", []).append(np.array(ranges))
-            tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]))
-            tr.setdefault("split_lse", []).append(np.stack([_split_lse(u, r) for r in res]))
+            tr.setdefault("split_out", []).append(np.stack([r[0] for r in res]) if res else
+                                                  np.zeros((0, s_q * H, D_V), mc.dtype))
+            tr.setdefault("split_lse", []).append(np.stack([_split_lse(u, r) for r in res]) if res else
+                                                  np.zeros((0, s_q * H), mc.dtype))
     hazards = Counter()
     if np.isnan(out).any():
         hazards["nan_outputs"] += int(np.isnan(out).sum())

@@ -30,7 +30,10 @@ SGLANG_VERSION = "0.5.23"
 
 def _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h, min_block_kv, page_size, logit_cap,
            num_warps, num_stages):
-    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, one_query=True)
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, one_query=True, empty=True)  # no key: 0 / 0, as the kernel
+    if qa.shape[2] == 1:  # kv_group_num 1 (decode_attention.py:1269)
+        raise ValueError("q: with one query head SGLang's decode takes its MHA kernel (decode_attention_fwd_normal), "
+                         "which is not modelled; the model is the grouped kernel of 2 heads or more")
     b = qa.shape[0]
     splits = np.broadcast_to(np.asarray(num_kv_splits), (b,)) if np.ndim(num_kv_splits) == 0 else \
         np.asarray(num_kv_splits)
@@ -98,7 +101,7 @@ def splitkv_decode(
     mc.require(kernel="sglang-triton", natural_log=True, suggest="sm90-triton")
     qa, kva, lens, splits, max_splits = _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h,
                                                min_block_kv, page_size, logit_cap, num_warps, num_stages)
-    sm, vs = softmax_scale(scale), api_float(v_scale, "v_scale")
+    sm, vs = softmax_scale(scale, subnormal=True), api_float(v_scale, "v_scale")
     ranges = split_ranges(lens, splits, max_splits, min_block_kv)
     Q = mc.cast(qa, "bf16")[:, 0]  # (b, H, 576)
     K = mc.cast(kva, "bf16")
