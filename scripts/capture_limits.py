@@ -6,7 +6,10 @@ With ``edges``: the softmax scales no kernel checks (0, negative, subnormal) thr
 (:data:`EDGE_SCALES`, each kernel's scale template), and requests of no key through FlashMLA's dense decode and
 SGLang's Triton decode.
 
-Run on a CUDA machine:  python scripts/capture_limits.py OUTDIR VLLM_ROOT VLLM_TRITON_FILE [edges SGLANG_FILE ETAP_DIR]
+With ``flashinfer``: FlashInfer's MLA on requests shorter than their causal step and on the same scale edges.
+
+Run on a CUDA machine:  python scripts/capture_limits.py OUTDIR VLLM_ROOT VLLM_TRITON_FILE
+                        [edges SGLANG_FILE ETAP_DIR | flashinfer FLASHINFER_CHECKOUT]
 
 VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so``, ``vllm/_flashmla_C.abi3.so`` and
 ``vllm/_flashmla_extension_C.abi3.so`` (vLLM 0.33.0's wheel, unpacked); VLLM_TRITON_FILE is vLLM 0.33.0's
@@ -101,18 +104,34 @@ EDGES = {
 }
 
 
+def _fi(b, sq, H, lens, seed, scale=_192):
+    return {"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "kv_format": "bf16", "dist": "normal:1",
+            "seed": seed, "scale": scale, "page_size": 1, "causal": sq > 1, "keep": b}
+
+
+#: FlashInfer's MLA (SGLang's call): requests shorter than their causal step, then the scale edges
+FLASHINFER = {"flashinfer-mla": ("upstream", "flashinfer", [
+    _fi(2, 2, 16, (1, 700), 981), _fi(2, 4, 64, (2, 3000), 982), _fi(3, 3, 128, (1, 2, 300), 983),
+    _fi(2, 200, 16, (150, 400), 984),  # a step longer than a request of more than two KV tiles
+    *({**KERNELS["flashinfer-mla"].scale_template(), "seed": 990 + j, "scale": s}
+      for j, s in enumerate(EDGE_SCALES))])}
+
+
 def main() -> None:
     out, sources = sys.argv[1], {"vllm": sys.argv[2], "triton": sys.argv[3]}
     edges = len(sys.argv) > 4 and sys.argv[4] == "edges"
+    flashinfer = len(sys.argv) > 4 and sys.argv[4] == "flashinfer"
     if edges:
         sources.update(sglang=sys.argv[5], etap=sys.argv[6])
+    if flashinfer:
+        sources.update(flashinfer=sys.argv[5])
     os.makedirs(out, exist_ok=True)
     failed = []
-    for name, (build, source, cases) in (EDGES if edges else CASES).items():
+    for name, (build, source, cases) in (EDGES if edges else FLASHINFER if flashinfer else CASES).items():
         kernel = name.removesuffix("-empty")
         t0 = time.time()
         try:
-            capture(kernel, os.path.join(out, f"{'edges' if edges else 'limits'}_{name.replace('-', '_')}.npz"),
+            capture(kernel, os.path.join(out, f"{'limits' if name in CASES else 'edges'}_{name.replace('-', '_')}.npz"),
                     source=sources[source], build=build if KERNELS[kernel].builds or build == "upstream" else
                     "upstream", cases=cases)
             print(f"{name}: {len(cases)} cases, {time.time() - t0:.1f} s", flush=True)

@@ -210,7 +210,7 @@ def test_causal_rows_see_the_keys_up_to_their_position():
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    ({"seqlens": [0]}, "seqlens"), ({"seqlens": [65]}, "seqlens"), ({"seqlens": [64], "scale": 0.0}, "scale"),
+    ({"seqlens": [0]}, "seqlens"), ({"seqlens": [65]}, "seqlens"), ({"seqlens": [64], "scale": float("nan")}, "scale"),
     ({"seqlens": [64], "num_sms": 0}, "num_sms"), ({"seqlens": [64], "num_sms": 1000}, "num_sms"),
     ({"seqlens": [64], "machine": "b200"}, "machine"), ({"seqlens": [64], "causal": "yes"}, "causal"),
 ])

@@ -207,9 +207,9 @@ BAD = [
     (_set("attn_sink", lambda a: a["attn_sink"].astype(np.float64)), ValueError, r"^attn_sink: expected float32"),
     (_set("attn_sink", lambda a: a["attn_sink"][:32]), ValueError, r"^attn_sink: expected float32 \(64,\)"),
     (_set("attn_sink", np.full(64, np.nan, np.float32)), ValueError, "^attn_sink: expected .* without NaN"),
-    (_set("scale", -1.0), ValueError, "^scale: expected a positive finite float32 number"),
-    (_set("scale", math.inf), ValueError, "^scale: expected a positive"),
-    (_set("scale", 1e-50), ValueError, "^scale: .* outside float32's normal range"),
+    (_set("scale", math.nan), ValueError, "^scale: expected a finite float32 number"),
+    (_set("scale", math.inf), ValueError, "^scale: expected a finite"),
+    (_set("scale", 1e300), ValueError, "^scale: expected a finite"),  # past FP32 (1e-50 rounds to 0: taken)
     (_set("machine", "sm90-triton"), ValueError, "^machine: flashmla-sparse-prefill takes lg2, which sm90-triton does not model"),
     (_set("machine", "h100"), ValueError, "^machine: unknown machine"),
 ]

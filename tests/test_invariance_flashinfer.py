@@ -269,7 +269,7 @@ def test_cli_invariance_and_diff(capsys):
 
 @pytest.mark.parametrize("argv, msg", [
     (["--heads", "128", "--num-sms", "132,1"], "--num-sms: 1 SM holds no cluster of 2 CTAs"),
-    (["--sq", "2", "--length", "1"], "--length, --sq: a causal step"),
+    (["--num-sms", "132,400000"], "--num-sms: 400000 SMs stage .* int workspace"),
     (["--sq", "3", "--heads", "48", "--length", "65"], "--heads, --sq: request 0 .* would drop key 64"),
     (["--length", "64", "--heads", "128", "--batchmates", "20000", "--mixed", "0"],
      "--batchmates, --sq, --heads: 20001 requests of 1 query tile of 128 rows, more work items"),

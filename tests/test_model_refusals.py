@@ -56,12 +56,14 @@ def test_a_causal_step_longer_than_its_request_is_computed(inputs, call, out, ls
     assert np.isfinite(res.out[1].astype(np.float32)).all()
 
 
-def test_flashinfer_still_refuses_a_request_shorter_than_its_step(inputs):
-    """FlashInfer's plan runs it too (its source: out 0, LSE -inf), but no capture shows it yet: refused, named."""
+def test_flashinfer_computes_a_request_shorter_than_its_step(inputs):
+    """FlashInfer's plan clamps the rows' KV ends at 0 and the kernel writes out 0 and LSE -inf for a row that sees
+    no key (captured: tests/data/edges_flashinfer_mla_h200.npz)."""
     from amla_sim.algorithms import flashinfer_mla
 
-    with pytest.raises(ValueError, match=r"^seqlens: a causal step of s_q = 3 .*flashinfer-mla.* got \[2\]"):
-        flashinfer_mla(*inputs, seqlens=[2, 64], causal=True)
+    res = flashinfer_mla(*inputs, seqlens=[2, 64], causal=True)  # out (b, s_q, h, 512), lse (b s_q, h)
+    assert (res.out[0, 0].astype(np.float32) == 0).all() and np.isneginf(res.lse[0]).all()
+    assert np.isfinite(res.lse[1:]).all() and np.isfinite(res.out[0, 1:].astype(np.float32)).all()
 
 
 def test_a_causal_step_as_long_as_its_request_runs(inputs):

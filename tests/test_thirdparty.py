@@ -133,9 +133,9 @@ def test_splitkv_decode_on_other_machines(machine):
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    ({"seqlens": [0]}, "seqlens"), ({"seqlens": [10**6]}, "seqlens"), ({"num_kv_splits": 0}, "num_kv_splits"),
+    ({"seqlens": [-1]}, "seqlens"), ({"seqlens": [10**6]}, "seqlens"), ({"num_kv_splits": 0}, "num_kv_splits"),
     ({"num_kv_splits": 9, "max_kv_splits": 8}, "max_kv_splits"), ({"block_h": 64}, "block_h"),
-    ({"block_n": 12}, "block_n"), ({"logit_cap": 30.0}, "logit_cap"), ({"scale": -1.0}, "scale"),
+    ({"block_n": 12}, "block_n"), ({"logit_cap": 30.0}, "logit_cap"), ({"scale": float("nan")}, "scale"),
     ({"machine": "h100"}, "machine"), ({"page_size": 0}, "page_size"), ({"num_kv_splits": True}, "num_kv_splits"),
 ])
 def test_bad_input_names_the_argument(kwargs, name):
@@ -202,8 +202,9 @@ def test_flashmla_needs_a_log2_model():
         flashmla(q, kv, seqlens=[64], machine="sm90-triton")
 
 
-@pytest.mark.parametrize("kwargs, name", [({"seqlens": [0]}, "seqlens"), ({"seqlens": [65]}, "seqlens"),
-                                          ({"seqlens": [1, 2]}, "seqlens"), ({"seqlens": [64], "scale": 0.0}, "scale"),
+@pytest.mark.parametrize("kwargs, name", [({"seqlens": [-1]}, "seqlens"), ({"seqlens": [65]}, "seqlens"),
+                                          ({"seqlens": [1, 2]}, "seqlens"),
+                                          ({"seqlens": [64], "scale": float("inf")}, "scale"),
                                           ({"seqlens": [64], "num_sms": 0}, "num_sms"),
                                           ({"seqlens": [64], "machine": "b200"}, "machine")])
 def test_flashmla_bad_input_names_the_argument(kwargs, name):

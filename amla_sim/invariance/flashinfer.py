@@ -13,7 +13,7 @@ The model runs the request alone with the launch's chunk length
 
 Its bounds, checked before any plan, are those of FlashInfer's fa3 preflight (a plan it refuses runs FlashInfer's
 fa2 kernel under ``backend="auto"``, which is not modelled): at most 16384 work items and no causal tile boundary
-that drops a key; and an SM count that holds a cluster, a causal step no longer than any request. FlashInfer's MLA
+that drops a key; and an SM count whose plan the wrapper's int workspace holds. FlashInfer's MLA
 plan takes no split size, so it has no batch-invariant mode; the study's what-if hands the model a fixed chunk
 length instead.
 
@@ -102,22 +102,12 @@ class FlashInferMLA(DenseDecode):
                                         "o = fma(f1, o, fl(f2 o_k)); out = o rcp(d), lse = m + lg2(d)"),
     }
 
-    def check_request(self, *, length: int, heads: int, s_q: int, options: Mapping[str, Any]) -> int:
-        tokens = super().check_request(length=length, heads=heads, s_q=s_q, options=options)
-        if s_q > tokens:
-            raise ValueError(f"length, s_q: a causal step of s_q = {s_q} query tokens needs a request of at least "
-                             f"{s_q} tokens, got {tokens}")
-        return tokens
-
     def bounds(self, launch: Launch, *, heads: int, options: Mapping[str, Any]) -> tuple[int, int]:
         cs, clusters, ctq, tiles = _shape(launch, heads)
         if clusters < 1:
             raise ValueError(f"num_sms: {launch.num_sms} SM holds no cluster of {cs} CTAs (FlashInfer pairs CTAs "
                              f"where s_q x heads, {launch.s_q * heads}, is over 64)")
         check_num_sms(launch.num_sms, cs)
-        if launch.s_q > 1 and min(launch.lengths) < launch.s_q:
-            raise ValueError(f"s_q: a causal step of s_q = {launch.s_q} query tokens needs every request at least "
-                             f"{launch.s_q} tokens long; the launch holds one of {min(launch.lengths)}")
         many = "batchmates, s_q, heads" if launch.batch > 1 else "s_q, heads"
         if tiles * launch.batch > MAX_WORKS:  # each query tile a work item at least
             raise ValueError(f"{many}: {launch.batch} request{'s' * (launch.batch > 1)} of {tiles} query "

@@ -51,7 +51,7 @@ from ...._validate import check_int, quiet_fp
 from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
-from ..._common import D_K, D_V, AttentionResult, check_causal_lengths, check_kernel_inputs, check_kernel_layout
+from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
 from ..fast_math import ln2
 from ..row_sums import quad_total as _row_total
 from ..scalars import api_float, scale_log2_f32, softmax_scale
@@ -138,7 +138,7 @@ def flashinfer_mla(
         raise TypeError(f"kv: the kernel takes a cache of q's format ({fmt.upper()}) or E4M3 with a BF16 q, got "
                         f"{kv_fmt.upper()}")
     scales = _kv_scales(kv_fmt, kva.shape, ckv_scale, kpe_scale, ckv_scale_arr)
-    sm = softmax_scale(scale, positive=True)  # 0, negative and subnormal scales not captured
+    sm = softmax_scale(scale)  # 0 and negative scales captured; subnormal ones not modelled
     for name, v in (("causal", causal), ("return_lse_base_on_e", return_lse_base_on_e), ("trace", trace)):
         if not isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{name}: expected True or False, got {v!r}")
@@ -178,8 +178,6 @@ def _plan(lens: list[int], s_q: int, H: int, causal: bool, *, num_sms: int, page
           kv_len_limit: int | None, pad_rows: int, plan_seqlens: npt.ArrayLike | None) -> FlashInferPlan:
     """The wrapper's plan of the call: the requests' lengths (or vLLM's upper bounds), then `pad_rows` empty
     requests."""
-    if causal:
-        check_causal_lengths(lens, s_q, kernel="flashinfer-mla")
     pads = check_int(pad_rows, "pad_rows", lo=0)
     planned = _plan_lengths(plan_seqlens, lens, causal)
     return flashinfer_mla_plan(planned, heads=H, q_lens=s_q, causal=causal, num_sms=num_sms, page_size=page_size,
