@@ -316,6 +316,8 @@ def _cmd_invariance(args: argparse.Namespace) -> int:
         except (ValueError, OSError, EOFError) as e:
             raise ValueError(f"--projection: {args.projection} is not a .npy array ({e})") from None
         if not isinstance(projection, np.ndarray):
+            if hasattr(projection, "close"):
+                projection.close()  # an .npz archive holds its file open
             raise ValueError(f"--projection: {args.projection} is not a .npy array (an .npz archive?)")
     try:
         report = invariance(args.kernel, length=4096 if args.length is None else args.length,
