@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from amla_sim._files import atomic_savez
 from amla_sim.crosscheck.merge import MERGE_CASES, merge_inputs
 
 
@@ -66,7 +67,7 @@ def main() -> None:
             "device": device, "torch": torch.__version__, "cases": [list(c) for c in MERGE_CASES],
             "repeat_identical": bool(same)}
     tag = "h200" if "H200" in device else "h100" if "H100" in device else "gpu"
-    np.savez_compressed(os.path.join(out_dir, f"merges_{tag}.npz"), meta=np.array(json.dumps(meta)), **arrays)
+    atomic_savez(os.path.join(out_dir, f"merges_{tag}.npz"), meta=np.array(json.dumps(meta)), **arrays)
     print("repeat identical:", same)
 
 

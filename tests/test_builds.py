@@ -263,3 +263,11 @@ def test_flashinfer_build_without_its_tools_names_the_extra(missing, kwargs, say
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     with pytest.raises(GPUUnavailable, match=says):
         build_mla_module(_flashinfer_checkout(tmp_path / "fi"), **kwargs)
+
+
+def test_the_shipped_fa3_folder_is_checked_before_the_gpu(tmp_path):
+    """vLLM's FA3 library named as the folder its wheel unpacks to: a folder without it is refused by name."""
+    from amla_sim.gpu.adapters.fa3 import SHIPPED_FA3, load_shipped_fa3
+
+    with pytest.raises(FileNotFoundError, match=f"^build vllm: .* has no {SHIPPED_FA3}; it should be the folder"):
+        load_shipped_fa3(tmp_path)

@@ -209,6 +209,9 @@ RENDERED = [
                                                            "capture.py", "replay.py"], False, 1, 1),
     ("_generated/notebooks/01_lemma_3_1.html", ["Lemma 3.1"], True, 0, 0),
     ("reproductions.html", ["AMLA Tables 3 and 4"], False, 5, 7),
+    ("crosscheck.html", ["What each model takes", "a causal step longer than its request", "The merges of a chunked "
+                         "prefill"], False, 3, 0),
+    ("why-changed.html", ["row ulp", "NaN against NaN"], False, 1, 0),
 ]
 
 

@@ -156,3 +156,10 @@ def test_prefill_decode_refuses_before_any_work(argv, says, capsys):
         main(["prefill-decode", *argv])
     err = capsys.readouterr().err
     assert e.value.code == 2 and says in err, err
+
+
+def test_stack_work_names_an_unknown_stack():
+    from amla_sim.invariance.prefill_decode import stack_work
+
+    with pytest.raises(ValueError, match="^stack: expected one of"):
+        stack_work("tgi", [1, 2], heads=1, tokens=1)

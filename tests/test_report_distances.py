@@ -70,3 +70,9 @@ def test_nan_is_never_reported_as_agreement(argv, code, says, never, capsys):
 def test_every_comparing_command_gives_the_row_scale(argv, says, capsys):
     _, out = _run(argv, capsys)
     assert says in out, out
+
+
+@pytest.mark.parametrize("a, b", [(np.zeros(3, BF16), np.zeros(3, np.float32)), (np.zeros(3, BF16), np.zeros(4, BF16))])
+def test_row_ulp_distance_names_its_arguments(a, b):
+    with pytest.raises(TypeError, match="^actual and desired: expected one dtype and shape"):
+        row_ulp_distance(a, b)

@@ -264,16 +264,6 @@ def safe_max(m: np.ndarray) -> np.ndarray:
     return np.where(np.isneginf(m), 0, m).astype(m.dtype)
 
 
-def check_causal_lengths(lens: npt.ArrayLike, s_q: int, *, kernel: str) -> None:
-    """A causal step of `s_q` query tokens is the last `s_q` tokens of each request: refuse, naming ``seqlens``, a
-    request shorter than its step (its first queries would see no key, a call no serving engine makes and no
-    capture of `kernel` shows)."""
-    short = [int(n) for n in np.asarray(lens).ravel() if int(n) < s_q]
-    if short:
-        raise ValueError(f"seqlens: a causal step of s_q = {s_q} query tokens needs every request at least {s_q} "
-                         f"tokens long ({kernel}); got {short[:4]}")
-
-
 def causal_lists(b: int, s_q: int, S: int, width: int) -> np.ndarray:
     """(b s_q, width) int32 top-k lists of a sparse kernel run as a dense decode: query s of request i lists
     request i's rows ``0 .. S - s_q + s`` of the flat cache (``i S + t``), -1 after them."""

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from .._validate import check_int
 from ..algorithms.deployed.fa3.sparse import fa3_mla_sparse
-from ..algorithms.deployed.flashmla.sparse_prefill import flashmla_sparse_prefill
+from ..algorithms.deployed.flashmla.sparse_prefill import flashmla_sparse_prefill, padded_heads
 from ..experiments.inputs import make_inputs
 from ..testing import row_ulp_distance, ulp_distance
 
@@ -148,11 +148,6 @@ _B_TOPK_PAIR = 128  # the sparse prefill kernel walks a token's list in pairs of
 _GATHER_BYTES = 6  # FA3's model gathers each token's keys, (T, longest count, 576) BF16, and widens what it reads
 
 
-def padded_heads(h: int) -> int:
-    """The heads the sparse prefill kernel runs for `h`: vLLM and SGLang pad q with zero heads to 64 (or 128)."""
-    return max(64, -(-h // 64) * 64)
-
-
 def stack_work(stack: str | Stack, valid: npt.ArrayLike, *, heads: int, tokens: int,
                decode_batch: int = 1) -> tuple[int, int]:
     """What modelling `stack` on a request costs: ((key, head) products, bytes held at once), counting what the
@@ -162,7 +157,9 @@ def stack_work(stack: str | Stack, valid: npt.ArrayLike, *, heads: int, tokens: 
     FlashMLA's sparse prefill kernel runs the heads padded to 64 and walks a token's list to its count rounded up
     to 128 slots; FA3's sparse call walks each token's count, after its model gathers every token's keys (the
     launch's tokens by the longest count, 576 wide)."""
-    st = STACKS[stack] if isinstance(stack, str) else stack
+    st = STACKS.get(stack) if isinstance(stack, str) else stack
+    if not isinstance(st, Stack):
+        raise ValueError(f"stack: expected one of {tuple(STACKS)}, got {stack!r}")
     v = np.asarray(valid, np.int64)
     top = int(v.max(initial=0))
     work = held = 0

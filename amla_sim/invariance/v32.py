@@ -39,7 +39,7 @@ from ..algorithms.deployed.fa3.mla import fa3_mla
 from ..algorithms.deployed.fa3.scheduler import (KBLOCK_M, KBLOCK_N, MAX_SPLIT_BATCH, Fa3Schedule, fa3_schedule,
                                                  n_block_max, split_blocks)
 from ..algorithms.deployed.topk import sparse_rows
-from ..algorithms.deployed.flashmla.sparse_prefill import B_TOPK, HEADS, flashmla_sparse_prefill
+from ..algorithms.deployed.flashmla.sparse_prefill import B_TOPK, HEADS, flashmla_sparse_prefill, padded_heads
 from ..experiments.inputs import make_inputs
 from .fa3 import MAX_NUM_SPLITS, Fa3MLA, split_bounds
 from .kernel import RCP_NORMALISE, BatchKernel, Plan, Request, mate_seed
@@ -304,7 +304,7 @@ class FlashMLASparsePrefill(SparseTokenKernel):
     def _padded(q: np.ndarray) -> np.ndarray:
         """q (T, h, 576) with zero heads up to 64 or 128, as vLLM and SGLang pad it."""
         h = q.shape[1]
-        pad = -(-h // 64) * 64 - h
+        pad = padded_heads(h) - h
         return np.concatenate([q, np.zeros((q.shape[0], pad, q.shape[2]), q.dtype)], axis=1) if pad else q
 
     def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:

@@ -42,7 +42,10 @@ def _check(p_out: npt.ArrayLike, p_lse: npt.ArrayLike, s_out: npt.ArrayLike, s_l
     LSEs FP32 of `lse_shape` ``"hT"`` (vLLM's) or ``"Th"`` (SGLang's). Errors name the argument."""
     po, so = np.asarray(p_out), np.asarray(s_out)
     for name, a in (("prefix_output", po), ("suffix_output", so)):
-        fmt = get_format(a.dtype).name if a.dtype.kind in "fV" else None
+        try:
+            fmt = get_format(a.dtype).name
+        except (TypeError, ValueError):  # not a float format
+            fmt = None
         if fmt not in _FORMATS or a.ndim != 3 or a.shape[-1] % 8 or 0 in a.shape:
             raise ValueError(f"{name}: expected BF16, FP16 or FP32 (T, h, d), d a multiple of 8, got {a.dtype} "
                              f"{a.shape}")

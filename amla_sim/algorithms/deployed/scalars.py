@@ -37,16 +37,22 @@ _FP32_TINY = float(np.finfo(np.float32).tiny)
 _LOG2E = math.log2(math.e)
 
 
+def _real(x: object, name: str, want: str) -> float:
+    """`x` as a Python float (an int beyond any float: inf), or a ValueError naming `name` if it is no real number
+    (a bool, a string...)."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name}: expected {want}, got {x!r}")
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf
+
+
 def api_float(x: object, name: str) -> np.float32:
     """`x` as a kernel's ``float`` parameter holds it: rounded to FP32 once. A ValueError names `name` unless `x`
     is a real number whose FP32 value is positive, finite and normal (a subnormal scale would be flushed by the
     kernels' ``-ftz`` arithmetic; an overflow or underflow in the conversion changes the softmax altogether)."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name}: expected a positive finite float32 number, got {x!r}")
-    try:
-        v = float(x)
-    except OverflowError:  # an int beyond any float
-        v = math.inf
+    v = _real(x, name, "a positive finite float32 number")
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name}: expected a positive finite float32 number, got {x!r}")
     with np.errstate(over="ignore", under="ignore"):
@@ -63,14 +69,8 @@ def api_scale(x: object, name: str = "scale", *, subnormal: bool = False) -> np.
     `name`: NaN and infinities (FA3 and FlashInfer raise on them; what the others compute, NaN throughout, is not
     captured) and, unless `subnormal` (a kernel whose subnormal scales are captured), a subnormal FP32 value (the
     fast-math kernels' flushes of it are not modelled)."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name}: expected a finite float32 number, got {x!r}")
-    try:
-        v = float(x)
-    except OverflowError:  # an int beyond any float
-        v = math.inf
     with np.errstate(over="ignore"):
-        f = np.float32(v)
+        f = np.float32(_real(x, name, "a finite float32 number"))
     if not np.isfinite(f):
         raise ValueError(f"{name}: expected a finite float32 number, got {x!r} (NaN and infinities are not "
                          "modelled; FA3 and FlashInfer refuse them)")

@@ -52,7 +52,8 @@ from ..._common import D_V, AttentionResult, _check_storage, causal_lists, check
 from ..scalars import scale_log2_f32, softmax_scale
 from .builds import DEFAULT_BUILD, resolve_build
 
-__all__ = ["flashmla_sparse_prefill", "SparsePrefillResult", "B_TOPK", "HEADS", "D_QK", "CHOICES", "flashmla_sparse_prefill_decode"]
+__all__ = ["flashmla_sparse_prefill", "SparsePrefillResult", "B_TOPK", "HEADS", "D_QK", "CHOICES", "padded_heads",
+           "flashmla_sparse_prefill_decode"]
 
 #: Slots per block (``B_TOPK``, config.h:27); topk must be a multiple of two blocks (phase1.cuh:577).
 B_TOPK = 64
@@ -127,6 +128,11 @@ def _check(q, kv, indices, topk_length, attn_sink, scale, double=False):
             raise ValueError(f"attn_sink: expected float32 ({h_q},) without NaN, got {sink.dtype} {sink.shape}")
     sm = softmax_scale(scale, default=d_qk ** -0.5, double=double, subnormal=True)
     return qa, kva, idx.astype(np.int64)[:, 0], lengths, has_len, sink, sm
+
+
+def padded_heads(h: int) -> int:
+    """The heads the kernel runs for `h` query heads: vLLM and SGLang pad q with zero heads to 64 (or 128)."""
+    return 64 if h <= 64 else 128
 
 
 @quiet_fp
@@ -389,7 +395,7 @@ def flashmla_sparse_prefill_decode(
         raise ValueError(f"q: the kernel takes 1 to 128 heads (padded to 64 or 128), got {H}")
     topk = -(-S // 128) * 128
     idx = causal_lists(b, s_q, S, topk)
-    padded = 64 if H <= 64 else 128
+    padded = padded_heads(H)
     qp = np.zeros((b * s_q, padded, d), qa.dtype)
     qp[:, :H] = qa.reshape(b * s_q, H, d)
     res = flashmla_sparse_prefill(qp, kva.reshape(b * S, 1, d), idx[:, None], scale=scale, build=build,
