@@ -22,6 +22,7 @@ from .._files import atomic_savez
 from .._validate import check_int
 from ..comparison import ComparisonReport, compare
 from .fa3 import FA3_MLA, FA3_MLA_SPARSE, SGL_FA3_MLA, SGL_FA3_MLA_SPARSE
+from .fa3_prefill import FA3_PREFILL
 from .files import CaptureError, split_cases
 from .flashinfer import FLASHINFER_MLA, FLASHINFER_MLA_SPARSE
 from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8, FLASHMLA_SPARSE_PREFILL
@@ -37,7 +38,7 @@ KERNELS: dict[str, DeployedKernel] = {k.name: k for k in (SGLANG, FLASHMLA, FLAS
                                                           FA3_MLA, FLASHMLA_DENSE_FP8, VLLM_TRITON_MLA, FA3_MLA_SPARSE,
                                                           FLASHMLA_SPARSE_PREFILL, SGL_FA3_MLA,
                                                           SGL_FA3_MLA_SPARSE, FLASHINFER_MLA,
-                                                          FLASHINFER_MLA_SPARSE)}
+                                                          FLASHINFER_MLA_SPARSE, FA3_PREFILL)}
 _LEGACY = {"sglang": "sglang-triton", "flashmla_commit": "flashmla"}  # captures written before meta named a kernel
 
 

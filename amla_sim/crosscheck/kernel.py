@@ -96,6 +96,11 @@ class DeployedKernel:
     def check(self, case: dict) -> None:
         """What the model covers, beyond :func:`check_recipe` (ValueError or TypeError naming the field)."""
 
+    def memory(self, case: dict) -> int:
+        """Peak bytes of the model on `case` (checked before any work): a decode's, by default."""
+        return run_bytes(batch=case["batch"], sq=case.get("sq", 1), heads=case["heads"],
+                         context=max(1, *case["seqlens"]), mufu_tables=True)
+
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
         """The simulator on case `i`, beside the device's arrays: the stages in pipeline order."""
         raise NotImplementedError
@@ -177,5 +182,4 @@ def check_recipe(spec: DeployedKernel, where: str, i: int, case: object, arrays:
         fits = len(arr.shape) == len(shape) and all(n is None or n == m for n, m in zip(shape, arr.shape))
         if not fits or arr.dtype != dtype:
             raise CaptureError(f"{where}: c{i}_{name} should be {np.dtype(dtype)} {shape}, got {arr.dtype} {arr.shape}")
-    check_fits(run_bytes(batch=b, sq=sq, heads=H, context=max(1, *seqlens), mufu_tables=True), what=where,
-               lower="the capture's sizes")
+    check_fits(spec.memory(case), what=where, lower="the capture's sizes")

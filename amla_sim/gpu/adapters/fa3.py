@@ -14,7 +14,7 @@ from .. import require_gpu
 from ._build import CUDA_COMMON, SM90A, added_source, checkout_files, compile_extension
 from ._common import bits16, shuffled_pages
 
-__all__ = ["build_fa3", "load_shipped_fa3", "run_fa3", "run_fa3_sparse", "run_sgl_fa3", "run_sgl_fa3_sparse", "FORKS"]
+__all__ = ["build_fa3", "load_shipped_fa3", "run_fa3", "fa3_varlen", "run_fa3_prefill", "run_vllm_prefill_chain", "run_fa3_sparse", "run_sgl_fa3", "run_sgl_fa3_sparse", "FORKS"]
 
 _WHAT = "a vllm-project/flash-attention checkout with CUTLASS at csrc/cutlass (git clone --recursive)"
 # The ten instantiations of head dims 64 x 512: {bf16, fp16} x {plain, packgqa, paged (non-TMA), paged + split,
@@ -386,3 +386,91 @@ def run_sgl_fa3_sparse(fa3, q: np.ndarray, rows: np.ndarray, indices: np.ndarray
                                  [int(n) for n in valid], 1, recipe["scale"], recipe["num_splits"])
     return {"out": out[:keep].contiguous().view(torch.int16).cpu().numpy().view(np.uint16),
             "lse": lse.float().contiguous().cpu().numpy().view(np.uint32), "splits": splits}
+
+
+def fa3_varlen(fa3, q, k, v, qlens, klens, *, scale: float, causal: bool, num_splits: int):
+    """``flash_attn_varlen_func`` with FA3 as vLLM's MLA prefill calls it (``v1/attention/backends/mla/prefill/
+    flash_attn.py:463-507``: cu_seqlens, the longest lengths, ``return_softmax_lse``): q, k, v CUDA tensors (T, h,
+    d), per request `qlens` queries and `klens` keys. Returns out (T, h, dv) and lse (h, T), and the two offset
+    tensors."""
+    import torch
+
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(qlens)]), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(klens)]), dtype=torch.int32, device="cuda")
+    args = {**_FWD_UNUSED, "q": q, "k": k, "v": v, "q_v": None, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
+            "seqused_k": None, "max_seqlen_q": max(qlens), "max_seqlen_k": max(klens), "page_table": None,
+            "softmax_scale": scale, "is_causal": causal, "scheduler_metadata": None, "num_splits": num_splits}
+    out, lse, *_ = fa3.fwd(**args)
+    return out, lse, cu_q, cu_k
+
+
+def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: dict) -> dict[str, np.ndarray]:
+    """One case of FA3's MHA-form prefill on the GPU (:func:`fa3_varlen`): q (T, h, 192), k (T_k, h_k, 192),
+    v (T_k, h_k, 128) as bits of the recipe's ``format`` (``e4m3``: BF16 bits cast with ``.to(torch.float8_e4m3fn)``,
+    as vLLM's FP8 prefill casts them, no descale). Returns out (T, h, 128) and lse (h, T) as raw bits, and the split
+    counts that ``get_scheduler_metadata`` gives for the same call where it splits dynamically."""
+    import torch
+
+    fmt = recipe["format"]
+    qt, kt, vt = (bits16(torch, x, "fp16" if fmt == "fp16" else "bf16") for x in (q, k, v))
+    if fmt == "e4m3":
+        qt, kt, vt = (x.to(torch.float8_e4m3fn) for x in (qt, kt, vt))
+    qlens, klens = recipe["qlens"], recipe["seqlens"]
+    out, lse, cu_q, cu_k = fa3_varlen(fa3, qt, kt, vt, qlens, klens, scale=recipe["scale"], causal=recipe["causal"],
+                                      num_splits=recipe["num_splits"])
+    b, H, Hk, mq = len(qlens), q.shape[1], k.shape[1], max(qlens)
+    meta = fa3.get_scheduler_metadata(
+        batch_size=b, max_seqlen_q=mq, max_seqlen_k=max(klens), num_heads=H, num_heads_k=Hk, headdim=q.shape[2],
+        headdim_v=v.shape[2], qkv_dtype=qt.dtype, seqused_k=torch.tensor(klens, dtype=torch.int32, device="cuda"),
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, cu_seqlens_k_new=None, seqused_q=None, leftpad_k=None,
+        page_size=None, max_seqlen_k_new=0, is_causal=recipe["causal"], window_size_left=-1, window_size_right=-1,
+        has_softcap=False, num_splits=recipe["num_splits"], pack_gqa=None, sm_margin=0)
+    torch.cuda.synchronize()
+    res = {"out": out.contiguous().view(torch.int16).cpu().numpy().view(np.uint16),
+           "lse": lse.float().contiguous().cpu().numpy().view(np.uint32)}
+    m = meta.cpu().numpy()
+    rounded = -(-b // 4) * 4  # prepare_seqlen_q, [split counts if dynamic], [heads in L2 if causal], semaphore
+    causal = bool(recipe["causal"]) and mq > 1
+    if (m.size - 1) // rounded - 1 - causal == 1:
+        res["splits"] = m[rounded:rounded + b].astype(np.int32)
+    return res
+
+
+def run_vllm_prefill_chain(fa3, merge, q, k, v, k_context, v_context, recipe: dict) -> np.ndarray:
+    """vLLM 0.33's MLA prefill chained on the GPU as ``forward_mha`` chains it (the plan and rows of
+    :mod:`amla_sim.algorithms.deployed.vllm.mla_prefill`): the new tokens' causal call, a call per context chunk,
+    the chunks' rows copied into the context partial or, for a continued request, merged into it in place
+    (`merge`: vLLM's ``merge_attn_states`` op), then the final merge. BF16 bits in; the output's bits out."""
+    import torch
+
+    from ...algorithms.deployed.vllm.mla_prefill import chunk_rows, plan_context_chunks
+
+    ql, cl, ns, scale = recipe["qlens"], recipe["context_lens"], recipe["num_splits"], recipe["scale"]
+    qt, kt, vt, kc, vc = (bits16(torch, x) for x in (q, k, v, k_context, v_context))
+    new, new_lse, _, _ = fa3_varlen(fa3, qt, kt, vt, ql, ql, scale=scale, causal=True, num_splits=ns)
+    plans = plan_context_chunks(cl, recipe["workspace"], block_size=recipe["block_size"])
+    if not plans:
+        return new.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+    T = qt.shape[0]
+    out = lse = None
+    for chunk in plans:
+        rows, ctx, merged = chunk_rows(chunk, ql, cl)
+        idx = torch.from_numpy(ctx).cuda()
+        o, l, _, _ = fa3_varlen(fa3, qt[rows], kc[idx], vc[idx], ql[chunk.request_start:chunk.request_end],
+                                list(chunk.seq_lens), scale=scale, causal=False, num_splits=ns)
+        if out is None:
+            if len(plans) == 1 and all(n > 0 for n in cl):
+                out, lse = o, l
+                break
+            out = torch.zeros((T, *o.shape[1:]), dtype=o.dtype, device="cuda")
+            lse = torch.full((l.shape[0], T), float("-inf"), dtype=l.dtype, device="cuda")
+        lo = rows.start
+        if merged:
+            m = slice(lo, lo + merged)
+            merge(out[m], lse[:, m], out[m], lse[:, m], o[:merged], l[:, :merged], None, None)
+        out[lo + merged:rows.stop].copy_(o[merged:])
+        lse[:, lo + merged:rows.stop].copy_(l[:, merged:])
+    final = torch.empty_like(new)
+    merge(final, None, out, lse, new, new_lse, None, None)
+    torch.cuda.synchronize()
+    return final.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)

@@ -270,7 +270,7 @@ def _combine(u: _Units, res: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.nd
     M0, total = combine_sum(mc, lse_s, width, mc.exp)  # M0: the max, 0 where every split is -inf
     lse = _combine_lse(u, total, np.max(lse_s, axis=1))
     w = _combine_weights(u, lse_s, M0, total, lse)
-    acc = np.zeros((lse_s.shape[0], D_V), dt)
+    acc = np.zeros_like(res[0][0], dt)
     for k, (O_s, _) in enumerate(res):
         acc = np.where((w[:, k] > 0)[:, None], mc.mul_add(w[:, k:k + 1], O_s, acc), acc).astype(dt)
     return acc, lse

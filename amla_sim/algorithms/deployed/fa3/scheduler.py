@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["KBLOCK_M", "KBLOCK_N", "MAX_SPLIT_BATCH", "num_splits_heuristic", "launch_splits", "dynamic_splits",
-           "should_pack_gqa", "pagedkv_tma", "n_block_max", "split_blocks", "Fa3Schedule", "fa3_schedule"]
+           "varlen_splits", "should_pack_gqa", "pagedkv_tma", "n_block_max", "split_blocks", "Fa3Schedule", "fa3_schedule"]
 
 KBLOCK_M = 64  # kBlockM: query rows a tile
 KBLOCK_N = 64  # kBlockN: keys a block
@@ -83,13 +83,20 @@ def launch_splits(max_seqlen_k: int, *, s_q: int, heads: int, num_splits: int, c
 
 def dynamic_splits(seqlens: list[int], *, s_q: int, heads: int, bound: int, num_sms: int = 132) -> list[int]:
     """Each request's split count as ``prepare_varlen_num_blocks_kernel`` writes it (``num_splits_dynamic``)."""
-    if bound == 1 or len(seqlens) > MAX_SPLIT_BATCH:
-        return [1] * len(seqlens)
     m_blocks = -(-(s_q * heads) // KBLOCK_M)
-    n_blocks = [-(-n // KBLOCK_N) for n in seqlens]
-    total = sum(m_blocks * n for n in n_blocks)
-    # float(total_blocks) * 1.1f * float(num_head) / float(num_sm), num_head = h_k = 1 with pack-GQA
-    per_sm = math.ceil(_f32(_f32(_f32(total) * _f32(1.1)) * _f32(1)) / _f32(num_sms))
+    return varlen_splits([m_blocks] * len(seqlens), [-(-n // KBLOCK_N) for n in seqlens], num_head=1, bound=bound,
+                         num_sms=num_sms)  # num_head = h_k = 1 with pack-GQA
+
+
+def varlen_splits(m_blocks: list[int], n_blocks: list[int], *, num_head: int, bound: int,
+                  num_sms: int = 132) -> list[int]:
+    """``prepare_varlen_num_blocks_kernel`` (flash_prepare_scheduler.cu:150-163) from each request's m-blocks and
+    n-blocks: ``max(min(cdiv(n_blocks, blocks_per_sm), bound), 1)`` with ``blocks_per_sm = ceilf(float(total) *
+    1.1f * float(num_head) / float(num_sm))``; one split each when `bound` is 1 or past 992 requests."""
+    if bound == 1 or len(n_blocks) > MAX_SPLIT_BATCH:
+        return [1] * len(n_blocks)
+    total = sum(m * n for m, n in zip(m_blocks, n_blocks))
+    per_sm = math.ceil(_f32(_f32(_f32(total) * _f32(1.1)) * _f32(num_head)) / _f32(num_sms))
     return [max(min(-(-n // per_sm), bound), 1) for n in n_blocks]
 
 

@@ -1,0 +1,263 @@
+"""FlashAttention-3's standard forward as the MLA prefill calls it (the "MHA form": q = k = [k_nope, k_pe], 192
+wide, v 128 wide, one head of K and V per query head), written against a machine.
+
+vLLM 0.33 runs every MLA prefill chunk of more than 512 new tokens through it (one causal call over the new
+tokens, one non-causal call returning the LSE per context chunk); SGLang 0.5.23 its MHA-path extends.
+
+Upstream: vllm-project/flash-attention 617264c, ``hopper/``: ``tile_size.h:47-48`` (a 128 x 128 tile for head dims
+192 / 128, the P V product from registers, intra-warpgroup overlap), ``mainloop_fwd_sm90_tma_gmma_ws.hpp:1212-1316``
+(``IntraWGOverlap`` with ``RescaleOBeforeGemm``, as ``kHeadDim > 128``), ``softmax.h``, ``epilogue_fwd.hpp``,
+``flash_fwd_combine_kernel.h``; the split choice is :func:`.scheduler.varlen_splits`. The arithmetic is the MLA
+decode's (:mod:`.mla`), on other tiles and in another order of issue:
+
+- An m-block holds 128 query positions of one head (with pack-GQA, as a split launch forces, 128 rows of
+  (position, query head of the group)). Its key blocks of 128 are walked from the last it sees (bottom-right
+  causal: query s of a request of n_q queries and n_k keys sees keys up to ``n_k - n_q + s``) down to the first.
+- ``S = Q K^T`` over the 192 columns, zero-initialised; masked keys -inf; the max, ``s`` and ``P = exp2(fma(S, c,
+  -fl(M' c)))`` and the four lanes' row sums as in the decode, each lane summing its 32 columns.
+- The block's ``P V`` waits for the next block's scores: before it, O is rescaled by the block's own ``s``, so
+  the accumulator sees ``O = fl(O s) + P V`` as in the decode, the first block's product onto a cleared O (``+0``,
+  not a zero-initialised product).
+- The end, the split partials and the combine as the decode's; ``max_seqlen_k`` 0 makes ``mha_fwd`` write out 0
+  and LSE +inf for the whole call (``flash_api.cpp:1305-1309``); a request of no key (or a row that sees none) gets
+  out 0 and LSE -inf.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import numpy.typing as npt
+
+from ...._validate import check_int, quiet_fp
+from ....formats import get_format
+from ....machines import Machine, get_machine
+from ..._common import AttentionResult
+from ..row_sums import lane_sums, quad_total
+from ..scalars import softmax_scale
+from .mla import _check_launch, _combine, _split_lse, _Units
+from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits
+
+__all__ = ["fa3_prefill", "PREFILL_TILES", "prefill_schedule"]
+
+#: ``tile_size_fwd_sm90`` (tile_size.h) for the head dims the MLA prefill calls, 16-bit inputs: (kBlockM, kBlockN)
+PREFILL_TILES = {(192, 128): (128, 128)}
+_FORMATS = ("bf16", "fp16")
+
+
+def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k: int, d: int, dv: int,
+                     num_splits: int, causal: bool, max_seqlen_q: int, max_seqlen_k: int,
+                     num_sms: int = 132) -> tuple[int, list[int], bool]:
+    """What ``mha_fwd`` decides for a varlen launch (flash_api.cpp:1053-1070): the split bound (the caller's
+    `num_splits`, or ``get_num_splits`` as if the batch were its longest request: ``1 * h_k * cdiv(max_seqlen_q *
+    h / h_k, kBlockM)`` m-blocks), each request's split count (the prepare kernel) and pack-GQA (on when split, or
+    when the heads are grouped)."""
+    block_m, block_n = PREFILL_TILES[(d, dv)]
+    qpk = heads // heads_k
+    b = len(qlens)
+    if num_splits > 0:
+        bound = num_splits
+    else:
+        m_blocks = -(-(max_seqlen_q * qpk) // block_m)
+        bound = num_splits_heuristic(heads_k * m_blocks, num_sms, -(-max_seqlen_k // block_n), m_blocks,
+                                     max_seqlen_k * (d + dv) * 2, causal)
+    if b > MAX_SPLIT_BATCH:
+        bound = 1
+    pack = bound > 1 or qpk > 1  # get_pack_gqa: varlen with grouped heads packs; a split always does
+    rows = qpk if pack else 1
+    splits = varlen_splits([-(-(n * rows) // block_m) for n in qlens], [-(-n // block_n) for n in klens],
+                           num_head=heads_k if pack else heads, bound=bound, num_sms=num_sms)
+    return bound, splits, pack
+
+
+@quiet_fp
+def fa3_prefill(
+    q: npt.ArrayLike,
+    k: npt.ArrayLike,
+    v: npt.ArrayLike,
+    cu_seqlens_q: npt.ArrayLike,
+    cu_seqlens_k: npt.ArrayLike,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    num_splits: int = 0,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    num_sms: int = 132,
+    splits: list[int] | None = None,
+    machine: str | Machine = "sm90-cuda",
+    trace: bool = False,
+) -> AttentionResult:
+    """FlashAttention-3's varlen forward ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)`` on
+    `machine` (see the module docstring).
+
+    q: (T, h, 192), k: (T_k, h_k, 192), v: (T_k, h_k, 128), BF16 or FP16, h a multiple of h_k; request i's queries
+    are ``q[cu_seqlens_q[i]:cu_seqlens_q[i + 1]]``, its keys and values the same rows of k and v by
+    `cu_seqlens_k`. scale: the call's ``softmax_scale`` (None: 192^-0.5). causal: vLLM's new-token call (True) or
+    its context chunks (False). num_splits: what the caller passes (0: FA3's heuristic, as vLLM by default; 1: SGLang,
+    and vLLM's batch-invariant mode). max_seqlen_q, max_seqlen_k: the call's (None: the longest request; at least
+    that). splits: per request, a split count in place of the prepare kernel's (a what-if). Returns ``.out`` (T, h,
+    128) in the input format (rows past ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`,
+    the launch's split bound, each request's split count and whether the heads were packed."""
+    mc = get_machine(machine)
+    qa, ka, va, cq, ck = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    T, H, d = qa.shape
+    Hk, dv = ka.shape[1], va.shape[2]
+    qlens, klens = np.diff(cq).tolist(), np.diff(ck).tolist()
+    mq = _check_max(max_seqlen_q, "max_seqlen_q", max(qlens))
+    mk = _check_max(max_seqlen_k, "max_seqlen_k", max(klens))
+    _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
+                  varlen_q=True, softcap=0.0, window_size=(-1, -1))
+    fmt = get_format(qa.dtype).name
+    u = _Units(mc, fmt, softmax_scale(scale, d ** -0.5))
+    out = np.zeros((T, H, dv), mc.dtype)
+    lse = np.full((H, T), np.inf if mk == 0 else 0.0, mc.dtype)  # mha_fwd: max_seqlen_k 0 -> out 0, LSE +inf
+    bound, counts, pack = prefill_schedule(qlens, klens, heads=H, heads_k=Hk, d=d, dv=dv, num_splits=num_splits,
+                                           causal=bool(causal), max_seqlen_q=mq, max_seqlen_k=mk, num_sms=num_sms)
+    if splits is not None:
+        counts = [check_int(n, "splits", lo=1, hi=256) for n in np.asarray(splits).ravel().tolist()]
+        if len(counts) != len(qlens):
+            raise ValueError(f"splits: one split count a request ({len(qlens)}), got {len(counts)}")
+        pack = pack or max(counts) > 1
+    if mk > 0:
+        Q, K, V = mc.cast(qa, fmt), mc.cast(ka, fmt), mc.cast(va, fmt)
+        block_m, block_n = PREFILL_TILES[(d, dv)]
+        for i, (nq, nk) in enumerate(zip(qlens, klens)):
+            if nq == 0:
+                continue
+            rows = slice(int(cq[i]), int(cq[i + 1]))
+            o, l = _request(u, Q[rows], K[ck[i]:ck[i + 1]], V[ck[i]:ck[i + 1]], causal=bool(causal), pack=pack,
+                            splits=counts[i], block_m=block_m, block_n=block_n)
+            out[rows], lse[:, rows] = o, l
+    hazards = Counter()
+    if np.isnan(out).any():
+        hazards["nan_outputs"] += int(np.isnan(out).sum())
+    tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
+    return AttentionResult(mc.cast(out, fmt), lse, tr, hazards)
+
+
+def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: bool, pack: bool, splits: int,
+             block_m: int, block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One request: Q (n_q, h, d), K (n_k, h_k, d), V (n_k, h_k, dv) -> out (n_q, h, dv), lse (h, n_q)."""
+    nq, H, d = Q.shape
+    nk, Hk, dv = V.shape
+    qpk = H // Hk
+    # the kernel's units of work: a KV head's packed rows (position, head of the group), or one query head's
+    if pack:
+        Qu = Q.reshape(nq, Hk, qpk, d).transpose(1, 0, 2, 3).reshape(Hk, nq * qpk, d)
+        pos = np.repeat(np.arange(nq), qpk)
+        Ku, Vu = K.transpose(1, 0, 2), V.transpose(1, 0, 2)
+    else:
+        Qu = Q.transpose(1, 0, 2)
+        pos = np.arange(nq)
+        Ku, Vu = K.transpose(1, 0, 2)[np.arange(H) // qpk], V.transpose(1, 0, 2)[np.arange(H) // qpk]
+    U, R = Qu.shape[:2]
+    limit = (nk - nq + pos) if causal else np.full(R, nk - 1)  # the last key each row sees
+    O = np.zeros((U, R, dv), u.dt)
+    L = np.full((U, R), -np.inf, u.dt)
+    n_blocks = -(-nk // block_n)
+    for m in range(-(-R // block_m)):
+        r = slice(m * block_m, min(R, (m + 1) * block_m))
+        end = n_blocks
+        if causal:  # block.h:35-49: the window of the m-block's last row, counted past the request's end
+            m_idx_max = (m + 1) * block_m
+            m_idx_max = (m_idx_max - 1) // qpk + 1 if pack else m_idx_max
+            end = min(end, max(0, -(-(m_idx_max + nk - nq) // block_n)))
+        res = [_split(u, Qu[:, r], Ku, Vu, nk, lo, hi, limit[r], block_n) for lo, hi in split_blocks(end, splits)]
+        if len(res) == 1:
+            O[:, r], L[:, r] = res[0]
+        else:
+            flat = [(o.reshape(-1, dv), ll.reshape(-1)) for o, ll in res]
+            o, ll = _combine(u, flat)
+            O[:, r], L[:, r] = o.reshape(U, -1, dv), ll.reshape(U, -1)
+    if pack:
+        return O.reshape(Hk, nq, qpk, dv).transpose(1, 0, 2, 3).reshape(nq, H, dv), \
+            L.reshape(Hk, nq, qpk).transpose(0, 2, 1).reshape(H, nq)
+    return O.transpose(1, 0, 2), L
+
+
+def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int, limit: np.ndarray,
+           block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One split of an m-block, Q (U, R, d), over key blocks [lo, hi), walked from hi - 1 down with intra-warpgroup
+    overlap: (O normalised (U, R, dv), lse (U, R))."""
+    mc, dt = u.mc, u.dt
+    U, R, _ = Q.shape
+    dv = V.shape[-1]
+    if hi <= lo:  # no block: store_zero
+        return np.zeros((U, R, dv), dt), np.full((U, R), -np.inf, dt)
+    keys = np.arange(lo * block_n, hi * block_n)
+    inside = keys < nk
+    Ks = np.where(inside[None, :, None], K[:, np.minimum(keys, nk - 1)], 0).astype(K.dtype)
+    Vs = np.where(inside[None, :, None], V[:, np.minimum(keys, nk - 1)], 0).astype(V.dtype)
+    Qm = mc.operand(Q)
+    Ss = mc.f(mc.by_blocks(lambda kt: mc.matmul(Qm, mc.operand(kt)), np.ascontiguousarray(Ks.transpose(0, 2, 1)),
+                           rows=U * R, block=block_n))
+    O = np.zeros((U, R, dv), dt)  # clear(tOrO): the first P V accumulates onto +0
+    M = np.full((U, R), -np.inf, dt)
+    part = s = Pq = Vprev = None
+    for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
+        cols = slice((blk - lo) * block_n, (blk - lo + 1) * block_n)
+        t = blk * block_n + np.arange(block_n)
+        S = np.where((t[None, :] < nk) & (t[None, :] <= limit[:, None]), Ss[..., cols], -np.inf).astype(dt)
+        if step:  # the previous block's P V, onto O rescaled by that block's s (RescaleOBeforeGemm)
+            O = mc.matmul(Pq, Vprev, mc.f(O * s[..., None]))
+        M_new = S.max(axis=-1) if step == 0 else np.maximum(M, S.max(axis=-1))
+        if step:
+            cur = np.where(np.isneginf(M_new), 0, M_new).astype(dt)
+            s = mc.exp2(mc.f(mc.f(M - cur) * u.c))
+        else:
+            s = np.ones((U, R), dt)  # max_get_scale<Is_first>: 1
+        M = M_new
+        max_scaled = np.where(np.isneginf(M), 0, mc.f(M * u.c)).astype(dt)
+        P = mc.exp2(mc.mul_add(S, u.c, -max_scaled[..., None]))
+        part = lane_sums(mc, None if step == 0 else part, s, P)
+        Pq = mc.operand(mc.cast(P, u.fmt))
+        Vprev = mc.operand(Vs[:, cols])
+    O = mc.matmul(Pq, Vprev, mc.f(O * s[..., None]))
+    Lsum = quad_total(mc, part)
+    empty = (Lsum == 0) | np.isnan(Lsum)
+    inv = np.where(empty, 0, mc.div(mc.f(1), Lsum)).astype(dt)
+    lse = np.where(empty, -np.inf, _split_lse(u, M, Lsum)).astype(dt)
+    return mc.f(O * inv[..., None]), lse
+
+
+def _check_inputs(q, k, v, cu_q, cu_k):
+    """The call's tensors, or an error naming the argument."""
+    arrs = []
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        a = np.asarray(x)
+        fmt = get_format(a.dtype).name if a.dtype.kind in "fV" else None
+        if fmt not in _FORMATS:
+            raise ValueError(f"{name}: FA3's prefill takes BF16 or FP16 here, got {a.dtype}")
+        if a.ndim != 3 or min(a.shape) < 1:
+            raise ValueError(f"{name}: expected shape (tokens, heads, head dim), got {a.shape}")
+        arrs.append(a)
+    qa, ka, va = arrs
+    if ka.dtype != qa.dtype or va.dtype != qa.dtype:
+        raise ValueError(f"k, v: the same format as q ({qa.dtype}), got {ka.dtype} and {va.dtype}")
+    if ka.shape[2] != qa.shape[2] or va.shape[:2] != ka.shape[:2]:
+        raise ValueError(f"k, v: k (T_k, h_k, {qa.shape[2]}) and v (T_k, h_k, dv), got {ka.shape} and {va.shape}")
+    if qa.shape[1] % ka.shape[1]:
+        raise ValueError(f"k: its heads ({ka.shape[1]}) must divide q's ({qa.shape[1]})")
+    dims = (qa.shape[2], va.shape[2])
+    if dims not in PREFILL_TILES:
+        raise ValueError(f"q, v: head dims {dims} are not modelled (the model covers "
+                         f"{', '.join(map(str, PREFILL_TILES))}, the MLA prefill's)")
+    cus = []
+    for name, cu, total in (("cu_seqlens_q", cu_q, qa.shape[0]), ("cu_seqlens_k", cu_k, ka.shape[0])):
+        c = np.asarray(cu)
+        if c.ndim != 1 or c.size < 2 or c.dtype.kind not in "iu":
+            raise ValueError(f"{name}: expected a 1-D int array of batch + 1 offsets, got {c!r}"[:200])
+        c = c.astype(np.int64)
+        if c[0] < 0 or (np.diff(c) < 0).any() or c[-1] > total:
+            raise ValueError(f"{name}: offsets must rise from 0 or more to at most {total}, got {c.tolist()}"[:200])
+        cus.append(c)
+    if cus[0].size != cus[1].size:
+        raise ValueError(f"cu_seqlens_k: {cus[1].size} offsets for {cus[0].size - 1} requests")
+    return qa, ka, va, cus[0], cus[1]
+
+
+def _check_max(value: int | None, name: str, longest: int) -> int:
+    """A call's max_seqlen: at least the longest request (the kernel's grid and bound are cut to it)."""
+    return longest if value is None else check_int(value, name, lo=longest)

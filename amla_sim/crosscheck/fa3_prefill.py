@@ -1,0 +1,159 @@
+"""FlashAttention-3's MHA-form MLA prefill (q/k 192, v 128): its case table, replayed by
+:func:`.deployed.replay_deployed`.
+
+A case is one ``flash_attn_varlen_func`` call as vLLM's MLA prefill makes it: the new tokens' causal call, or a
+context chunk's non-causal call (every query of a request against the chunk's keys), per request ``qlens`` queries
+and ``seqlens`` keys. It records ``out`` (T, h, 128) BF16 or FP16 bits, ``lse`` (h, T) FP32 bits and, where the
+launch splits requests dynamically, each request's split count from ``get_scheduler_metadata`` (``splits``).
+Inputs are regenerated, never stored: q, k and v drawn by :func:`~amla_sim.experiments.inputs.make_inputs` at the
+case's seed (k at seed + 1000, v at seed + 2000).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .._validate import check_int
+from ..algorithms.deployed.fa3 import FA3_COMMIT
+from ..algorithms.deployed.fa3.prefill import PREFILL_TILES, fa3_prefill, prefill_schedule
+from ..experiments.inputs import make_inputs
+from .files import CaptureError, input_crc
+from .kernel import DeployedKernel, Stage, run_twice, stage
+
+__all__ = ["PREFILL_CASES", "FA3_PREFILL", "prefill_inputs"]
+
+_DS = 0.1352337788608801  # DeepSeek-V3's softmax scale: 192^-0.5 mscale^2 (YaRN)
+_K2 = 192 ** -0.5  # Kimi-K2's (no YaRN on its prefill scale)
+
+#: (heads, heads_k, qlens, key lengths, causal, format, dist, seed, scale, num_splits): the new tokens' causal call
+#: (key lengths = qlens) or a context chunk's call (causal False); num_splits 0 as vLLM passes it by default, 1 in
+#: its batch-invariant mode (and always in SGLang's call)
+PREFILL_CASES = [
+    (128, 128, (300,), (300,), True, "bf16", "normal:1", 301, _DS, 0),  # a prompt, TP1
+    (16, 16, (257, 100, 700), (257, 100, 700), True, "bf16", "flashmla", 302, _DS, 0),  # TP8, partial m-blocks
+    (16, 16, (300, 200), (2000, 0), False, "bf16", "normal:1", 303, _DS, 0),  # a context chunk: splits
+    (16, 16, (200,), (1500,), False, "fp16", "normal:1", 304, _K2, 1),  # batch-invariant mode: one split
+    (16, 16, (128,), (1500,), False, "bf16", "normal:1", 305, _DS, 0),  # alone: its split count ...
+    (16, 16, (128, 128), (1500, 3000), False, "bf16", "normal:1", 305, _DS, 0),  # ... changed by a batchmate
+    (16, 16, (100, 37), (0, 0), False, "bf16", "normal:1", 306, _DS, 0),  # a chunk of no key: out 0, LSE +inf
+    (16, 4, (200, 90), (200, 90), True, "bf16", "normal:1", 307, _K2, 0),  # grouped heads: packed rows
+    (32, 32, (400,), (400,), True, "fp16", "rope-outliers", 308, _DS, 0),
+    (16, 16, (1, 129, 255), (1, 129, 255), True, "bf16", "normal:1", 309, _DS, 0),
+    (8, 8, (64, 700), (5000, 700), False, "bf16", "flashmla", 310, _K2, 0),  # TP16: many splits
+]
+
+
+def prefill_inputs(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q (T, h, 192), k (T_k, h_k, 192), v (T_k, h_k, 128) from a recipe (checked against its CRC); T_k is at least
+    1 (a call of no key still passes a row)."""
+    H, Hk, fmt, dist, seed = case["heads"], case.get("heads_k", case["heads"]), case["format"], case["dist"], \
+        case["seed"]
+    draw = "bf16" if fmt == "e4m3" else fmt
+    T, Tk = sum(case["qlens"]), max(1, sum(case["seqlens"]))
+    d, dv = case.get("d", 192), case.get("dv", 128)
+
+    def one(n: int, heads: int, width: int, s: int) -> np.ndarray:
+        return make_inputs(dist, batch=1, heads=heads, sq=n, context=1, d_k=width, d_v=min(dv, width), seed=s,
+                           fmt=draw)[0][0]
+
+    got = one(T, H, d, seed), one(Tk, Hk, d, seed + 1000), one(Tk, Hk, dv, seed + 2000)
+    if "input_crc" in case and input_crc(*got) != case["input_crc"]:
+        raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
+    return got
+
+
+def _cu(lens: list[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+
+
+class _Fa3Prefill(DeployedKernel):
+    def recipes(self, seed: int) -> list[dict]:
+        return [{"batch": len(ql), "sq": max(ql), "heads": H, "heads_k": Hk, "qlens": list(ql), "seqlens": list(kl),
+                 "causal": causal, "format": fmt, "dist": dist, "seed": s + seed, "scale": scale, "num_splits": ns}
+                for H, Hk, ql, kl, causal, fmt, dist, s, scale, ns in PREFILL_CASES]
+
+    def scale_template(self) -> dict:
+        return {"batch": 2, "sq": 300, "heads": 16, "heads_k": 16, "qlens": [300, 40], "seqlens": [1200, 700],
+                "causal": False, "format": "bf16", "dist": "normal:1", "seed": 500, "scale": None, "num_splits": 0}
+
+    def check(self, case: dict) -> None:
+        if case.get("format") not in ("bf16", "fp16"):
+            raise ValueError(f"format: the prefill model takes bf16 or fp16, got {case.get('format')!r}")
+        H = case["heads"]
+        Hk = check_int(case["heads_k"], "heads_k", lo=1, hi=H)
+        if H % Hk:
+            raise ValueError(f"heads_k: {Hk} does not divide heads ({H})")
+        qlens = [check_int(n, "qlens", lo=0) for n in case["qlens"]]
+        if len(qlens) != case["batch"] or max(qlens) != case["sq"] or max(qlens) < 1:
+            raise ValueError(f"qlens: {case['batch']} lengths, the longest sq ({case['sq']})")
+        check_int(case["num_splits"], "num_splits", lo=0, hi=256)
+        if case["causal"] not in (True, False):
+            raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
+        if (case.get("d", 192), case.get("dv", 128)) not in PREFILL_TILES:
+            raise ValueError(f"d, dv: the model covers {tuple(PREFILL_TILES)}")
+
+    def memory(self, case: dict) -> int:
+        """The model's peak: an m-block's scores and gathered keys over the longest request, per head."""
+        H, nk = case["heads"], max(1, *case["seqlens"])
+        T = sum(case["qlens"])
+        return (400 << 20) + H * (128 * nk * 4 * 4 + nk * 320 * 8) + T * H * 320 * 8
+
+    def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
+        T, H = sum(case["qlens"]), case["heads"]
+        return {"out": ((T, H, 128), np.uint16, True), "lse": ((H, T), np.uint32, True),
+                "splits": ((case["batch"],), np.int32, False)}
+
+    def _schedule(self, case: dict) -> tuple[int, list[int], bool]:
+        ql, kl = case["qlens"], case["seqlens"]
+        return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=192, dv=128,
+                                num_splits=case["num_splits"], causal=case["causal"] and max(ql) > 1,
+                                max_seqlen_q=max(ql), max_seqlen_k=max(kl))
+
+    def readbacks(self, case: dict) -> set[str]:
+        """The split counts, where the launch splits dynamically (its split bound over 1)."""
+        return {"splits"} if self._schedule(case)[0] > 1 else set()
+
+    def label(self, case: dict) -> str:
+        kind = "causal" if case["causal"] else "context chunk"
+        return (f" {case['format']} {kind} h_k={case['heads_k']} qlens={case['qlens']} "
+                f"num_splits={case['num_splits']}")
+
+    def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
+        q, k, v = prefill_inputs(case)
+        res = fa3_prefill(q, k, v, _cu(case["qlens"]), _cu(case["seqlens"]), scale=case["scale"],
+                          causal=case["causal"], num_splits=case["num_splits"], trace=True)
+        out = []
+        if f"c{i}_splits" in arrays:
+            out.append(("splits", arrays[f"c{i}_splits"], np.array(res.trace["splits"], np.int32)))
+        fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16
+        return out + [stage("lse", arrays[f"c{i}_lse"], res.lse.astype(np.float32), np.float32),
+                      stage("out", arrays[f"c{i}_out"], res.out, fmt)]
+
+    def load(self, source: str | None) -> Any:
+        raise ValueError("build: the prefill is captured from vLLM's shipped FA3 library (--build vllm)")
+
+    def load_shipped(self, source: str, build: str) -> Any:
+        from ..gpu.adapters.fa3 import load_shipped_fa3
+
+        return load_shipped_fa3(source)
+
+    def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
+        from ..gpu.adapters.fa3 import run_fa3_prefill
+
+        q, k, v = prefill_inputs(recipe)
+        recipe = {**recipe, "scale": 192**-0.5 if recipe["scale"] is None else recipe["scale"]}
+        got, same = run_twice(lambda: run_fa3_prefill(kernel, q, k, v, recipe))
+        return got, {**recipe, "input_crc": input_crc(q, k, v), "repeat_identical": same}
+
+
+#: FA3's MHA-form MLA prefill as the cross-check drives it.
+FA3_PREFILL = _Fa3Prefill(
+    name="fa3-prefill",
+    summary=f"FlashAttention-3's MHA-form MLA prefill (vllm-project/flash-attention {FA3_COMMIT}; vLLM's new-token "
+            "and context-chunk calls, q/k 192 and v 128), BF16 and FP16",
+    version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir",
+    source_help="vLLM 0.33.0's unpacked wheel (vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so)", builds=("vllm",),
+    empty_requests=True)

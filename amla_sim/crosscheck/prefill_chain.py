@@ -1,0 +1,64 @@
+"""vLLM's chained MLA prefill (:mod:`amla_sim.algorithms.deployed.vllm.mla_prefill`): the device check's cases and
+their inputs (``scripts/capture_prefill.py``), and the replay of a capture.
+
+A case is a batch of prefill requests, each with new tokens (``qlens``) and a cached context (``context_lens``),
+and vLLM's settings that shape the chain: the chunked-prefill workspace's rows, the page size that aligns a cut
+context, ``num_splits``. Its inputs are drawn by :func:`~amla_sim.experiments.inputs.make_inputs` (q at the seed, the
+new tokens' k and v at seed + 1000 and + 2000, the contexts' at + 3000 and + 4000) and checked against the CRC the
+capture recorded; the capture holds the final output's bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..algorithms.deployed.vllm.mla_prefill import vllm_mla_prefill
+from ..comparison import ComparisonReport, compare
+from ..experiments.inputs import make_inputs
+from .files import CaptureError, input_crc
+
+__all__ = ["CHAIN_CASES", "chain_inputs", "replay_chain"]
+
+_DS = 0.1352337788608801
+
+#: (heads, qlens, context_lens, workspace rows, page size, num_splits, dist, seed)
+CHAIN_CASES = [
+    # a request of no context between two; the third's context cut at the workspace and continued twice
+    {"heads": 16, "qlens": [300, 200, 100], "context_lens": [1000, 0, 2500], "workspace": 1024, "block_size": 16,
+     "num_splits": 0, "dist": "normal:1", "seed": 401, "scale": _DS},
+    # one chunk covers every request: the chunk's output is the context partial (batch-invariant mode)
+    {"heads": 16, "qlens": [520], "context_lens": [300], "workspace": 65536, "block_size": 16, "num_splits": 1,
+     "dist": "flashmla", "seed": 402, "scale": _DS},
+    # TP16: splits; the first request continued into the second chunk beside the second request
+    {"heads": 8, "qlens": [64, 513], "context_lens": [3000, 100], "workspace": 2048, "block_size": 64,
+     "num_splits": 0, "dist": "normal:1", "seed": 403, "scale": _DS},
+]
+
+
+def chain_inputs(case: dict) -> tuple[tuple[np.ndarray, ...], int]:
+    """q, k (T, h, 192), v (T, h, 128), k_context (C, h, 192), v_context (C, h, 128) as BF16, and their CRC; checked
+    against the case's ``input_crc`` where it has one."""
+    H, seed, dist = case["heads"], case["seed"], case["dist"]
+    T, C = sum(case["qlens"]), max(1, sum(case["context_lens"]))
+
+    def one(n: int, width: int, s: int) -> np.ndarray:
+        return make_inputs(dist, batch=1, heads=H, sq=n, context=1, d_k=width, d_v=min(128, width), seed=s)[0][0]
+
+    got = (one(T, 192, seed), one(T, 192, seed + 1000), one(T, 128, seed + 2000), one(C, 192, seed + 3000),
+           one(C, 128, seed + 4000))
+    crc = input_crc(*got)
+    if "input_crc" in case and crc != case["input_crc"]:
+        raise CaptureError(f"replay: the inputs of chain case {case} do not rebuild (CRC differs)")
+    return got, crc
+
+
+def replay_chain(meta: dict, arrays: dict[str, np.ndarray]) -> list[ComparisonReport]:
+    """Every case of a chain capture simulated and compared with the device's final output, bit for bit."""
+    rows = []
+    for i, case in enumerate(meta["cases"]):
+        (q, k, v, kc, vc), _ = chain_inputs(case)
+        res = vllm_mla_prefill(q, k, v, kc, vc, case["qlens"], case["context_lens"], workspace=case["workspace"],
+                               block_size=case["block_size"], scale=case["scale"], num_splits=case["num_splits"])
+        dev = arrays[f"c{i}_out"].view(res.out.dtype)
+        rows.append(compare({"out": dev}, {"out": res.out}, meta={"case": i}))
+    return rows

@@ -1,0 +1,97 @@
+"""Capture FlashAttention-3's MHA-form MLA prefill as vLLM 0.33.0 ships it (``_vllm_fa3_C.abi3.so``), and vLLM's
+chained prefill (the new tokens' causal call, a non-causal call per context chunk, ``merge_attn_states``).
+
+Run on a CUDA machine:  python scripts/capture_prefill.py OUTDIR VLLM_ROOT [MERGE_BUNDLE]
+
+VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's wheel, unpacked). Writes:
+
+- OUTDIR/fa3_prefill_{dev}.npz: :data:`amla_sim.crosscheck.fa3_prefill.PREFILL_CASES`, as
+  :func:`amla_sim.crosscheck.deployed.capture` writes it (replay: ``amla-sim crosscheck --replay FILE``);
+- OUTDIR/fa3_prefill_seed{N}_{dev}.npz: the same table at fresh seeds (``--seed``), held out;
+- OUTDIR/fa3_prefill_e4m3_{dev}.npz: :data:`E4M3_CASES`, vLLM's FP8 prefill (q, k, v cast to E4M3, no descale);
+- with MERGE_BUNDLE (the mla-merge bundle, whose ``build_merge.py`` builds vLLM's ``merge_attn_states``):
+  OUTDIR/vllm_prefill_chain_{dev}.npz: :data:`amla_sim.crosscheck.prefill_chain.CHAIN_CASES` chained as vLLM
+  chains them: per case ``c{i}_out`` (the final merged output, raw BF16 bits) and ``meta``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from amla_sim._files import atomic_savez
+from amla_sim.crosscheck.deployed import KERNELS, capture
+
+_DS = 0.1352337788608801
+
+
+def _e4m3(H, ql, kl, causal, dist, seed, ns):
+    return {"batch": len(ql), "sq": max(ql), "heads": H, "heads_k": H, "qlens": list(ql), "seqlens": list(kl),
+            "causal": causal, "format": "e4m3", "dist": dist, "seed": seed, "scale": _DS, "num_splits": ns}
+
+
+#: vLLM's FP8 prefill (``use_prefill_query_quantization``): the same calls on E4M3 q, k, v
+E4M3_CASES = [
+    _e4m3(16, (257, 100, 700), (257, 100, 700), True, "normal:1", 321, 0),
+    _e4m3(16, (300, 200), (2000, 0), False, "normal:1", 322, 0),  # splits
+    _e4m3(16, (200,), (1500,), False, "flashmla", 323, 1),
+    _e4m3(64, (200,), (200,), True, "normal:1", 324, 0),
+]
+
+
+def _tag(device: str) -> str:
+    return "h200" if "H200" in device else "h100" if "H100" in device else "gpu"
+
+
+def _chain(out_dir: str, vllm_root: str, bundle: str, tag: str) -> None:
+    import torch
+
+    sys.path.insert(0, bundle)
+    from build_merge import build_vllm
+
+    from amla_sim.crosscheck.prefill_chain import CHAIN_CASES, chain_inputs
+    from amla_sim.gpu.adapters.fa3 import load_shipped_fa3, run_vllm_prefill_chain
+
+    fa3, merge = load_shipped_fa3(vllm_root), build_vllm()
+    arrays, recipes = {}, []
+    for i, case in enumerate(CHAIN_CASES):
+        inputs, crc = chain_inputs(case)
+        runs = [run_vllm_prefill_chain(fa3, merge, *inputs, case) for _ in range(2)]
+        arrays[f"c{i}_out"] = runs[0]
+        recipes.append({**case, "input_crc": crc, "repeat_identical": bool(np.array_equal(*runs))})
+        print(f"chain case {i}: done", flush=True)
+    meta = {"kernel": "vllm-prefill-chain", "vllm": "0.33.0", "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "cases": recipes}
+    atomic_savez(os.path.join(out_dir, f"vllm_prefill_chain_{tag}.npz"), meta=np.array(json.dumps(meta)), **arrays)
+
+
+def main() -> None:
+    out_dir, vllm_root = sys.argv[1], sys.argv[2]
+    bundle = sys.argv[3] if len(sys.argv) > 3 else None
+    import torch
+
+    tag = _tag(torch.cuda.get_device_name())
+    spec = KERNELS["fa3-prefill"]
+    jobs = [(f"fa3_prefill_{tag}.npz", {}), (f"fa3_prefill_seed1000_{tag}.npz", {"seed": 1000}),
+            (f"fa3_prefill_e4m3_{tag}.npz", {"cases": E4M3_CASES})]
+    for name, kw in jobs:
+        t0 = time.time()
+        try:
+            capture(spec.name, os.path.join(out_dir, name), source=vllm_root, build="vllm", **kw)
+            print(f"{name}: {time.time() - t0:.1f} s", flush=True)
+        except Exception:
+            traceback.print_exc()
+    if bundle:
+        try:
+            _chain(out_dir, vllm_root, bundle, tag)
+        except Exception:
+            traceback.print_exc()
+
+
+if __name__ == "__main__":
+    main()
