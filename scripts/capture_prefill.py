@@ -32,7 +32,8 @@ _DS = 0.1352337788608801
 
 def _e4m3(H, ql, kl, causal, dist, seed, ns):
     return {"batch": len(ql), "sq": max(ql), "heads": H, "heads_k": H, "qlens": list(ql), "seqlens": list(kl),
-            "causal": causal, "format": "e4m3", "dist": dist, "seed": seed, "scale": _DS, "num_splits": ns}
+            "causal": causal, "format": "e4m3", "dist": dist, "seed": seed, "scale": _DS, "num_splits": ns,
+            "keep_heads": 4}
 
 
 #: vLLM's FP8 prefill (``use_prefill_query_quantization``): the same calls on E4M3 q, k, v
@@ -61,7 +62,7 @@ def _chain(out_dir: str, vllm_root: str, bundle: str, tag: str) -> None:
     arrays, recipes = {}, []
     for i, case in enumerate(CHAIN_CASES):
         inputs, crc = chain_inputs(case)
-        runs = [run_vllm_prefill_chain(fa3, merge, *inputs, case) for _ in range(2)]
+        runs = [run_vllm_prefill_chain(fa3, merge, *inputs, case)[:, :case["keep_heads"]].copy() for _ in range(2)]
         arrays[f"c{i}_out"] = runs[0]
         recipes.append({**case, "input_crc": crc, "repeat_identical": bool(np.array_equal(*runs))})
         print(f"chain case {i}: done", flush=True)

@@ -4,7 +4,9 @@
 A case is one ``flash_attn_varlen_func`` call as vLLM's MLA prefill makes it: the new tokens' causal call, or a
 context chunk's non-causal call (every query of a request against the chunk's keys), per request ``qlens`` queries
 and ``seqlens`` keys. It records ``out`` (T, h, 128) BF16 or FP16 bits, ``lse`` (h, T) FP32 bits and, where the
-launch splits requests dynamically, each request's split count from ``get_scheduler_metadata`` (``splits``).
+launch splits requests dynamically, each request's split count from ``get_scheduler_metadata`` (``splits``). The
+capture keeps the first ``keep_heads`` query heads' out and LSE (the heads are independent; the replay computes
+those heads under the whole launch's split choice).
 Inputs are regenerated, never stored: q, k and v drawn by :func:`~amla_sim.experiments.inputs.make_inputs` at the
 case's seed (k at seed + 1000, v at seed + 2000).
 """
@@ -27,12 +29,14 @@ __all__ = ["PREFILL_CASES", "FA3_PREFILL", "prefill_inputs"]
 
 _DS = 0.1352337788608801  # DeepSeek-V3's softmax scale: 192^-0.5 mscale^2 (YaRN)
 _K2 = 192 ** -0.5  # Kimi-K2's (no YaRN on its prefill scale)
+#: query heads whose out and LSE a capture keeps
+KEEP_HEADS = 2
 
 #: (heads, heads_k, qlens, key lengths, causal, format, dist, seed, scale, num_splits): the new tokens' causal call
 #: (key lengths = qlens) or a context chunk's call (causal False); num_splits 0 as vLLM passes it by default, 1 in
 #: its batch-invariant mode (and always in SGLang's call)
 PREFILL_CASES = [
-    (128, 128, (300,), (300,), True, "bf16", "normal:1", 301, _DS, 0),  # a prompt, TP1
+    (128, 128, (1000,), (1000,), True, "bf16", "normal:1", 301, _DS, 0),  # a prompt, TP1
     (16, 16, (257, 100, 700), (257, 100, 700), True, "bf16", "flashmla", 302, _DS, 0),  # TP8, partial m-blocks
     (16, 16, (300, 200), (2000, 0), False, "bf16", "normal:1", 303, _DS, 0),  # a context chunk: splits
     (16, 16, (200,), (1500,), False, "fp16", "normal:1", 304, _K2, 1),  # batch-invariant mode: one split
@@ -72,12 +76,14 @@ def _cu(lens: list[int]) -> np.ndarray:
 class _Fa3Prefill(DeployedKernel):
     def recipes(self, seed: int) -> list[dict]:
         return [{"batch": len(ql), "sq": max(ql), "heads": H, "heads_k": Hk, "qlens": list(ql), "seqlens": list(kl),
-                 "causal": causal, "format": fmt, "dist": dist, "seed": s + seed, "scale": scale, "num_splits": ns}
+                 "causal": causal, "format": fmt, "dist": dist, "seed": s + seed, "scale": scale, "num_splits": ns,
+                 "keep_heads": min(H, max(KEEP_HEADS, H // Hk))}
                 for H, Hk, ql, kl, causal, fmt, dist, s, scale, ns in PREFILL_CASES]
 
     def scale_template(self) -> dict:
         return {"batch": 2, "sq": 300, "heads": 16, "heads_k": 16, "qlens": [300, 40], "seqlens": [1200, 700],
-                "causal": False, "format": "bf16", "dist": "normal:1", "seed": 500, "scale": None, "num_splits": 0}
+                "causal": False, "format": "bf16", "dist": "normal:1", "seed": 500, "scale": None, "num_splits": 0,
+                "keep_heads": 2}
 
     def check(self, case: dict) -> None:
         if case.get("format") not in ("bf16", "fp16"):
@@ -90,6 +96,9 @@ class _Fa3Prefill(DeployedKernel):
         if len(qlens) != case["batch"] or max(qlens) != case["sq"] or max(qlens) < 1:
             raise ValueError(f"qlens: {case['batch']} lengths, the longest sq ({case['sq']})")
         check_int(case["num_splits"], "num_splits", lo=0, hi=256)
+        keep = check_int(case["keep_heads"], "keep_heads", lo=1, hi=H)
+        if keep % (H // Hk):
+            raise ValueError(f"keep_heads: whole groups of {H // Hk} heads, got {keep}")
         if case["causal"] not in (True, False):
             raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
         if (case.get("d", 192), case.get("dv", 128)) not in PREFILL_TILES:
@@ -97,12 +106,12 @@ class _Fa3Prefill(DeployedKernel):
 
     def memory(self, case: dict) -> int:
         """The model's peak: an m-block's scores and gathered keys over the longest request, per head."""
-        H, nk = case["heads"], max(1, *case["seqlens"])
+        H, nk = case["keep_heads"], max(1, *case["seqlens"])
         T = sum(case["qlens"])
         return (400 << 20) + H * (128 * nk * 4 * 4 + nk * 320 * 8) + T * H * 320 * 8
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
-        T, H = sum(case["qlens"]), case["heads"]
+        T, H = sum(case["qlens"]), case["keep_heads"]
         return {"out": ((T, H, 128), np.uint16, True), "lse": ((H, T), np.uint32, True),
                 "splits": ((case["batch"],), np.int32, False)}
 
@@ -119,12 +128,14 @@ class _Fa3Prefill(DeployedKernel):
     def label(self, case: dict) -> str:
         kind = "causal" if case["causal"] else "context chunk"
         return (f" {case['format']} {kind} h_k={case['heads_k']} qlens={case['qlens']} "
-                f"num_splits={case['num_splits']}")
+                f"num_splits={case['num_splits']} (heads 0-{case['keep_heads'] - 1} kept)")
 
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
         q, k, v = prefill_inputs(case)
-        res = fa3_prefill(q, k, v, _cu(case["qlens"]), _cu(case["seqlens"]), scale=case["scale"],
-                          causal=case["causal"], num_splits=case["num_splits"], trace=True)
+        keep, qpk = case["keep_heads"], case["heads"] // case["heads_k"]
+        res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], _cu(case["qlens"]),
+                          _cu(case["seqlens"]), scale=case["scale"], causal=case["causal"],
+                          num_splits=case["num_splits"], launch_heads=case["heads"], trace=True)
         out = []
         if f"c{i}_splits" in arrays:
             out.append(("splits", arrays[f"c{i}_splits"], np.array(res.trace["splits"], np.int32)))
@@ -145,7 +156,13 @@ class _Fa3Prefill(DeployedKernel):
 
         q, k, v = prefill_inputs(recipe)
         recipe = {**recipe, "scale": 192**-0.5 if recipe["scale"] is None else recipe["scale"]}
-        got, same = run_twice(lambda: run_fa3_prefill(kernel, q, k, v, recipe))
+        keep = recipe["keep_heads"]
+
+        def kept() -> dict[str, np.ndarray]:
+            got = run_fa3_prefill(kernel, q, k, v, recipe)
+            return {**got, "out": np.ascontiguousarray(got["out"][:, :keep]), "lse": got["lse"][:keep].copy()}
+
+        got, same = run_twice(kept)
         return got, {**recipe, "input_crc": input_crc(q, k, v), "repeat_identical": same}
 
 

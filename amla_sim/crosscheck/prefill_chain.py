@@ -5,7 +5,8 @@ A case is a batch of prefill requests, each with new tokens (``qlens``) and a ca
 and vLLM's settings that shape the chain: the chunked-prefill workspace's rows, the page size that aligns a cut
 context, ``num_splits``. Its inputs are drawn by :func:`~amla_sim.experiments.inputs.make_inputs` (q at the seed, the
 new tokens' k and v at seed + 1000 and + 2000, the contexts' at + 3000 and + 4000) and checked against the CRC the
-capture recorded; the capture holds the final output's bits.
+capture recorded; the capture holds the final output's bits for the first ``keep_heads`` heads (the heads are
+independent; the replay computes those under the whole layer's split choices).
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ _DS = 0.1352337788608801
 CHAIN_CASES = [
     # a request of no context between two; the third's context cut at the workspace and continued twice
     {"heads": 16, "qlens": [300, 200, 100], "context_lens": [1000, 0, 2500], "workspace": 1024, "block_size": 16,
-     "num_splits": 0, "dist": "normal:1", "seed": 401, "scale": _DS},
+     "num_splits": 0, "dist": "normal:1", "seed": 401, "scale": _DS, "keep_heads": 4},
     # one chunk covers every request: the chunk's output is the context partial (batch-invariant mode)
     {"heads": 16, "qlens": [520], "context_lens": [300], "workspace": 65536, "block_size": 16, "num_splits": 1,
-     "dist": "flashmla", "seed": 402, "scale": _DS},
+     "dist": "flashmla", "seed": 402, "scale": _DS, "keep_heads": 4},
     # TP16: splits; the first request continued into the second chunk beside the second request
     {"heads": 8, "qlens": [64, 513], "context_lens": [3000, 100], "workspace": 2048, "block_size": 64,
-     "num_splits": 0, "dist": "normal:1", "seed": 403, "scale": _DS},
+     "num_splits": 0, "dist": "normal:1", "seed": 403, "scale": _DS, "keep_heads": 4},
 ]
 
 
@@ -56,9 +57,11 @@ def replay_chain(meta: dict, arrays: dict[str, np.ndarray]) -> list[ComparisonRe
     """Every case of a chain capture simulated and compared with the device's final output, bit for bit."""
     rows = []
     for i, case in enumerate(meta["cases"]):
-        (q, k, v, kc, vc), _ = chain_inputs(case)
+        inputs, _ = chain_inputs(case)
+        q, k, v, kc, vc = (x[:, :case["keep_heads"]] for x in inputs)
         res = vllm_mla_prefill(q, k, v, kc, vc, case["qlens"], case["context_lens"], workspace=case["workspace"],
-                               block_size=case["block_size"], scale=case["scale"], num_splits=case["num_splits"])
+                               block_size=case["block_size"], scale=case["scale"], num_splits=case["num_splits"],
+                               launch_heads=case["heads"])
         dev = arrays[f"c{i}_out"].view(res.out.dtype)
         rows.append(compare({"out": dev}, {"out": res.out}, meta={"case": i}))
     return rows

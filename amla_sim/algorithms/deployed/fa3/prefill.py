@@ -86,6 +86,7 @@ def fa3_prefill(
     max_seqlen_k: int | None = None,
     num_sms: int = 132,
     splits: list[int] | None = None,
+    launch_heads: int | None = None,
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
 ) -> AttentionResult:
@@ -97,7 +98,9 @@ def fa3_prefill(
     `cu_seqlens_k`. scale: the call's ``softmax_scale`` (None: 192^-0.5). causal: vLLM's new-token call (True) or
     its context chunks (False). num_splits: what the caller passes (0: FA3's heuristic, as vLLM by default; 1: SGLang,
     and vLLM's batch-invariant mode). max_seqlen_q, max_seqlen_k: the call's (None: the longest request; at least
-    that). splits: per request, a split count in place of the prepare kernel's (a what-if). Returns ``.out`` (T, h,
+    that). splits: per request, a split count in place of the prepare kernel's (a what-if). launch_heads: the
+    launch's query heads when q holds only the first of them (the heads are independent, but the split choice
+    counts them all; None: q's). Returns ``.out`` (T, h,
     128) in the input format (rows past ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`,
     the launch's split bound, each request's split count and whether the heads were packed."""
     mc = get_machine(machine)
@@ -113,8 +116,12 @@ def fa3_prefill(
     u = _Units(mc, fmt, softmax_scale(scale, d ** -0.5))
     out = np.zeros((T, H, dv), mc.dtype)
     lse = np.full((H, T), np.inf if mk == 0 else 0.0, mc.dtype)  # mha_fwd: max_seqlen_k 0 -> out 0, LSE +inf
-    bound, counts, pack = prefill_schedule(qlens, klens, heads=H, heads_k=Hk, d=d, dv=dv, num_splits=num_splits,
-                                           causal=bool(causal), max_seqlen_q=mq, max_seqlen_k=mk, num_sms=num_sms)
+    LH = H if launch_heads is None else check_int(launch_heads, "launch_heads", lo=H)
+    if LH % (H // Hk):
+        raise ValueError(f"launch_heads: a multiple of the query heads a KV head ({H // Hk}), got {LH}")
+    bound, counts, pack = prefill_schedule(qlens, klens, heads=LH, heads_k=LH // (H // Hk), d=d, dv=dv,
+                                           num_splits=num_splits, causal=bool(causal) and mq > 1, max_seqlen_q=mq,
+                                           max_seqlen_k=mk, num_sms=num_sms)
     if splits is not None:
         counts = [check_int(n, "splits", lo=1, hi=256) for n in np.asarray(splits).ravel().tolist()]
         if len(counts) != len(qlens):

@@ -103,12 +103,14 @@ def chunk_rows(chunk: ContextChunk, qlens: list[int], context_lens: list[int]) -
 def vllm_mla_prefill(q: npt.ArrayLike, k: npt.ArrayLike, v: npt.ArrayLike, k_context: npt.ArrayLike,
                      v_context: npt.ArrayLike, qlens: list[int], context_lens: list[int], *, workspace: int,
                      block_size: int = 16, align_chunk_to_block: bool = True, scale: float | None = None,
-                     num_splits: int = 0, num_sms: int = 132, trace: bool = False) -> AttentionResult:
+                     num_splits: int = 0, num_sms: int = 132, launch_heads: int | None = None,
+                     trace: bool = False) -> AttentionResult:
     """vLLM 0.33's MLA prefill of a batch on Hopper (see the module docstring): q, k (T, h, 192) and v (T, h, 128)
     of the new tokens, request by request (``qlens``); k_context (C, h, 192), v_context (C, h, 128) the requests'
     contexts end to end (``context_lens``, each request's context before its new tokens). workspace: the chunked
     prefill workspace's rows (:func:`workspace_rows`). num_splits: 0 as vLLM passes it, 1 in its batch-invariant
-    mode. Returns ``.out`` (T, h, 128) in the input format and ``.lse``: the new tokens' LSE (h, T) where no request
+    mode. launch_heads: the layer's heads when q holds only the first of them (:func:`fa3_prefill`'s). Returns
+    ``.out`` (T, h, 128) in the input format and ``.lse``: the new tokens' LSE (h, T) where no request
     has context, else the context's (vLLM's output carries no merged LSE); with `trace`, the chunks."""
     qlens = [check_int(n, "qlens", lo=1) for n in qlens]
     context_lens = [check_int(n, "context_lens", lo=0) for n in context_lens]
@@ -119,7 +121,7 @@ def vllm_mla_prefill(q: npt.ArrayLike, k: npt.ArrayLike, v: npt.ArrayLike, k_con
         raise ValueError(f"k_context, v_context: {sum(context_lens)} rows of context, got {kc.shape[0]} and "
                          f"{vc.shape[0]}")
     cu = np.concatenate([[0], np.cumsum(qlens)])
-    kw = {"scale": scale, "num_splits": num_splits, "num_sms": num_sms}
+    kw = {"scale": scale, "num_splits": num_splits, "num_sms": num_sms, "launch_heads": launch_heads}
     new = fa3_prefill(q, k, v, cu, cu, causal=True, **kw)
     plans = plan_context_chunks(context_lens, workspace, block_size=block_size,
                                 align_chunk_to_block=align_chunk_to_block)
