@@ -14,11 +14,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..algorithms.deployed.vllm.mla_prefill import vllm_mla_prefill
-from ..comparison import ComparisonReport, compare
+from ..comparison import compare
 from ..experiments.inputs import make_inputs
 from .files import CaptureError, input_crc
+from .report import ReplayReport
 
-__all__ = ["CHAIN_CASES", "chain_inputs", "replay_chain"]
+__all__ = ["CHAIN_CASES", "CHAIN_KERNEL", "chain_inputs", "replay_chain"]
+
+#: the name a chain capture's meta gives its kernel
+CHAIN_KERNEL = "vllm-prefill-chain"
 
 _DS = 0.1352337788608801
 
@@ -53,15 +57,36 @@ def chain_inputs(case: dict) -> tuple[tuple[np.ndarray, ...], int]:
     return got, crc
 
 
-def replay_chain(meta: dict, arrays: dict[str, np.ndarray]) -> list[ComparisonReport]:
+def replay_chain(path: object, meta: dict, arrays: dict[str, np.ndarray]) -> ReplayReport:
     """Every case of a chain capture simulated and compared with the device's final output, bit for bit."""
-    rows = []
-    for i, case in enumerate(meta["cases"]):
-        inputs, _ = chain_inputs(case)
-        q, k, v, kc, vc = (x[:, :case["keep_heads"]] for x in inputs)
-        res = vllm_mla_prefill(q, k, v, kc, vc, case["qlens"], case["context_lens"], workspace=case["workspace"],
-                               block_size=case["block_size"], scale=case["scale"], num_splits=case["num_splits"],
-                               launch_heads=case["heads"])
-        dev = arrays[f"c{i}_out"].view(res.out.dtype)
-        rows.append(compare({"out": dev}, {"out": res.out}, meta={"case": i}))
-    return rows
+    cases = meta.get("cases")
+    if not isinstance(cases, list) or not cases:
+        raise CaptureError(f"replay: {path}: 'meta' holds no chain case")
+    extra = sorted(set(arrays) - {f"c{i}_out" for i in range(len(cases))})
+    if extra:
+        raise CaptureError(f"replay: {path}: {extra[0]} is no array of a chain case: nothing would compare it")
+    rows, labels = [], []
+    for i, case in enumerate(cases):
+        try:
+            inputs, _ = chain_inputs(case)
+            keep = case["keep_heads"]
+            q, k, v, kc, vc = (x[:, :keep] for x in inputs)
+            res = vllm_mla_prefill(q, k, v, kc, vc, case["qlens"], case["context_lens"],
+                                   workspace=case["workspace"], block_size=case["block_size"], scale=case["scale"],
+                                   num_splits=case["num_splits"], launch_heads=case["heads"])
+        except KeyError as e:
+            raise CaptureError(f"replay: {path}: case {i}: its recipe has no {e}") from None
+        if f"c{i}_out" not in arrays:
+            raise CaptureError(f"replay: {path}: case {i} has no c{i}_out array")
+        dev = arrays[f"c{i}_out"]
+        if dev.dtype != np.uint16 or dev.shape != res.out.shape:
+            raise CaptureError(f"replay: {path}: c{i}_out should be uint16 {res.out.shape}, got {dev.dtype} "
+                               f"{dev.shape}")
+        rows.append(compare({"out": dev.view(res.out.dtype)}, {"out": res.out},
+                            meta={"case": i, "batch": len(case["qlens"]), "heads": case["heads"]}))
+        labels.append(f"case {i}: H={case['heads']} qlens={case['qlens']} context={case['context_lens']} "
+                      f"workspace={case['workspace']} page={case['block_size']} num_splits={case['num_splits']} "
+                      f"(heads 0-{keep - 1} kept)")
+    return ReplayReport(kernel=CHAIN_KERNEL, version=meta.get("vllm"), device=meta.get("device"), cases=rows,
+                        case_labels=tuple(labels), title=f"vLLM {meta.get('vllm')}'s chained MLA prefill on "
+                        f"{meta.get('device')} against the simulator:", held_not_compared={}, not_replayed=())

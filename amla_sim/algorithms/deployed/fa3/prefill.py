@@ -18,9 +18,9 @@ decode's (:mod:`.mla`), on other tiles and in another order of issue:
 - The block's ``P V`` waits for the next block's scores: before it, O is rescaled by the block's own ``s``, so
   the accumulator sees ``O = fl(O s) + P V`` as in the decode, the first block's product onto a cleared O (``+0``,
   not a zero-initialised product).
-- The end, the split partials and the combine as the decode's; ``max_seqlen_k`` 0 makes ``mha_fwd`` write out 0
-  and LSE +inf for the whole call (``flash_api.cpp:1305-1309``); a request of no key (or a row that sees none) gets
-  out 0 and LSE -inf.
+- The end, the split partials and the combine as the decode's. A k of no row makes ``mha_fwd`` launch nothing and
+  write out 0 and LSE +inf for the whole call (``flash_api.cpp:1281-1309``); a request of no key (or a row that
+  sees none) gets out 0 and LSE -inf.
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def fa3_prefill(
     fmt = get_format(qa.dtype).name
     u = _Units(mc, fmt, softmax_scale(scale, d ** -0.5))
     out = np.zeros((T, H, dv), mc.dtype)
-    lse = np.full((H, T), np.inf if mk == 0 else 0.0, mc.dtype)  # mha_fwd: max_seqlen_k 0 -> out 0, LSE +inf
+    no_k = ka.shape[0] == 0  # mha_fwd runs no kernel when k has no row: out 0, LSE +inf (flash_api.cpp:1281-1309)
+    lse = np.full((H, T), np.inf if no_k else 0.0, mc.dtype)
     LH = H if launch_heads is None else check_int(launch_heads, "launch_heads", lo=H)
     if LH % (H // Hk):
         raise ValueError(f"launch_heads: a multiple of the query heads a KV head ({H // Hk}), got {LH}")
@@ -127,7 +128,7 @@ def fa3_prefill(
         if len(counts) != len(qlens):
             raise ValueError(f"splits: one split count a request ({len(qlens)}), got {len(counts)}")
         pack = pack or max(counts) > 1
-    if mk > 0:
+    if not no_k:
         Q, K, V = mc.cast(qa, fmt), mc.cast(ka, fmt), mc.cast(va, fmt)
         block_m, block_n = PREFILL_TILES[(d, dv)]
         for i, (nq, nk) in enumerate(zip(qlens, klens)):
@@ -237,7 +238,7 @@ def _check_inputs(q, k, v, cu_q, cu_k):
         fmt = get_format(a.dtype).name if a.dtype.kind in "fV" else None
         if fmt not in _FORMATS:
             raise ValueError(f"{name}: FA3's prefill takes BF16 or FP16 here, got {a.dtype}")
-        if a.ndim != 3 or min(a.shape) < 1:
+        if a.ndim != 3 or min(a.shape[1:]) < 1 or (name == "q" and a.shape[0] < 1):
             raise ValueError(f"{name}: expected shape (tokens, heads, head dim), got {a.shape}")
         arrs.append(a)
     qa, ka, va = arrs

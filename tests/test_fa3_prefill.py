@@ -1,0 +1,248 @@
+"""FlashAttention-3's MHA-form MLA prefill (q/k 192, v 128) and vLLM's chained prefill, bit for bit: an H200's
+captures of vLLM 0.33.0's shipped ``_vllm_fa3_C`` through ``scripts/capture_prefill.py`` (the case table at seed 0
+and, held out, at seed 1000; vLLM's chain with its ``merge_attn_states``), replayed; the model against exact
+attention on the golden machine; a request's split count changed by a batchmate, on the device; each modelled
+choice shown to matter; bad input refused by name."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from amla_sim.algorithms.deployed.fa3 import scheduler
+from amla_sim.algorithms.deployed.fa3.prefill import fa3_prefill, prefill_schedule
+from amla_sim.algorithms.deployed.vllm.mla_prefill import plan_context_chunks, vllm_mla_prefill, workspace_rows
+from amla_sim.crosscheck import replay
+from amla_sim.crosscheck.fa3_prefill import PREFILL_CASES, prefill_inputs
+from amla_sim.crosscheck.prefill_chain import chain_inputs
+
+prefill = importlib.import_module("amla_sim.algorithms.deployed.fa3.prefill")
+DATA = Path(__file__).parent / "data"
+CAPTURE, HELD_OUT, CHAIN = (DATA / f for f in ("fa3_prefill_h200.npz", "fa3_prefill_seed1000_h200.npz",
+                                               "vllm_prefill_chain_h200.npz"))
+
+
+def _load(path: Path) -> tuple[dict, dict]:
+    with np.load(path) as z:
+        return json.loads(str(z["meta"])), {k: z[k] for k in z.files if k != "meta"}
+
+
+def _cu(lens) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lens)])
+
+
+@pytest.mark.parametrize("path", [CAPTURE, HELD_OUT], ids=["seed0", "seed1000"])
+def test_the_capture_is_predicted_in_every_bit(path, fastest_engine):
+    report = replay(path)
+    assert report.kernel == "fa3-prefill" and len(report.cases) == len(PREFILL_CASES)
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+    assert sum(len(row.stages) == 3 for row in report.cases) >= 5  # the split counts compared where dynamic
+
+
+def test_vllms_chain_is_predicted_in_every_bit(fastest_engine):
+    report = replay(CHAIN)
+    assert report.kernel == "vllm-prefill-chain" and len(report.cases) == 3
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+
+
+def test_the_captures_cover_the_calls():
+    """Causal new-token calls and context-chunk calls; 8 to 128 heads and grouped heads; BF16 and FP16; num_splits
+    0 (1 to 6 splits a request) and 1; requests of no key and a chunk of none; every launch repeatable. The chain:
+    a request of no context, a context cut and continued twice, one chunk for the batch."""
+    meta, arrays = _load(CAPTURE)
+    cases = meta["cases"]
+    assert meta["device"] == "NVIDIA H200" and all(c["repeat_identical"] for c in cases)
+    assert {c["causal"] for c in cases} == {True, False} and {c["format"] for c in cases} == {"bf16", "fp16"}
+    assert {c["heads"] for c in cases} == {8, 16, 32, 128} and any(c["heads_k"] < c["heads"] for c in cases)
+    splits = {int(s) for k, a in arrays.items() if k.endswith("_splits") for s in a}
+    assert splits == {1, 3, 5, 6}
+    assert any(0 in c["seqlens"] and max(c["seqlens"]) > 0 for c in cases)
+    assert any(max(c["seqlens"]) == 0 for c in cases)
+    chain, _ = _load(CHAIN)
+    plans = [plan_context_chunks(c["context_lens"], c["workspace"], block_size=c["block_size"])
+             for c in chain["cases"]]
+    assert [len(p) for p in plans] == [4, 1, 2] and sum(ch.is_continuation for p in plans for ch in p) == 3
+    assert all(c["repeat_identical"] for c in chain["cases"])
+
+
+def test_a_batchmate_changes_a_requests_split_count_and_its_bits():
+    """Cases 4 and 5 hold the same request (128 queries over a context chunk of 1500 keys, 16 heads): alone it is
+    split six ways, beside a request of 3000 keys three ways; the device's bits of its rows differ, and the model
+    predicts both (the replay above)."""
+    meta, arrays = _load(CAPTURE)
+    assert meta["cases"][4]["seed"] == meta["cases"][5]["seed"]
+    q4, k4, _ = prefill_inputs(meta["cases"][4])
+    q5, k5, _ = prefill_inputs(meta["cases"][5])
+    assert np.array_equal(q4.view(np.uint16), q5[:128].view(np.uint16))
+    assert np.array_equal(k4.view(np.uint16), k5[:1500].view(np.uint16))
+    assert arrays["c4_splits"].tolist() == [6] and arrays["c5_splits"].tolist() == [3, 5]
+    alone, beside = arrays["c4_out"], arrays["c5_out"][:128]
+    assert 0 < np.mean(alone != beside) < 0.5
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_model_is_attention_on_golden(causal):
+    """On golden: each query's output and LSE are exact attention over its keys (bottom-right causal), with the
+    API's FP32 scale; grouped heads share their KV head; a request of no key writes out 0 and LSE -inf."""
+    rng = np.random.default_rng(3)
+    ql, kl = [5, 130, 1], ([5, 130, 1] if causal else [300, 0, 7])
+    q = rng.standard_normal((sum(ql), 4, 192))
+    k, v = rng.standard_normal((sum(kl), 2, 192)), rng.standard_normal((sum(kl), 2, 128))
+    bf = prefill.get_format("bf16").dtype
+    q, k, v = (x.astype(bf) for x in (q, k, v))
+    res = fa3_prefill(q, k, v, _cu(ql), _cu(kl), causal=causal, machine="golden")
+    sc = float(np.float32(192 ** -0.5))
+    for i, (a, b) in enumerate(zip(_cu(ql)[:-1], _cu(ql)[1:])):
+        ka, kb = _cu(kl)[i], _cu(kl)[i + 1]
+        for h in range(4):
+            Q, K, V = (x.astype(float) for x in (q[a:b, h], k[ka:kb, h // 2], v[ka:kb, h // 2]))
+            if kb == ka:
+                assert (res.out[a:b, h] == 0).all() and np.isneginf(res.lse[h, a:b]).all()
+                continue
+            S = Q @ K.T * sc
+            if causal:
+                S = np.where(np.arange(kb - ka)[None, :] <= np.arange(b - a)[:, None] + (kb - ka) - (b - a), S,
+                             -np.inf)
+            m = S.max(1, keepdims=True)
+            P = np.exp(S - m)
+            np.testing.assert_allclose(res.out[a:b, h], P @ V / P.sum(1, keepdims=True), rtol=1e-12, atol=1e-13)
+            np.testing.assert_allclose(res.lse[h, a:b], (m + np.log(P.sum(1, keepdims=True)))[:, 0], rtol=1e-12)
+
+
+def test_a_k_of_no_row_writes_out_zero_and_lse_plus_infinity():
+    """``mha_fwd`` launches nothing when k has no row (flash_api.cpp:1281-1309); a k with rows but requests of no
+    key runs the kernel, whose empty tiles write LSE -inf (captured: case 6)."""
+    q = np.ones((3, 2, 192), prefill.get_format("bf16").dtype)
+    k, v = np.zeros((0, 2, 192), q.dtype), np.zeros((0, 2, 128), q.dtype)
+    res = fa3_prefill(q, k, v, [0, 3], [0, 0])
+    assert (res.out == 0).all() and np.isposinf(res.lse).all()
+
+
+def test_the_split_choice_follows_the_launch():
+    """The bound from ``get_num_splits`` as if the batch were its longest request; per request the prepare kernel's
+    count over the whole batch's blocks; 128 heads never split; more than 992 requests never split."""
+    assert prefill_schedule([128], [1500], heads=16, heads_k=16, d=192, dv=128, num_splits=0, causal=False,
+                            max_seqlen_q=128, max_seqlen_k=1500) == (7, [6], True)
+    assert prefill_schedule([128, 128], [1500, 3000], heads=16, heads_k=16, d=192, dv=128, num_splits=0,
+                            causal=False, max_seqlen_q=128, max_seqlen_k=3000)[1] == [3, 5]
+    assert prefill_schedule([128], [60000], heads=128, heads_k=128, d=192, dv=128, num_splits=0, causal=False,
+                            max_seqlen_q=128, max_seqlen_k=60000)[0] == 1
+    many = prefill_schedule([1] * 993, [4000] * 993, heads=16, heads_k=16, d=192, dv=128, num_splits=8,
+                            causal=False, max_seqlen_q=1, max_seqlen_k=4000)
+    assert many[0] == 1 and set(many[1]) == {1}
+    assert scheduler.varlen_splits([1], [12], num_head=16, bound=7) == [6]
+
+
+def test_vllms_workspace_and_chunk_plan():
+    """``determine_chunked_prefill_workspace_size``; a request cut at a page multiple and continued; a request of no
+    context in no chunk; a chunk ends at a request of no context."""
+    assert workspace_rows(4096, 256, 16) == 32768 and workspace_rows(163840, 256, 64) == 65536
+    plans = plan_context_chunks([100, 5000, 0, 30], 2048, block_size=64)
+    assert [(p.request_start, p.request_end, p.starts, p.seq_lens, p.is_continuation) for p in plans] == [
+        (0, 2, (0, 0), (100, 1920), False), (1, 2, (1920,), (2048,), True), (1, 2, (3968,), (1032,), True),
+        (3, 4, (0,), (30,), False)]
+    assert plan_context_chunks([0, 0], 1024) == []
+
+
+# --- each choice matters ----------------------------------------------------------------------------------
+
+
+def _lanes_in_order(mc, part, s, P):
+    acc = P[..., 0] if part is None else mc.mul_add(part[..., 0], s, P[..., 0])
+    for j in range(1, P.shape[-1]):
+        acc = mc.f(acc + P[..., j])
+    return np.stack([acc, 0 * acc, 0 * acc, 0 * acc], axis=-1)
+
+
+CHOICES = {
+    "key blocks of 64, not 128": (1, ("PREFILL_TILES", {(192, 128): (128, 64)})),
+    "key blocks of 176": (10, ("PREFILL_TILES", {(192, 128): (128, 176)})),
+    "one lane sums a row in order": (0, ("lane_sums", _lanes_in_order)),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHOICES))
+def test_each_choice_matters(change, monkeypatch, fastest_engine):
+    """The replay of a case fails when one of the model's choices is replaced by a plausible other."""
+    case, swap = CHOICES[change]
+    monkeypatch.setattr(prefill, *swap)
+    meta, arrays = _load(CAPTURE)
+    c = meta["cases"][case]
+    keep, qpk = c["keep_heads"], c["heads"] // c["heads_k"]
+    q, k, v = prefill_inputs(c)
+    res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], _cu(c["qlens"]), _cu(c["seqlens"]),
+                      scale=c["scale"], causal=c["causal"], num_splits=c["num_splits"], launch_heads=c["heads"])
+    same = (np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]),
+            np.mean(res.lse.astype(np.float32).view(np.uint32) == arrays[f"c{case}_lse"]))
+    assert min(same) < 1, same
+
+
+def test_the_split_count_matters():
+    """Case 2's first request split three ways; computed in one split, other bits."""
+    meta, arrays = _load(CAPTURE)
+    c = meta["cases"][2]
+    q, k, v = prefill_inputs(c)
+    res = fa3_prefill(q[:, :2], k[:, :2], v[:, :2], _cu(c["qlens"]), _cu(c["seqlens"]), scale=c["scale"],
+                      splits=[1, 1], launch_heads=16)
+    assert np.mean(res.out.view(np.uint16) == arrays["c2_out"]) < 1
+
+
+@pytest.mark.parametrize("change", ["one chunk a request", "the merges with fast math"])
+def test_each_chain_choice_matters(change, monkeypatch):
+    """vLLM's chain case 0 (a context cut at the workspace and continued): with the context in one chunk, or the
+    merges on a fast-math build, other bits."""
+    meta, arrays = _load(CHAIN)
+    c = dict(meta["cases"][0])
+    inputs, _ = chain_inputs(c)
+    q, k, v, kc, vc = (x[:, :4] for x in inputs)
+    if change == "one chunk a request":
+        c["workspace"] = 65536
+    else:
+        mp = importlib.import_module("amla_sim.algorithms.deployed.vllm.mla_prefill")
+        fast = mp.vllm_merge_attn_states
+
+        def merge(*a, **kw):
+            return fast(*a, **kw, machine="sm90-cuda")
+
+        monkeypatch.setattr(mp, "vllm_merge_attn_states", merge)
+    res = vllm_mla_prefill(q, k, v, kc, vc, c["qlens"], c["context_lens"], workspace=c["workspace"],
+                           block_size=c["block_size"], scale=c["scale"], num_splits=c["num_splits"], launch_heads=16)
+    assert np.mean(res.out.view(np.uint16) == arrays["c0_out"]) < 1
+
+
+# --- bad input --------------------------------------------------------------------------------------------
+
+_BF = prefill.get_format("bf16").dtype
+_Q, _K, _V = np.zeros((4, 2, 192), _BF), np.zeros((4, 2, 192), _BF), np.zeros((4, 2, 128), _BF)
+
+
+@pytest.mark.parametrize(("args", "kw", "match"), [
+    ((_Q.astype(np.float32), _K, _V, [0, 4], [0, 4]), {}, "q: FA3's prefill takes BF16 or FP16"),
+    ((_Q, _K.astype(np.float16), _V, [0, 4], [0, 4]), {}, "k, v: the same format"),
+    ((_Q, _K, _V[..., :64], [0, 4], [0, 4]), {}, r"q, v: head dims \(192, 64\) are not modelled"),
+    ((_Q, _K[:, :1].repeat(3, 1)[:, :3], _V[:, :1].repeat(3, 1), [0, 4], [0, 4]), {}, "k: its heads"),
+    ((_Q, _K, _V, [0, 5], [0, 4]), {}, "cu_seqlens_q: offsets must rise"),
+    ((_Q, _K, _V, [0, 2, 4], [0, 4]), {}, "cu_seqlens_k: 2 offsets for 2 requests"),
+    ((_Q, _K, _V, [0, 4], [0, 4]), {"max_seqlen_k": 3}, "max_seqlen_k"),
+    ((_Q, _K, _V, [0, 4], [0, 4]), {"num_splits": 300}, "num_splits"),
+    ((_Q, _K, _V, [0, 4], [0, 4]), {"launch_heads": 1}, "launch_heads"),
+    ((_Q, _K, _V, [0, 4], [0, 4]), {"splits": [1, 2]}, "splits: one split count a request"),
+])
+def test_bad_input_is_refused_by_name(args, kw, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        fa3_prefill(*args, **kw)
+
+
+def test_the_chain_refuses_by_name():
+    with pytest.raises(ValueError, match="context_lens: one a request"):
+        vllm_mla_prefill(_Q, _K, _V, _K, _V, [4], [2, 2], workspace=1024)
+    with pytest.raises(ValueError, match="k_context, v_context: 8 rows"):
+        vllm_mla_prefill(_Q, _K, _V, _K, _V, [2, 2], [4, 4], workspace=1024)
+    with pytest.raises(ValueError, match="workspace"):
+        plan_context_chunks([100], 8, block_size=16)
