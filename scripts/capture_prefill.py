@@ -1,13 +1,15 @@
 """Capture FlashAttention-3's MHA-form MLA prefill as vLLM 0.33.0 ships it (``_vllm_fa3_C.abi3.so``), and vLLM's
 chained prefill (the new tokens' causal call, a non-causal call per context chunk, ``merge_attn_states``).
 
-Run on a CUDA machine:  python scripts/capture_prefill.py OUTDIR VLLM_ROOT [MERGE_BUNDLE]
+Run on a CUDA machine:  python scripts/capture_prefill.py OUTDIR VLLM_ROOT [MERGE_BUNDLE] [--seed N]
 
 VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's wheel, unpacked). Writes:
 
 - OUTDIR/fa3_prefill_{dev}.npz: :data:`amla_sim.crosscheck.fa3_prefill.PREFILL_CASES`, as
   :func:`amla_sim.crosscheck.deployed.capture` writes it (replay: ``amla-sim crosscheck --replay FILE``);
-- OUTDIR/fa3_prefill_seed{N}_{dev}.npz: the same table at fresh seeds (``--seed``), held out;
+- OUTDIR/fa3_prefill_seed{N}_{dev}.npz: the same table at fresh seeds (N: 1000, or ``--seed N``), held out;
+- OUTDIR/edges_fa3_prefill_{dev}.npz: :data:`EDGE_CASES`, the softmax scales no kernel checks and a call whose k
+  holds no row;
 - OUTDIR/fa3_prefill_e4m3_{dev}.npz: :data:`E4M3_CASES`, vLLM's FP8 prefill (q, k, v cast to E4M3, no descale);
 - with MERGE_BUNDLE (the mla-merge bundle, whose ``build_merge.py`` builds vLLM's ``merge_attn_states``):
   OUTDIR/vllm_prefill_chain_{dev}.npz: :data:`amla_sim.crosscheck.prefill_chain.CHAIN_CASES` chained as vLLM
@@ -45,6 +47,16 @@ E4M3_CASES = [
 ]
 
 
+#: the softmax scales no kernel checks (``scripts/capture_limits.py``'s), each on the kernel's scale template
+EDGE_SCALES = (0.0, -0.0417, -0.1352, 1e-40, -3e-39, 1e-45)
+
+
+def _edges() -> list[dict]:
+    base = KERNELS["fa3-prefill"].scale_template()
+    cases = [{**base, "seed": 950 + j, "scale": s} for j, s in enumerate(EDGE_SCALES)]
+    return cases + [{**base, "seed": 960, "scale": _DS, "seqlens": [0, 0], "k_rows": 0}]  # mha_fwd launches nothing
+
+
 def _tag(device: str) -> str:
     return "h200" if "H200" in device else "h100" if "H100" in device else "gpu"
 
@@ -55,6 +67,7 @@ def _chain(out_dir: str, vllm_root: str, bundle: str, tag: str) -> None:
     sys.path.insert(0, bundle)
     from build_merge import build_vllm
 
+    from amla_sim.algorithms.deployed.vllm.mla_prefill import chunk_rows, plan_context_chunks
     from amla_sim.crosscheck.prefill_chain import CHAIN_CASES, chain_inputs
     from amla_sim.gpu.adapters.fa3 import load_shipped_fa3, run_vllm_prefill_chain
 
@@ -62,7 +75,12 @@ def _chain(out_dir: str, vllm_root: str, bundle: str, tag: str) -> None:
     arrays, recipes = {}, []
     for i, case in enumerate(CHAIN_CASES):
         inputs, crc = chain_inputs(case)
-        runs = [run_vllm_prefill_chain(fa3, merge, *inputs, case)[:, :case["keep_heads"]].copy() for _ in range(2)]
+        chunks = []
+        for ch in plan_context_chunks(case["context_lens"], case["workspace"], block_size=case["block_size"]):
+            rows, ctx, merged = chunk_rows(ch, case["qlens"], case["context_lens"])
+            chunks.append((rows, ctx, merged, case["qlens"][ch.request_start:ch.request_end], list(ch.seq_lens)))
+        runs = [run_vllm_prefill_chain(fa3, merge, *inputs, case, chunks)[:, :case["keep_heads"]].copy()
+                for _ in range(2)]
         arrays[f"c{i}_out"] = runs[0]
         recipes.append({**case, "input_crc": crc, "repeat_identical": bool(np.array_equal(*runs))})
         print(f"chain case {i}: done", flush=True)
@@ -72,14 +90,21 @@ def _chain(out_dir: str, vllm_root: str, bundle: str, tag: str) -> None:
 
 
 def main() -> None:
-    out_dir, vllm_root = sys.argv[1], sys.argv[2]
-    bundle = sys.argv[3] if len(sys.argv) > 3 else None
+    args = sys.argv[1:]
+    seed = 1000
+    if "--seed" in args:
+        i = args.index("--seed")
+        seed = int(args[i + 1])
+        del args[i:i + 2]
+    out_dir, vllm_root = args[0], args[1]
+    bundle = args[2] if len(args) > 2 else None
     import torch
 
     tag = _tag(torch.cuda.get_device_name())
     spec = KERNELS["fa3-prefill"]
-    jobs = [(f"fa3_prefill_{tag}.npz", {}), (f"fa3_prefill_seed1000_{tag}.npz", {"seed": 1000}),
-            (f"fa3_prefill_e4m3_{tag}.npz", {"cases": E4M3_CASES})]
+    jobs = [(f"fa3_prefill_{tag}.npz", {}), (f"fa3_prefill_seed{seed}_{tag}.npz", {"seed": seed}),
+            (f"fa3_prefill_e4m3_{tag}.npz", {"cases": E4M3_CASES}), (f"edges_fa3_prefill_{tag}.npz",
+                                                                      {"cases": _edges()})]
     for name, kw in jobs:
         t0 = time.time()
         try:

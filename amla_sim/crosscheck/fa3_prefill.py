@@ -52,18 +52,20 @@ PREFILL_CASES = [
 
 def prefill_inputs(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q (T, h, 192), k (T_k, h_k, 192), v (T_k, h_k, 128) from a recipe (checked against its CRC); T_k is at least
-    1 (a call of no key still passes a row)."""
+    1 (a call of no key still passes a row) unless the recipe's ``k_rows`` is 0."""
     H, Hk, fmt, dist, seed = case["heads"], case.get("heads_k", case["heads"]), case["format"], case["dist"], \
         case["seed"]
     draw = "bf16" if fmt == "e4m3" else fmt
     T, Tk = sum(case["qlens"]), max(1, sum(case["seqlens"]))
+    no_rows = case.get("k_rows") == 0  # a call whose k and v hold no row at all
     d, dv = case.get("d", 192), case.get("dv", 128)
 
     def one(n: int, heads: int, width: int, s: int) -> np.ndarray:
         return make_inputs(dist, batch=1, heads=heads, sq=n, context=1, d_k=width, d_v=min(dv, width), seed=s,
                            fmt=draw)[0][0]
 
-    got = one(T, H, d, seed), one(Tk, Hk, d, seed + 1000), one(Tk, Hk, dv, seed + 2000)
+    got = one(T, H, d, seed), one(Tk, Hk, d, seed + 1000)[:Tk * (not no_rows)], \
+        one(Tk, Hk, dv, seed + 2000)[:Tk * (not no_rows)]
     if "input_crc" in case and input_crc(*got) != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
     return got
@@ -101,6 +103,9 @@ class _Fa3Prefill(DeployedKernel):
             raise ValueError(f"keep_heads: whole groups of {H // Hk} heads, got {keep}")
         if case["causal"] not in (True, False):
             raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
+        if case.get("k_rows", 1) != 1 and (case["k_rows"] != 0 or max(case["seqlens"]) > 0):
+            raise ValueError(f"k_rows: 0 (k and v of no row, every request of no key) or absent, got "
+                             f"{case['k_rows']!r}")
         if (case.get("d", 192), case.get("dv", 128)) not in PREFILL_TILES:
             raise ValueError(f"d, dv: the model covers {tuple(PREFILL_TILES)}")
 

@@ -436,30 +436,27 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
     return res
 
 
-def run_vllm_prefill_chain(fa3, merge, q, k, v, k_context, v_context, recipe: dict) -> np.ndarray:
-    """vLLM 0.33's MLA prefill chained on the GPU as ``forward_mha`` chains it (the plan and rows of
-    :mod:`amla_sim.algorithms.deployed.vllm.mla_prefill`): the new tokens' causal call, a call per context chunk,
-    the chunks' rows copied into the context partial or, for a continued request, merged into it in place
-    (`merge`: vLLM's ``merge_attn_states`` op), then the final merge. BF16 bits in; the output's bits out."""
+def run_vllm_prefill_chain(fa3, merge, q, k, v, k_context, v_context, recipe: dict, chunks: list) -> np.ndarray:
+    """vLLM 0.33's MLA prefill chained on the GPU as ``forward_mha`` chains it: the new tokens' causal call, a call
+    per context chunk, the chunks' rows copied into the context partial or, for a continued request, merged into it
+    in place (`merge`: vLLM's ``merge_attn_states`` op), then the final merge. chunks: per chunk (its query rows, the
+    context rows it gathers, how many of its rows merge, its requests' query lengths, their key counts), as
+    :func:`amla_sim.algorithms.deployed.vllm.mla_prefill.chunk_rows` gives them. BF16 bits in; the output's out."""
     import torch
-
-    from ...algorithms.deployed.vllm.mla_prefill import chunk_rows, plan_context_chunks
 
     ql, cl, ns, scale = recipe["qlens"], recipe["context_lens"], recipe["num_splits"], recipe["scale"]
     qt, kt, vt, kc, vc = (bits16(torch, x) for x in (q, k, v, k_context, v_context))
     new, new_lse, _, _ = fa3_varlen(fa3, qt, kt, vt, ql, ql, scale=scale, causal=True, num_splits=ns)
-    plans = plan_context_chunks(cl, recipe["workspace"], block_size=recipe["block_size"])
-    if not plans:
+    if not chunks:
         return new.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
     T = qt.shape[0]
     out = lse = None
-    for chunk in plans:
-        rows, ctx, merged = chunk_rows(chunk, ql, cl)
+    for rows, ctx, merged, chunk_q, chunk_k in chunks:
         idx = torch.from_numpy(ctx).cuda()
-        o, l, _, _ = fa3_varlen(fa3, qt[rows], kc[idx], vc[idx], ql[chunk.request_start:chunk.request_end],
-                                list(chunk.seq_lens), scale=scale, causal=False, num_splits=ns)
+        o, l, _, _ = fa3_varlen(fa3, qt[rows], kc[idx], vc[idx], chunk_q, chunk_k, scale=scale, causal=False,
+                                num_splits=ns)
         if out is None:
-            if len(plans) == 1 and all(n > 0 for n in cl):
+            if len(chunks) == 1 and all(n > 0 for n in cl):
                 out, lse = o, l
                 break
             out = torch.zeros((T, *o.shape[1:]), dtype=o.dtype, device="cuda")

@@ -8,7 +8,7 @@ Upstream: vllm-project/flash-attention 617264c, ``hopper/``: ``tile_size.h:47-48
 192 / 128, the P V product from registers, intra-warpgroup overlap), ``mainloop_fwd_sm90_tma_gmma_ws.hpp:1212-1316``
 (``IntraWGOverlap`` with ``RescaleOBeforeGemm``, as ``kHeadDim > 128``), ``softmax.h``, ``epilogue_fwd.hpp``,
 ``flash_fwd_combine_kernel.h``; the split choice is :func:`.scheduler.varlen_splits`. The arithmetic is the MLA
-decode's (:mod:`.mla`), on other tiles and in another order of issue:
+decode's (:mod:`amla_sim.algorithms.deployed.fa3.mla`), on other tiles and in another order of issue:
 
 - An m-block holds 128 query positions of one head (with pack-GQA, as a split launch forces, 128 rows of
   (position, query head of the group)). Its key blocks of 128 are walked from the last it sees (bottom-right
