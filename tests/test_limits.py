@@ -13,6 +13,7 @@ import pytest
 
 from amla_sim.algorithms import (fa3_mla, flashinfer_mla, flashmla, flashmla_dense_fp8, flashmla_etap,
                                  flashmla_sparse_fp8, flashmla_sparse_prefill, splitkv_decode, vllm_triton_mla)
+from amla_sim.algorithms.deployed.fa3.prefill import fa3_prefill
 from amla_sim.algorithms.deployed.flashinfer.scheduler import flashinfer_mla_plan
 from amla_sim.algorithms.deployed.flashmla.fp8_cache import quantize_kv_cache
 from amla_sim.algorithms.deployed.vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
@@ -54,6 +55,15 @@ def _sparse_prefill(heads=64, topk=128):
     return q[0], kv[0][:, None], np.tile(np.arange(topk, dtype=np.int32) % 256, (4, 1, 1))
 
 
+def _prefill(klens=(64, 0), d=192, dv=128, rows=None, fmt="bf16"):
+    """q, k, v and the offsets of a small MHA-form prefill call (`rows`: k's rows, default the keys')."""
+    ql, n = [5, 3], sum(klens) if rows is None else rows
+    q = make_inputs("normal:1", heads=4, sq=8, context=1, d_k=d, d_v=min(d, dv), seed=2, fmt=fmt)[0][0]
+    k = make_inputs("normal:1", heads=4, sq=max(n, 1), context=1, d_k=d, d_v=min(d, dv), seed=3, fmt=fmt)[0][0][:n]
+    v = make_inputs("normal:1", heads=4, sq=max(n, 1), context=1, d_k=dv, d_v=dv, seed=4, fmt=fmt)[0][0][:n]
+    return q, k, v, np.cumsum([0, *ql]), np.cumsum([0, *klens])
+
+
 def _every_computes(scale: float) -> None:
     """Every model but FlashInfer's on a softmax scale (each kernel's bits for it are captured)."""
     q, kv = _inputs(sq=1)
@@ -63,6 +73,7 @@ def _every_computes(scale: float) -> None:
     flashmla_dense_fp8(*_fp8(), scale=scale)
     flashmla_sparse_fp8(*_sparse_fp8(), scale=scale)
     flashmla_sparse_prefill(*_sparse_prefill(), scale=scale)
+    fa3_prefill(*_prefill(), scale=scale)
 
 
 def _dense_fp8(q, kv, **kw):
@@ -95,6 +106,13 @@ PROBES = {
     ("fa3-mla", "`softcap` over 0, a local `window_size`"): (lambda: fa3_mla(*_inputs(), softcap=30.0), "softcap"),
     ("fa3-mla", "`softcap` of 0 or below"): (lambda: fa3_mla(*_inputs(), softcap=-1.0), None),
     ("fa3-mla", "a NaN or infinite scale"): (lambda: fa3_mla(*_inputs(), scale=float("nan")), "scale"),
+    ("fa3-prefill", "a request of no key (k with rows)"): (lambda: fa3_prefill(*_prefill((64, 0))), None),
+    ("fa3-prefill", "a k of no row"): (lambda: fa3_prefill(*_prefill((0, 0), rows=0)), None),
+    ("fa3-prefill", "`num_splits` over 256"): (lambda: fa3_prefill(*_prefill(), num_splits=257), "num_splits"),
+    ("fa3-prefill", "head dims other than 192 (q, k) and 128 (v)"): (lambda: fa3_prefill(*_prefill(d=128)), "q"),
+    ("fa3-prefill", "q, k, v in FP8 E4M3"):
+        (lambda: fa3_prefill(*(x.astype(ml_dtypes.float8_e4m3fn) for x in _prefill()[:3]), *_prefill()[3:]), "q"),
+    ("fa3-prefill", "a subnormal scale"): (lambda: fa3_prefill(*_prefill(), scale=1e-40), "scale"),
     ("every kernel", "a scale of 0 or below"): (lambda: [_every_computes(s) for s in (0.0, -0.1352)], None),
     ("fa3-mla, flashmla, flashmla-dense-fp8, flashmla-etap, flashinfer-mla", "a subnormal scale"):
         (_every(lambda model, q, kv, **kw: model(q, kv, scale=1e-40, **kw)), "scale"),
@@ -167,7 +185,7 @@ EDGES = {"edges_fa3_mla_h200.npz": (6, (3, 4, 5)), "edges_fa3_mla_sparse_h200.np
          "edges_flashmla_etap_h200.npz": (6, (3, 4, 5)), "edges_flashmla_sparse_fp8_h200.npz": (6, ()),
          "edges_flashmla_sparse_prefill_h200.npz": (6, ()), "edges_vllm_triton_mla_h200.npz": (6, ()),
          "edges_sglang_triton_h200.npz": (8, ()), "edges_flashmla_empty_h200.npz": (4, ()),
-         "edges_flashinfer_mla_h200.npz": (9, (6, 7, 8))}
+         "edges_flashinfer_mla_h200.npz": (9, (6, 7, 8)), "edges_fa3_prefill_h100.npz": (7, (3, 4, 5))}
 
 
 @pytest.mark.parametrize("name", sorted(EDGES))

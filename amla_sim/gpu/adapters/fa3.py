@@ -412,7 +412,9 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
     import torch
 
     fmt = recipe["format"]
-    qt, kt, vt = (bits16(torch, x, "fp16" if fmt == "fp16" else "bf16") for x in (q, k, v))
+    qt, kt, vt = (bits16(torch, x, "fp16" if fmt == "fp16" else "bf16") if x.shape[0] else
+                  torch.empty(x.shape, dtype=torch.float16 if fmt == "fp16" else torch.bfloat16, device="cuda")
+                  for x in (q, k, v))  # a k of no row: as torch makes one (the kernel checks its strides)
     if fmt == "e4m3":
         qt, kt, vt = (x.to(torch.float8_e4m3fn) for x in (qt, kt, vt))
     qlens, klens = recipe["qlens"], recipe["seqlens"]

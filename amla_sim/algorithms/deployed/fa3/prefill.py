@@ -236,6 +236,9 @@ def _check_inputs(q, k, v, cu_q, cu_k):
     for name, x in (("q", q), ("k", k), ("v", v)):
         a = np.asarray(x)
         fmt = get_format(a.dtype).name if a.dtype.kind in "fV" else None
+        if fmt == "e4m3":
+            raise ValueError(f"{name}: FP8 E4M3 is not modelled (vLLM's FA3 computes it: its FP8 prefill); the model "
+                             f"takes BF16 or FP16")
         if fmt not in _FORMATS:
             raise ValueError(f"{name}: FA3's prefill takes BF16 or FP16 here, got {a.dtype}")
         if a.ndim != 3 or min(a.shape[1:]) < 1 or (name == "q" and a.shape[0] < 1):
@@ -249,9 +252,10 @@ def _check_inputs(q, k, v, cu_q, cu_k):
     if qa.shape[1] % ka.shape[1]:
         raise ValueError(f"k: its heads ({ka.shape[1]}) must divide q's ({qa.shape[1]})")
     dims = (qa.shape[2], va.shape[2])
-    if dims not in PREFILL_TILES:
-        raise ValueError(f"q, v: head dims {dims} are not modelled (the model covers "
-                         f"{', '.join(map(str, PREFILL_TILES))}, the MLA prefill's)")
+    if dims not in PREFILL_TILES:  # vLLM's build compiles head dims 64 to 256: computed there, not modelled here
+        name = "v" if qa.shape[2] in {d for d, _ in PREFILL_TILES} else "q"
+        raise ValueError(f"{name}: head dims {dims} (q's, v's) are not modelled (vLLM's FA3 computes them); the model "
+                         f"covers {', '.join(map(str, PREFILL_TILES))}, the MLA prefill's")
     cus = []
     for name, cu, total in (("cu_seqlens_q", cu_q, qa.shape[0]), ("cu_seqlens_k", cu_k, ka.shape[0])):
         c = np.asarray(cu)
