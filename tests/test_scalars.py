@@ -30,12 +30,13 @@ CAPTURES = {k: DATA / f"scales_{k.replace('-', '_')}.npz" for k in KERNELS if k 
 MODULES = {"flashmla": "flashmla.dense", "flashmla-etap": "flashmla.etap", "flashmla-sparse-fp8": "flashmla.sparse_fp8",
            "fa3-mla": "fa3.mla", "sgl-fa3-mla": "fa3.mla", "flashmla-dense-fp8": "flashmla.dense_fp8", "vllm-triton-mla": "vllm.triton_mla",
            "sglang-triton": "sglang.decode", "flashinfer-mla": "flashinfer.mla",
-           "flashinfer-mla-sparse": "flashinfer.mla"}
+           "flashinfer-mla-sparse": "flashinfer.mla", "fa3-prefill": "fa3.prefill"}
 #: kernel -> the cases that take the scale unrounded (the caller's double) to other bits: 192^-0.5, 0.1352 and three
 #: random scales, for every kernel that multiplies the scale by log2 e in double (the Triton kernels and FlashMLA's
 #: sparse decode multiply in FP32, which rounds the scale first anyway)
 UNROUNDED_BITES = {"flashmla": [1, 2, 9, 11, 20], "flashmla-etap": [1, 2, 9, 11, 20], "fa3-mla": [1, 2, 9, 11, 20],
-                   "sgl-fa3-mla": [1, 2, 9, 11, 20], "flashmla-dense-fp8": [1, 2, 9, 11, 20]}
+                   "sgl-fa3-mla": [1, 2, 9, 11, 20], "flashmla-dense-fp8": [1, 2, 9, 11, 20],
+                   "fa3-prefill": [1, 2, 9, 11, 20]}
 #: kernel -> (the log2 constant it derives, the other form, the cases where the other form changes bits)
 DERIVATION_BITES = {"flashmla": ("scale_log2", scalars.scale_log2_f32, [17, 18, 23]),
                     "flashmla-etap": ("scale_log2", scalars.scale_log2_f32, [17, 18, 23]),

@@ -236,12 +236,12 @@ class _Fa3Sparse(DeployedKernel):
     def load(self, source: str | None) -> Any:
         from ..gpu.adapters.fa3 import build_fa3
 
+        return build_fa3(source)
+
     def load_shipped(self, source: str, build: str) -> Any:
         from ..gpu.adapters.fa3 import load_shipped_fa3
 
         return load_shipped_fa3(source)
-
-        return build_fa3(source)
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         from ..gpu.adapters.fa3 import run_fa3_sparse
