@@ -11,6 +11,10 @@ VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's whee
 - OUTDIR/edges_fa3_prefill_{dev}.npz: :data:`EDGE_CASES`, the softmax scales no kernel checks and a call whose k
   holds no row;
 - OUTDIR/fa3_prefill_e4m3_{dev}.npz: :data:`E4M3_CASES`, vLLM's FP8 prefill (q, k, v cast to E4M3, no descale);
+- OUTDIR/scales_fa3_prefill.npz: the kernel's scale table (DeepSeek's scales and 20 random ones, as
+  ``amla-sim crosscheck --kernel fa3-prefill --build vllm --scales 20`` runs it); the committed
+  ``tests/data/scales_fa3_prefill.npz`` is this file cut to one head a call by
+  ``scripts/trim_capture.py IN OUT 0,1,...,25 --keep-heads 1``;
 - with MERGE_BUNDLE (the mla-merge bundle, whose ``build_merge.py`` builds vLLM's ``merge_attn_states``):
   OUTDIR/vllm_prefill_chain_{dev}.npz: :data:`amla_sim.crosscheck.prefill_chain.CHAIN_CASES` chained as vLLM
   chains them: per case ``c{i}_out`` (the final merged output, raw BF16 bits) and ``meta``.
@@ -103,8 +107,8 @@ def main() -> None:
     tag = _tag(torch.cuda.get_device_name())
     spec = KERNELS["fa3-prefill"]
     jobs = [(f"fa3_prefill_{tag}.npz", {}), (f"fa3_prefill_seed{seed}_{tag}.npz", {"seed": seed}),
-            (f"fa3_prefill_e4m3_{tag}.npz", {"cases": E4M3_CASES}), (f"edges_fa3_prefill_{tag}.npz",
-                                                                      {"cases": _edges()})]
+            (f"fa3_prefill_e4m3_{tag}.npz", {"cases": E4M3_CASES}),
+            (f"edges_fa3_prefill_{tag}.npz", {"cases": _edges()}), ("scales_fa3_prefill.npz", {"scales": 20})]
     for name, kw in jobs:
         t0 = time.time()
         try:

@@ -210,7 +210,7 @@ RENDERED = [
     ("_generated/notebooks/01_lemma_3_1.html", ["Lemma 3.1"], True, 0, 0),
     ("reproductions.html", ["AMLA Tables 3 and 4"], False, 5, 7),
     ("crosscheck.html", ["What each model takes", "a causal step longer than its request", "The merges of a chunked "
-                         "prefill"], False, 3, 0),
+                         "prefill", "FA3\u2019s MHA form and vLLM\u2019s chain", "a k of no row"], False, 3, 0),
     ("why-changed.html", ["row ulp", "NaN against NaN"], False, 1, 0),
 ]
 

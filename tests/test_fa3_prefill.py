@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from amla_sim.algorithms.deployed.fa3 import scheduler
-from amla_sim.algorithms.deployed.fa3.prefill import fa3_prefill, prefill_schedule
+from amla_sim.algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, prefill_schedule
 from amla_sim.algorithms.deployed.vllm.mla_prefill import plan_context_chunks, vllm_mla_prefill, workspace_rows
 from amla_sim.crosscheck import replay
 from amla_sim.crosscheck.fa3_prefill import PREFILL_CASES, prefill_inputs
@@ -29,10 +29,6 @@ CAPTURE, HELD_OUT, CHAIN = (DATA / f for f in ("fa3_prefill_h200.npz", "fa3_pref
 def _load(path: Path) -> tuple[dict, dict]:
     with np.load(path) as z:
         return json.loads(str(z["meta"])), {k: z[k] for k in z.files if k != "meta"}
-
-
-def _cu(lens) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(lens)])
 
 
 @pytest.mark.parametrize("path", [CAPTURE, HELD_OUT], ids=["h200-seed0", "h100-seed2000"])
@@ -96,10 +92,10 @@ def test_the_model_is_attention_on_golden(causal):
     k, v = rng.standard_normal((sum(kl), 2, 192)), rng.standard_normal((sum(kl), 2, 128))
     bf = prefill.get_format("bf16").dtype
     q, k, v = (x.astype(bf) for x in (q, k, v))
-    res = fa3_prefill(q, k, v, _cu(ql), _cu(kl), causal=causal, machine="golden")
+    res = fa3_prefill(q, k, v, cu_seqlens(ql), cu_seqlens(kl), causal=causal, machine="golden")
     sc = float(np.float32(192 ** -0.5))
-    for i, (a, b) in enumerate(zip(_cu(ql)[:-1], _cu(ql)[1:])):
-        ka, kb = _cu(kl)[i], _cu(kl)[i + 1]
+    for i, (a, b) in enumerate(zip(cu_seqlens(ql)[:-1], cu_seqlens(ql)[1:])):
+        ka, kb = cu_seqlens(kl)[i], cu_seqlens(kl)[i + 1]
         for h in range(4):
             Q, K, V = (x.astype(float) for x in (q[a:b, h], k[ka:kb, h // 2], v[ka:kb, h // 2]))
             if kb == ka:
@@ -176,7 +172,7 @@ def test_each_choice_matters(change, monkeypatch, fastest_engine):
     c = meta["cases"][case]
     keep, qpk = c["keep_heads"], c["heads"] // c["heads_k"]
     q, k, v = prefill_inputs(c)
-    res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], _cu(c["qlens"]), _cu(c["seqlens"]),
+    res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], cu_seqlens(c["qlens"]), cu_seqlens(c["seqlens"]),
                       scale=c["scale"], causal=c["causal"], num_splits=c["num_splits"], launch_heads=c["heads"])
     same = (np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]),
             np.mean(res.lse.astype(np.float32).view(np.uint32) == arrays[f"c{case}_lse"]))
@@ -188,7 +184,7 @@ def test_the_split_count_matters():
     meta, arrays = _load(CAPTURE)
     c = meta["cases"][2]
     q, k, v = prefill_inputs(c)
-    res = fa3_prefill(q[:, :2], k[:, :2], v[:, :2], _cu(c["qlens"]), _cu(c["seqlens"]), scale=c["scale"],
+    res = fa3_prefill(q[:, :2], k[:, :2], v[:, :2], cu_seqlens(c["qlens"]), cu_seqlens(c["seqlens"]), scale=c["scale"],
                       splits=[1, 1], launch_heads=16)
     assert np.mean(res.out.view(np.uint16) == arrays["c2_out"]) < 1
 
@@ -233,6 +229,7 @@ _Q, _K, _V = np.zeros((4, 2, 192), _BF), np.zeros((4, 2, 192), _BF), np.zeros((4
     ((_Q, _K, _V, [0, 4], [0, 4]), {"num_splits": 300}, "num_splits"),
     ((_Q, _K, _V, [0, 4], [0, 4]), {"launch_heads": 1}, "launch_heads"),
     ((_Q, _K, _V, [0, 4], [0, 4]), {"splits": [1, 2]}, "splits: one split count a request"),
+    ((_Q, _K, _V, [0, 4], [0, 4]), {"causal": None}, "causal: expected True or False"),
 ])
 def test_bad_input_is_refused_by_name(args, kw, match):
     with pytest.raises((ValueError, TypeError), match=match):

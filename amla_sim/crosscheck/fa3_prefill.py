@@ -20,12 +20,13 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms.deployed.fa3 import FA3_COMMIT
-from ..algorithms.deployed.fa3.prefill import PREFILL_TILES, fa3_prefill, prefill_schedule
+from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, prefill_schedule
 from ..experiments.inputs import make_inputs
+from ..resources import run_bytes
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, run_twice, stage
 
-__all__ = ["PREFILL_CASES", "FA3_PREFILL", "prefill_inputs"]
+__all__ = ["PREFILL_CASES", "FA3_PREFILL", "prefill_inputs", "draw_heads"]
 
 _DS = 0.1352337788608801  # DeepSeek-V3's softmax scale: 192^-0.5 mscale^2 (YaRN)
 _K2 = 192 ** -0.5  # Kimi-K2's (no YaRN on its prefill scale)
@@ -50,29 +51,25 @@ PREFILL_CASES = [
 ]
 
 
+def draw_heads(dist: str, tokens: int, heads: int, width: int, seed: int, fmt: str = "bf16") -> np.ndarray:
+    """(tokens, heads, width) drawn by :func:`~amla_sim.experiments.inputs.make_inputs` (one query step of `tokens`
+    positions), the RoPE columns, where the distribution has them, past the first 128 (k = [k_nope, k_pe])."""
+    return make_inputs(dist, batch=1, heads=heads, sq=tokens, context=1, d_k=width, d_v=min(128, width), seed=seed,
+                       fmt=fmt)[0][0]
+
+
 def prefill_inputs(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q (T, h, 192), k (T_k, h_k, 192), v (T_k, h_k, 128) from a recipe (checked against its CRC); T_k is at least
     1 (a call of no key still passes a row) unless the recipe's ``k_rows`` is 0."""
-    H, Hk, fmt, dist, seed = case["heads"], case.get("heads_k", case["heads"]), case["format"], case["dist"], \
-        case["seed"]
-    draw = "bf16" if fmt == "e4m3" else fmt
+    H, Hk, dist, seed = case["heads"], case["heads_k"], case["dist"], case["seed"]
+    fmt = "bf16" if case["format"] == "e4m3" else case["format"]  # E4M3: BF16 draws, cast on the device
     T, Tk = sum(case["qlens"]), max(1, sum(case["seqlens"]))
-    no_rows = case.get("k_rows") == 0  # a call whose k and v hold no row at all
-    d, dv = case.get("d", 192), case.get("dv", 128)
-
-    def one(n: int, heads: int, width: int, s: int) -> np.ndarray:
-        return make_inputs(dist, batch=1, heads=heads, sq=n, context=1, d_k=width, d_v=min(dv, width), seed=s,
-                           fmt=draw)[0][0]
-
-    got = one(T, H, d, seed), one(Tk, Hk, d, seed + 1000)[:Tk * (not no_rows)], \
-        one(Tk, Hk, dv, seed + 2000)[:Tk * (not no_rows)]
+    rows = 0 if case.get("k_rows") == 0 else Tk  # a call whose k and v hold no row at all
+    got = (draw_heads(dist, T, H, 192, seed, fmt), draw_heads(dist, Tk, Hk, 192, seed + 1000, fmt)[:rows],
+           draw_heads(dist, Tk, Hk, 128, seed + 2000, fmt)[:rows])
     if "input_crc" in case and input_crc(*got) != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
     return got
-
-
-def _cu(lens: list[int]) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
 
 
 class _Fa3Prefill(DeployedKernel):
@@ -106,14 +103,13 @@ class _Fa3Prefill(DeployedKernel):
         if case.get("k_rows", 1) != 1 and (case["k_rows"] != 0 or max(case["seqlens"]) > 0):
             raise ValueError(f"k_rows: 0 (k and v of no row, every request of no key) or absent, got "
                              f"{case['k_rows']!r}")
-        if (case.get("d", 192), case.get("dv", 128)) not in PREFILL_TILES:
-            raise ValueError(f"d, dv: the model covers {tuple(PREFILL_TILES)}")
 
     def memory(self, case: dict) -> int:
-        """The model's peak: an m-block's scores and gathered keys over the longest request, per head."""
+        """The model's peak over its fixed part (a decode of one key's): per kept head an m-block's scores and their
+        temporaries over the longest request and its gathered keys and values, and the call's rows in FP32."""
         H, nk = case["keep_heads"], max(1, *case["seqlens"])
-        T = sum(case["qlens"])
-        return (400 << 20) + H * (128 * nk * 4 * 4 + nk * 320 * 8) + T * H * 320 * 8
+        return (run_bytes(batch=1, sq=1, heads=1, context=1, mufu_tables=True)
+                + H * (128 * nk * 4 * 4 + nk * 320 * 8) + sum(case["qlens"]) * H * 320 * 8)
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         T, H = sum(case["qlens"]), case["keep_heads"]
@@ -138,8 +134,8 @@ class _Fa3Prefill(DeployedKernel):
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
         q, k, v = prefill_inputs(case)
         keep, qpk = case["keep_heads"], case["heads"] // case["heads_k"]
-        res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], _cu(case["qlens"]),
-                          _cu(case["seqlens"]), scale=case["scale"], causal=case["causal"],
+        res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], cu_seqlens(case["qlens"]),
+                          cu_seqlens(case["seqlens"]), scale=case["scale"], causal=case["causal"],
                           num_splits=case["num_splits"], launch_heads=case["heads"], trace=True)
         out = []
         if f"c{i}_splits" in arrays:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..algorithms.deployed.vllm.mla_prefill import vllm_mla_prefill
 from ..comparison import compare
-from ..experiments.inputs import make_inputs
+from .fa3_prefill import draw_heads
 from .files import CaptureError, input_crc
 from .report import ReplayReport
 
@@ -45,12 +45,9 @@ def chain_inputs(case: dict) -> tuple[tuple[np.ndarray, ...], int]:
     against the case's ``input_crc`` where it has one."""
     H, seed, dist = case["heads"], case["seed"], case["dist"]
     T, C = sum(case["qlens"]), max(1, sum(case["context_lens"]))
-
-    def one(n: int, width: int, s: int) -> np.ndarray:
-        return make_inputs(dist, batch=1, heads=H, sq=n, context=1, d_k=width, d_v=min(128, width), seed=s)[0][0]
-
-    got = (one(T, 192, seed), one(T, 192, seed + 1000), one(T, 128, seed + 2000), one(C, 192, seed + 3000),
-           one(C, 128, seed + 4000))
+    got = (draw_heads(dist, T, H, 192, seed), draw_heads(dist, T, H, 192, seed + 1000),
+           draw_heads(dist, T, H, 128, seed + 2000), draw_heads(dist, C, H, 192, seed + 3000),
+           draw_heads(dist, C, H, 128, seed + 4000))
     crc = input_crc(*got)
     if "input_crc" in case and crc != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of chain case {case} do not rebuild (CRC differs)")

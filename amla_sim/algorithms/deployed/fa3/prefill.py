@@ -39,11 +39,16 @@ from ..scalars import softmax_scale
 from .mla import _check_launch, _combine, _split_lse, _Units
 from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits
 
-__all__ = ["fa3_prefill", "PREFILL_TILES", "prefill_schedule"]
+__all__ = ["fa3_prefill", "PREFILL_TILES", "prefill_schedule", "cu_seqlens"]
 
 #: ``tile_size_fwd_sm90`` (tile_size.h) for the head dims the MLA prefill calls, 16-bit inputs: (kBlockM, kBlockN)
 PREFILL_TILES = {(192, 128): (128, 128)}
 _FORMATS = ("bf16", "fp16")
+
+
+def cu_seqlens(lens: list[int]) -> np.ndarray:
+    """A varlen call's offsets from its requests' lengths: ``[0, n_0, n_0 + n_1, ...]``."""
+    return np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).astype(np.int64)
 
 
 def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k: int, d: int, dv: int,
@@ -110,6 +115,8 @@ def fa3_prefill(
     qlens, klens = np.diff(cq).tolist(), np.diff(ck).tolist()
     mq = _check_max(max_seqlen_q, "max_seqlen_q", max(qlens))
     mk = _check_max(max_seqlen_k, "max_seqlen_k", max(klens))
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected True or False, got {causal!r}")
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
                   varlen_q=True, softcap=0.0, window_size=(-1, -1))
     fmt = get_format(qa.dtype).name
@@ -135,7 +142,7 @@ def fa3_prefill(
             if nq == 0:
                 continue
             rows = slice(int(cq[i]), int(cq[i + 1]))
-            o, l = _request(u, Q[rows], K[ck[i]:ck[i + 1]], V[ck[i]:ck[i + 1]], causal=bool(causal), pack=pack,
+            o, l = _request(u, Q[rows], K[ck[i]:ck[i + 1]], V[ck[i]:ck[i + 1]], causal=bool(causal),
                             splits=counts[i], block_m=block_m, block_n=block_n)
             out[rows], lse[:, rows] = o, l
     hazards = Counter()
@@ -145,44 +152,37 @@ def fa3_prefill(
     return AttentionResult(mc.cast(out, fmt), lse, tr, hazards)
 
 
-def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: bool, pack: bool, splits: int,
-             block_m: int, block_n: int) -> tuple[np.ndarray, np.ndarray]:
-    """One request: Q (n_q, h, d), K (n_k, h_k, d), V (n_k, h_k, dv) -> out (n_q, h, dv), lse (h, n_q)."""
+def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: bool, splits: int, block_m: int,
+             block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One request: Q (n_q, h, d), K (n_k, h_k, d), V (n_k, h_k, dv) -> out (n_q, h, dv), lse (h, n_q). The kernel's
+    unit of work is a KV head's rows (position, query head of its group), packed as a varlen launch packs grouped
+    heads; with one query head a KV head (the MHA form) these are the head's positions, as the unpacked kernel
+    lays them out."""
     nq, H, d = Q.shape
     nk, Hk, dv = V.shape
     qpk = H // Hk
-    # the kernel's units of work: a KV head's packed rows (position, head of the group), or one query head's
-    if pack:
-        Qu = Q.reshape(nq, Hk, qpk, d).transpose(1, 0, 2, 3).reshape(Hk, nq * qpk, d)
-        pos = np.repeat(np.arange(nq), qpk)
-        Ku, Vu = K.transpose(1, 0, 2), V.transpose(1, 0, 2)
-    else:
-        Qu = Q.transpose(1, 0, 2)
-        pos = np.arange(nq)
-        Ku, Vu = K.transpose(1, 0, 2)[np.arange(H) // qpk], V.transpose(1, 0, 2)[np.arange(H) // qpk]
-    U, R = Qu.shape[:2]
+    Qu = Q.reshape(nq, Hk, qpk, d).transpose(1, 0, 2, 3).reshape(Hk, nq * qpk, d)
+    pos = np.repeat(np.arange(nq), qpk)
+    Ku, Vu = K.transpose(1, 0, 2), V.transpose(1, 0, 2)
+    R = Qu.shape[1]
     limit = (nk - nq + pos) if causal else np.full(R, nk - 1)  # the last key each row sees
-    O = np.zeros((U, R, dv), u.dt)
-    L = np.full((U, R), -np.inf, u.dt)
+    O = np.zeros((Hk, R, dv), u.dt)
+    L = np.full((Hk, R), -np.inf, u.dt)
     n_blocks = -(-nk // block_n)
     for m in range(-(-R // block_m)):
         r = slice(m * block_m, min(R, (m + 1) * block_m))
         end = n_blocks
         if causal:  # block.h:35-49: the window of the m-block's last row, counted past the request's end
-            m_idx_max = (m + 1) * block_m
-            m_idx_max = (m_idx_max - 1) // qpk + 1 if pack else m_idx_max
+            m_idx_max = ((m + 1) * block_m - 1) // qpk + 1
             end = min(end, max(0, -(-(m_idx_max + nk - nq) // block_n)))
         res = [_split(u, Qu[:, r], Ku, Vu, nk, lo, hi, limit[r], block_n) for lo, hi in split_blocks(end, splits)]
         if len(res) == 1:
             O[:, r], L[:, r] = res[0]
         else:
-            flat = [(o.reshape(-1, dv), ll.reshape(-1)) for o, ll in res]
-            o, ll = _combine(u, flat)
-            O[:, r], L[:, r] = o.reshape(U, -1, dv), ll.reshape(U, -1)
-    if pack:
-        return O.reshape(Hk, nq, qpk, dv).transpose(1, 0, 2, 3).reshape(nq, H, dv), \
-            L.reshape(Hk, nq, qpk).transpose(0, 2, 1).reshape(H, nq)
-    return O.transpose(1, 0, 2), L
+            o, ll = _combine(u, [(o.reshape(-1, dv), ll.reshape(-1)) for o, ll in res])
+            O[:, r], L[:, r] = o.reshape(Hk, -1, dv), ll.reshape(Hk, -1)
+    return (O.reshape(Hk, nq, qpk, dv).transpose(1, 0, 2, 3).reshape(nq, H, dv),
+            L.reshape(Hk, nq, qpk).transpose(0, 2, 1).reshape(H, nq))
 
 
 def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int, limit: np.ndarray,

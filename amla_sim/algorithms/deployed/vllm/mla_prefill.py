@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from ...._validate import check_int
 from ..._common import AttentionResult
-from ..fa3.prefill import fa3_prefill
+from ..fa3.prefill import cu_seqlens, fa3_prefill
 from ..merge import vllm_merge_attn_states
 
 __all__ = ["ContextChunk", "plan_context_chunks", "chunk_rows", "vllm_mla_prefill", "workspace_rows"]
@@ -93,7 +93,7 @@ def plan_context_chunks(context_lens: list[int], workspace: int, *, block_size: 
 def chunk_rows(chunk: ContextChunk, qlens: list[int], context_lens: list[int]) -> tuple[slice, np.ndarray, int]:
     """A chunk's query rows (a slice of the prefill tokens), the context rows it gathers (indices into the
     requests' contexts laid end to end) and, for a continued chunk, how many of its query rows merge."""
-    qoff, coff = np.concatenate([[0], np.cumsum(qlens)]), np.concatenate([[0], np.cumsum(context_lens)])
+    qoff, coff = cu_seqlens(qlens), cu_seqlens(context_lens)
     rows = np.concatenate([np.arange(coff[r] + s, coff[r] + s + n) for r, s, n in
                            zip(range(chunk.request_start, chunk.request_end), chunk.starts, chunk.seq_lens)])
     merged = qlens[chunk.request_start] if chunk.is_continuation else 0
@@ -120,7 +120,7 @@ def vllm_mla_prefill(q: npt.ArrayLike, k: npt.ArrayLike, v: npt.ArrayLike, k_con
     if kc.shape[0] < sum(context_lens) or vc.shape[0] < sum(context_lens):
         raise ValueError(f"k_context, v_context: {sum(context_lens)} rows of context, got {kc.shape[0]} and "
                          f"{vc.shape[0]}")
-    cu = np.concatenate([[0], np.cumsum(qlens)])
+    cu = cu_seqlens(qlens)
     kw = {"scale": scale, "num_splits": num_splits, "num_sms": num_sms, "launch_heads": launch_heads}
     new = fa3_prefill(q, k, v, cu, cu, causal=True, **kw)
     plans = plan_context_chunks(context_lens, workspace, block_size=block_size,
@@ -134,8 +134,7 @@ def vllm_mla_prefill(q: npt.ArrayLike, k: npt.ArrayLike, v: npt.ArrayLike, k_con
     for chunk in plans:
         rows, ctx, merged = chunk_rows(chunk, qlens, context_lens)
         ql = qlens[chunk.request_start:chunk.request_end]
-        res = fa3_prefill(qa[rows], kc[ctx], vc[ctx], np.concatenate([[0], np.cumsum(ql)]),
-                          np.concatenate([[0], np.cumsum(chunk.seq_lens)]), causal=False, **kw)
+        res = fa3_prefill(qa[rows], kc[ctx], vc[ctx], cu_seqlens(ql), cu_seqlens(chunk.seq_lens), causal=False, **kw)
         if out is None:
             if len(plans) == 1 and all(n > 0 for n in context_lens):
                 out, lse = res.out, res.lse
