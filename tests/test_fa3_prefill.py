@@ -157,8 +157,8 @@ def _lanes_in_order(mc, part, s, P):
 
 
 CHOICES = {
-    "key blocks of 64, not 128": (1, ("PREFILL_TILES", {(192, 128): (128, 64)})),
-    "key blocks of 176": (10, ("PREFILL_TILES", {(192, 128): (128, 176)})),
+    "key blocks of 64, not 128": (1, ("PREFILL_TILES", {(192, 128, 2): (128, 64)})),
+    "key blocks of 176": (10, ("PREFILL_TILES", {(192, 128, 2): (128, 176)})),
     "one lane sums a row in order": (0, ("lane_sums", _lanes_in_order)),
 }
 
@@ -219,7 +219,7 @@ _Q, _K, _V = np.zeros((4, 2, 192), _BF), np.zeros((4, 2, 192), _BF), np.zeros((4
 
 
 @pytest.mark.parametrize(("args", "kw", "match"), [
-    ((_Q.astype(np.float32), _K, _V, [0, 4], [0, 4]), {}, "q: FA3's prefill takes BF16 or FP16"),
+    ((_Q.astype(np.float32), _K, _V, [0, 4], [0, 4]), {}, "q: FA3 takes BF16, FP16 or FP8 E4M3"),
     ((_Q, _K.astype(np.float16), _V, [0, 4], [0, 4]), {}, "k, v: the same format"),
     ((_Q, _K, _V[..., :64], [0, 4], [0, 4]), {}, r"v: head dims \(192, 64\) \(q's, v's\) are not modelled"),
     ((_Q, _K[:, :1].repeat(3, 1)[:, :3], _V[:, :1].repeat(3, 1), [0, 4], [0, 4]), {}, "k: its heads"),
@@ -243,3 +243,53 @@ def test_the_chain_refuses_by_name():
         vllm_mla_prefill(_Q, _K, _V, _K, _V, [2, 2], [4, 4], workspace=1024)
     with pytest.raises(ValueError, match="workspace"):
         plan_context_chunks([100], 8, block_size=16)
+
+
+# --- FP8 E4M3 (vLLM's FP8 prefill) -----------------------------------------------------------------------
+
+FP8 = DATA / "fa3_prefill_e4m3_h200.npz"
+
+
+def test_the_fp8_capture_is_predicted_in_every_bit(fastest_engine):
+    """vLLM's FP8 prefill (q, k, v cast to E4M3, no descale; out BF16): causal and context-chunk calls, split
+    dynamically and not, 16 and 64 heads."""
+    report = replay(FP8)
+    meta, _ = _load(FP8)
+    assert {c["format"] for c in meta["cases"]} == {"e4m3"} and len(report.cases) == 4
+    assert {c["causal"] for c in meta["cases"]} == {True, False} and all(c["repeat_identical"] for c in meta["cases"])
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+    assert sum(len(row.stages) == 3 for row in report.cases) == 2  # split counts compared
+
+
+def _fp8_case(case: int):
+    import ml_dtypes
+
+    meta, arrays = _load(FP8)
+    c = meta["cases"][case]
+    keep = c["keep_heads"]
+    q, k, v = (x[:, :keep].astype(ml_dtypes.float8_e4m3fn) for x in prefill_inputs(c))
+    res = fa3_prefill(q, k, v, cu_seqlens(c["qlens"]), cu_seqlens(c["seqlens"]), scale=c["scale"], causal=c["causal"],
+                      num_splits=c["num_splits"], launch_heads=c["heads"])
+    return (np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]),
+            np.mean(res.lse.astype(np.float32).view(np.uint32) == arrays[f"c{case}_lse"]))
+
+
+FP8_CHOICES = {
+    "key blocks of 160 (the one-level build's)": ("PREFILL_TILES", {(192, 128, 1): (128, 160)}),
+    "key blocks of 128": ("PREFILL_TILES", {(192, 128, 1): (128, 128)}),
+    "no offset of 8 before exp2": ("FP8_MAX_OFFSET", 0),
+    "O the products' accumulator (one level)": ("_Fp8Units.two_level", False),
+}
+
+
+@pytest.mark.parametrize("change", sorted(FP8_CHOICES))
+def test_each_fp8_choice_matters(change, monkeypatch, fastest_engine):
+    """Case 2 (200 queries over a 1,500-key chunk, one split) with one FP8 choice replaced: other bits."""
+    name, value = FP8_CHOICES[change]
+    if "." in name:
+        cls, attr = name.split(".")
+        monkeypatch.setattr(getattr(prefill, cls), attr, value)
+    else:
+        monkeypatch.setattr(prefill, name, {**prefill.PREFILL_TILES, **value} if isinstance(value, dict) else value)
+    assert min(_fp8_case(2)) < 1

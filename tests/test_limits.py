@@ -111,7 +111,9 @@ PROBES = {
     ("fa3-prefill", "`num_splits` over 256"): (lambda: fa3_prefill(*_prefill(), num_splits=257), "num_splits"),
     ("fa3-prefill", "head dims other than 192 (q, k) and 128 (v)"): (lambda: fa3_prefill(*_prefill(d=128)), "q"),
     ("fa3-prefill", "q, k, v in FP8 E4M3"):
-        (lambda: fa3_prefill(*(x.astype(ml_dtypes.float8_e4m3fn) for x in _prefill()[:3]), *_prefill()[3:]), "q"),
+        (lambda: fa3_prefill(*(x.astype(ml_dtypes.float8_e4m3fn) for x in _prefill()[:3]), *_prefill()[3:]), None),
+    ("fa3-prefill", "q, k, v in FP8 E5M2"):
+        (lambda: fa3_prefill(*(x.astype(ml_dtypes.float8_e5m2) for x in _prefill()[:3]), *_prefill()[3:]), "q"),
     ("fa3-prefill", "a subnormal scale"): (lambda: fa3_prefill(*_prefill(), scale=1e-40), "scale"),
     ("every kernel", "a scale of 0 or below"): (lambda: [_every_computes(s) for s in (0.0, -0.1352)], None),
     ("fa3-mla, flashmla, flashmla-dense-fp8, flashmla-etap, flashinfer-mla", "a subnormal scale"):

@@ -32,6 +32,8 @@ _DS = 0.1352337788608801  # DeepSeek-V3's softmax scale: 192^-0.5 mscale^2 (YaRN
 _K2 = 192 ** -0.5  # Kimi-K2's (no YaRN on its prefill scale)
 #: query heads whose out and LSE a capture keeps
 KEEP_HEADS = 2
+#: a case's input formats (``e4m3``: BF16 draws cast to E4M3 as vLLM's FP8 prefill casts them, no descale)
+_FORMATS = ("bf16", "fp16", "e4m3")
 
 #: (heads, heads_k, qlens, key lengths, causal, format, dist, seed, scale, num_splits): the new tokens' causal call
 #: (key lengths = qlens) or a context chunk's call (causal False); num_splits 0 as vLLM passes it by default, 1 in
@@ -85,8 +87,8 @@ class _Fa3Prefill(DeployedKernel):
                 "keep_heads": 2}
 
     def check(self, case: dict) -> None:
-        if case.get("format") not in ("bf16", "fp16"):
-            raise ValueError(f"format: the prefill model takes bf16 or fp16, got {case.get('format')!r}")
+        if case.get("format") not in _FORMATS:
+            raise ValueError(f"format: the prefill model takes {', '.join(_FORMATS)}, got {case.get('format')!r}")
         H = case["heads"]
         Hk = check_int(case["heads_k"], "heads_k", lo=1, hi=H)
         if H % Hk:
@@ -120,7 +122,8 @@ class _Fa3Prefill(DeployedKernel):
         ql, kl = case["qlens"], case["seqlens"]
         return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=192, dv=128,
                                 num_splits=case["num_splits"], causal=case["causal"] and max(ql) > 1,
-                                max_seqlen_q=max(ql), max_seqlen_k=max(kl))
+                                max_seqlen_q=max(ql), max_seqlen_k=max(kl),
+                                element_size=1 if case["format"] == "e4m3" else 2)
 
     def readbacks(self, case: dict) -> set[str]:
         """The split counts, where the launch splits dynamically (its split bound over 1)."""
@@ -133,6 +136,8 @@ class _Fa3Prefill(DeployedKernel):
 
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
         q, k, v = prefill_inputs(case)
+        if case["format"] == "e4m3":  # torch's .to(float8_e4m3fn): nearest even
+            q, k, v = (x.astype(ml_dtypes.float8_e4m3fn) for x in (q, k, v))
         keep, qpk = case["keep_heads"], case["heads"] // case["heads_k"]
         res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], cu_seqlens(case["qlens"]),
                           cu_seqlens(case["seqlens"]), scale=case["scale"], causal=case["causal"],
@@ -140,7 +145,7 @@ class _Fa3Prefill(DeployedKernel):
         out = []
         if f"c{i}_splits" in arrays:
             out.append(("splits", arrays[f"c{i}_splits"], np.array(res.trace["splits"], np.int32)))
-        fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16
+        fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16  # E4M3's out: BF16
         return out + [stage("lse", arrays[f"c{i}_lse"], res.lse.astype(np.float32), np.float32),
                       stage("out", arrays[f"c{i}_out"], res.out, fmt)]
 
@@ -171,7 +176,7 @@ class _Fa3Prefill(DeployedKernel):
 FA3_PREFILL = _Fa3Prefill(
     name="fa3-prefill",
     summary=f"FlashAttention-3's MHA-form MLA prefill (vllm-project/flash-attention {FA3_COMMIT}; vLLM's new-token "
-            "and context-chunk calls, q/k 192 and v 128), BF16 and FP16",
+            "and context-chunk calls, q/k 192 and v 128), BF16, FP16 and FP8 E4M3",
     version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir",
     source_help="vLLM 0.33.0's unpacked wheel (vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so)", builds=("vllm",),
     empty_requests=True)

@@ -41,9 +41,12 @@ from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varl
 
 __all__ = ["fa3_prefill", "PREFILL_TILES", "prefill_schedule", "cu_seqlens"]
 
-#: ``tile_size_fwd_sm90`` (tile_size.h) for the head dims the MLA prefill calls, 16-bit inputs: (kBlockM, kBlockN)
-PREFILL_TILES = {(192, 128): (128, 128)}
-_FORMATS = ("bf16", "fp16")
+#: ``tile_size_fwd_sm90`` (tile_size.h:47-48, 16-bit; :73-74, FP8 with the fork's two-level accumulation) for
+#: the head dims the MLA prefill calls: (d, dv, element size in bytes) -> (kBlockM, kBlockN)
+PREFILL_TILES = {(192, 128, 2): (128, 128), (192, 128, 1): (128, 96)}
+_FORMATS = ("bf16", "fp16", "e4m3")
+#: FP8's softmax: ``P = exp2(S c - (M c - 8))``, in [0, 256] (softmax.h:64-79, ``Max_offset`` 8)
+FP8_MAX_OFFSET = 8
 
 
 def cu_seqlens(lens: list[int]) -> np.ndarray:
@@ -53,12 +56,12 @@ def cu_seqlens(lens: list[int]) -> np.ndarray:
 
 def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k: int, d: int, dv: int,
                      num_splits: int, causal: bool, max_seqlen_q: int, max_seqlen_k: int,
-                     num_sms: int = 132) -> tuple[int, list[int], bool]:
+                     num_sms: int = 132, element_size: int = 2) -> tuple[int, list[int], bool]:
     """What ``mha_fwd`` decides for a varlen launch (flash_api.cpp:1053-1070): the split bound (the caller's
     `num_splits`, or ``get_num_splits`` as if the batch were its longest request: ``1 * h_k * cdiv(max_seqlen_q *
-    h / h_k, kBlockM)`` m-blocks), each request's split count (the prepare kernel) and pack-GQA (on when split, or
-    when the heads are grouped)."""
-    block_m, block_n = PREFILL_TILES[(d, dv)]
+    h / h_k, kBlockM)`` m-blocks, a KV head's bytes at `element_size`, 1 for E4M3), each request's split count (the
+    prepare kernel) and pack-GQA (on when split, or when the heads are grouped)."""
+    block_m, block_n = PREFILL_TILES[(d, dv, element_size)]
     qpk = heads // heads_k
     b = len(qlens)
     if num_splits > 0:
@@ -66,7 +69,7 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
     else:
         m_blocks = -(-(max_seqlen_q * qpk) // block_m)
         bound = num_splits_heuristic(heads_k * m_blocks, num_sms, -(-max_seqlen_k // block_n), m_blocks,
-                                     max_seqlen_k * (d + dv) * 2, causal)
+                                     max_seqlen_k * (d + dv) * element_size, causal)
     if b > MAX_SPLIT_BATCH:
         bound = 1
     pack = bound > 1 or qpk > 1  # get_pack_gqa: varlen with grouped heads packs; a split always does
@@ -89,6 +92,9 @@ def fa3_prefill(
     num_splits: int = 0,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    q_descale: npt.ArrayLike | None = None,
+    k_descale: npt.ArrayLike | None = None,
+    v_descale: npt.ArrayLike | None = None,
     num_sms: int = 132,
     splits: list[int] | None = None,
     launch_heads: int | None = None,
@@ -98,16 +104,17 @@ def fa3_prefill(
     """FlashAttention-3's varlen forward ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)`` on
     `machine` (see the module docstring).
 
-    q: (T, h, 192), k: (T_k, h_k, 192), v: (T_k, h_k, 128), BF16 or FP16, h a multiple of h_k; request i's queries
-    are ``q[cu_seqlens_q[i]:cu_seqlens_q[i + 1]]``, its keys and values the same rows of k and v by
-    `cu_seqlens_k`. scale: the call's ``softmax_scale`` (None: 192^-0.5). causal: vLLM's new-token call (True) or
-    its context chunks (False). num_splits: what the caller passes (0: FA3's heuristic, as vLLM by default; 1: SGLang,
-    and vLLM's batch-invariant mode). max_seqlen_q, max_seqlen_k: the call's (None: the longest request; at least
-    that). splits: per request, a split count in place of the prepare kernel's (a what-if). launch_heads: the
-    launch's query heads when q holds only the first of them (the heads are independent, but the split choice
-    counts them all; None: q's). Returns ``.out`` (T, h,
-    128) in the input format (rows past ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`,
-    the launch's split bound, each request's split count and whether the heads were packed."""
+    q: (T, h, 192), k: (T_k, h_k, 192), v: (T_k, h_k, 128), all BF16, all FP16 or all FP8 E4M3, h a multiple of
+    h_k; request i's queries are ``q[cu_seqlens_q[i]:cu_seqlens_q[i + 1]]``, its keys and values the same rows of
+    k and v by `cu_seqlens_k`. scale: the call's ``softmax_scale`` (None: 192^-0.5). causal: vLLM's new-token call
+    (True) or its context chunks (False). num_splits: what the caller passes (0: FA3's heuristic, as vLLM by
+    default; 1: SGLang, and vLLM's batch-invariant mode). max_seqlen_q, max_seqlen_k: the call's (None: the longest
+    request; at least that). q_descale, k_descale, v_descale: E4M3 only, (batch, h_k) FP32 factors (None: 1; 16-bit
+    calls ignore them, as ``mha_fwd`` does). splits: per request, a split count in place of the prepare kernel's (a
+    what-if). launch_heads: the launch's query heads when q holds only the first of them (the heads are
+    independent, but the split choice counts them all; None: q's). Returns ``.out`` (T, h, 128) in the input
+    format, BF16 for E4M3 (rows past ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`, the
+    launch's split bound, each request's split count and whether the heads were packed."""
     mc = get_machine(machine)
     qa, ka, va, cq, ck = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     T, H, d = qa.shape
@@ -120,16 +127,23 @@ def fa3_prefill(
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
                   varlen_q=True, softcap=0.0, window_size=(-1, -1))
     fmt = get_format(qa.dtype).name
+    fp8 = fmt == "e4m3"
+    if fp8:
+        mc.require(kernel="fa3-prefill (E4M3)", e4m3_products=True, suggest="sm90-cuda")
+    descales = [_check_descale(x, name, (len(qlens), Hk)) if fp8 else None
+                for x, name in ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale"))]
     u = _Units(mc, fmt, softmax_scale(scale, d ** -0.5))
+    out_fmt = "bf16" if fp8 else fmt  # mha_fwd's out_type (flash_api.cpp:936)
     out = np.zeros((T, H, dv), mc.dtype)
     no_k = ka.shape[0] == 0  # mha_fwd runs no kernel when k has no row: out 0, LSE +inf (flash_api.cpp:1281-1309)
     lse = np.full((H, T), np.inf if no_k else 0.0, mc.dtype)
     LH = H if launch_heads is None else check_int(launch_heads, "launch_heads", lo=H)
     if LH % (H // Hk):
         raise ValueError(f"launch_heads: a multiple of the query heads a KV head ({H // Hk}), got {LH}")
+    size = 1 if fp8 else 2
     bound, counts, pack = prefill_schedule(qlens, klens, heads=LH, heads_k=LH // (H // Hk), d=d, dv=dv,
                                            num_splits=num_splits, causal=bool(causal) and mq > 1, max_seqlen_q=mq,
-                                           max_seqlen_k=mk, num_sms=num_sms)
+                                           max_seqlen_k=mk, num_sms=num_sms, element_size=size)
     if splits is not None:
         counts = [check_int(n, "splits", lo=1, hi=256) for n in np.asarray(splits).ravel().tolist()]
         if len(counts) != len(qlens):
@@ -137,19 +151,37 @@ def fa3_prefill(
         pack = pack or max(counts) > 1
     if not no_k:
         Q, K, V = mc.cast(qa, fmt), mc.cast(ka, fmt), mc.cast(va, fmt)
-        block_m, block_n = PREFILL_TILES[(d, dv)]
+        block_m, block_n = PREFILL_TILES[(d, dv, size)]
         for i, (nq, nk) in enumerate(zip(qlens, klens)):
             if nq == 0:
                 continue
             rows = slice(int(cq[i]), int(cq[i + 1]))
-            o, l = _request(u, Q[rows], K[ck[i]:ck[i + 1]], V[ck[i]:ck[i + 1]], causal=bool(causal),
+            ru = u if not fp8 else _Fp8Units(u, *(None if x is None else x[i] for x in descales))
+            o, l = _request(ru, Q[rows], K[ck[i]:ck[i + 1]], V[ck[i]:ck[i + 1]], causal=bool(causal),
                             splits=counts[i], block_m=block_m, block_n=block_n)
             out[rows], lse[:, rows] = o, l
     hazards = Counter()
     if np.isnan(out).any():
         hazards["nan_outputs"] += int(np.isnan(out).sum())
     tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
-    return AttentionResult(mc.cast(out, fmt), lse, tr, hazards)
+    return AttentionResult(mc.cast(out, out_fmt), lse, tr, hazards)
+
+
+class _Fp8Units(_Units):
+    """The FP8 kernel's constants for one request, per KV head (arrays (h_k, 1)): ``softmax_scale_log2 *=
+    q_descale * k_descale`` (flash_fwd_kernel_sm90.h:426-431) and the final scale ``v_descale``
+    (mainloop_fwd_sm90_tma_gmma_ws.hpp:1329)."""
+
+    two_level = True  # the fork's FP8 two-level accumulation (off: FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION)
+
+    def __init__(self, u: _Units, qd: np.ndarray | None, kd: np.ndarray | None, vd: np.ndarray | None):
+        self.__dict__.update(u.__dict__)
+        mc = u.mc
+        if qd is not None or kd is not None:
+            qk = mc.f(mc.f(1 if qd is None else qd) * mc.f(1 if kd is None else kd))
+            self.c = mc.f(u.c * qk)[:, None]
+            self.c_ln2 = mc.f(self.c * self.ln2)
+        self.final = None if vd is None else mc.f(vd)[:, None]
 
 
 def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: bool, splits: int, block_m: int,
@@ -169,13 +201,14 @@ def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: 
     O = np.zeros((Hk, R, dv), u.dt)
     L = np.full((Hk, R), -np.inf, u.dt)
     n_blocks = -(-nk // block_n)
+    split = _split_fp8 if isinstance(u, _Fp8Units) else _split
     for m in range(-(-R // block_m)):
         r = slice(m * block_m, min(R, (m + 1) * block_m))
         end = n_blocks
         if causal:  # block.h:35-49: the window of the m-block's last row, counted past the request's end
             m_idx_max = ((m + 1) * block_m - 1) // qpk + 1
             end = min(end, max(0, -(-(m_idx_max + nk - nq) // block_n)))
-        res = [_split(u, Qu[:, r], Ku, Vu, nk, lo, hi, limit[r], block_n) for lo, hi in split_blocks(end, splits)]
+        res = [split(u, Qu[:, r], Ku, Vu, nk, lo, hi, limit[r], block_n) for lo, hi in split_blocks(end, splits)]
         if len(res) == 1:
             O[:, r], L[:, r] = res[0]
         else:
@@ -185,15 +218,12 @@ def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: 
             L.reshape(Hk, nq, qpk).transpose(0, 2, 1).reshape(H, nq))
 
 
-def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int, limit: np.ndarray,
-           block_n: int) -> tuple[np.ndarray, np.ndarray]:
-    """One split of an m-block, Q (U, R, d), over key blocks [lo, hi), walked from hi - 1 down with intra-warpgroup
-    overlap: (O normalised (U, R, dv), lse (U, R))."""
-    mc, dt = u.mc, u.dt
+def _scores(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int,
+            block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A split's ``S = Q K^T`` over its key blocks [lo, hi) (each block its own zero-initialised product; keys past
+    the request read as 0) and its V rows: (S (U, R, n), V (U, n, dv))."""
+    mc = u.mc
     U, R, _ = Q.shape
-    dv = V.shape[-1]
-    if hi <= lo:  # no block: store_zero
-        return np.zeros((U, R, dv), dt), np.full((U, R), -np.inf, dt)
     keys = np.arange(lo * block_n, hi * block_n)
     inside = keys < nk
     Ks = np.where(inside[None, :, None], K[:, np.minimum(keys, nk - 1)], 0).astype(K.dtype)
@@ -201,33 +231,117 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: 
     Qm = mc.operand(Q)
     Ss = mc.f(mc.by_blocks(lambda kt: mc.matmul(Qm, mc.operand(kt)), np.ascontiguousarray(Ks.transpose(0, 2, 1)),
                            rows=U * R, block=block_n))
+    return Ss, Vs
+
+
+def _masked(u: _Units, Ss: np.ndarray, nk: int, lo: int, blk: int, limit: np.ndarray, block_n: int) -> np.ndarray:
+    """Key block `blk`'s scores, -inf past the request and past each row's last key."""
+    cols = slice((blk - lo) * block_n, (blk - lo + 1) * block_n)
+    t = blk * block_n + np.arange(block_n)
+    return np.where((t[None, :] < nk) & (t[None, :] <= limit[:, None]), Ss[..., cols], -np.inf).astype(u.dt)
+
+
+def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int, limit: np.ndarray,
+           block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One split of an m-block, Q (U, R, d), over key blocks [lo, hi), walked from hi - 1 down with intra-warpgroup
+    overlap and ``RescaleOBeforeGemm`` (16-bit inputs): (O normalised (U, R, dv), lse (U, R))."""
+    mc, dt = u.mc, u.dt
+    U, R, _ = Q.shape
+    dv = V.shape[-1]
+    if hi <= lo:  # no block: store_zero
+        return np.zeros((U, R, dv), dt), np.full((U, R), -np.inf, dt)
+    Ss, Vs = _scores(u, Q, K, V, nk, lo, hi, block_n)
     O = np.zeros((U, R, dv), dt)  # clear(tOrO): the first P V accumulates onto +0
     M = np.full((U, R), -np.inf, dt)
     part = s = Pq = Vprev = None
     for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
-        cols = slice((blk - lo) * block_n, (blk - lo + 1) * block_n)
-        t = blk * block_n + np.arange(block_n)
-        S = np.where((t[None, :] < nk) & (t[None, :] <= limit[:, None]), Ss[..., cols], -np.inf).astype(dt)
+        S = _masked(u, Ss, nk, lo, blk, limit, block_n)
         if step:  # the previous block's P V, onto O rescaled by that block's s (RescaleOBeforeGemm)
             O = mc.matmul(Pq, Vprev, mc.f(O * s[..., None]))
-        M_new = S.max(axis=-1) if step == 0 else np.maximum(M, S.max(axis=-1))
-        if step:
-            cur = np.where(np.isneginf(M_new), 0, M_new).astype(dt)
-            s = mc.exp2(mc.f(mc.f(M - cur) * u.c))
-        else:
-            s = np.ones((U, R), dt)  # max_get_scale<Is_first>: 1
-        M = M_new
-        max_scaled = np.where(np.isneginf(M), 0, mc.f(M * u.c)).astype(dt)
-        P = mc.exp2(mc.mul_add(S, u.c, -max_scaled[..., None]))
+        M, s, P = _softmax_step(u, S, M, first=step == 0, offset=0)
         part = lane_sums(mc, None if step == 0 else part, s, P)
         Pq = mc.operand(mc.cast(P, u.fmt))
-        Vprev = mc.operand(Vs[:, cols])
+        Vprev = mc.operand(Vs[:, (blk - lo) * block_n:(blk - lo + 1) * block_n])
     O = mc.matmul(Pq, Vprev, mc.f(O * s[..., None]))
-    Lsum = quad_total(mc, part)
+    return _finish(u, O, M, quad_total(mc, part))
+
+
+def _split_fp8(u: _Fp8Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int,
+               limit: np.ndarray, block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_split` for E4M3 inputs (vLLM's fork): no ``RescaleOBeforeGemm``, ``P`` offset by 8 and rounded to
+    E4M3 (satfinite), and each block's ``P V`` a zero-initialised product added to O in FP32 (the two-level
+    accumulation, utils.h:238-325): ``O = fl(fl(O + P V) s')`` with the next block's ``s'``, the last block's
+    product added before the end."""
+    mc, dt = u.mc, u.dt
+    U, R, _ = Q.shape
+    dv = V.shape[-1]
+    if hi <= lo:
+        return np.zeros((U, R, dv), dt), np.full((U, R), -np.inf, dt)
+    Ss, Vs = _scores(u, Q, K, V, nk, lo, hi, block_n)
+    O = np.zeros((U, R, dv), dt)
+    M = np.full((U, R), -np.inf, dt)
+    part = Pq = Vprev = None
+    for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
+        S = _masked(u, Ss, nk, lo, blk, limit, block_n)
+        if step:
+            O = _accumulate(u, O, Pq, Vprev)
+        M, s, P = _softmax_step(u, S, M, first=step == 0, offset=FP8_MAX_OFFSET)
+        part = lane_sums(mc, None if step == 0 else part, s, P)
+        Pq = mc.operand(mc.cast(P, "e4m3", overflow="satfinite"))
+        Vprev = mc.operand(Vs[:, (blk - lo) * block_n:(blk - lo + 1) * block_n])
+        if step:
+            O = mc.f(O * s[..., None])
+    O = _accumulate(u, O, Pq, Vprev)
+    return _finish(u, O, M, quad_total(mc, part), sum_scale=2.0 ** -FP8_MAX_OFFSET, final=u.final)
+
+
+def _accumulate(u: _Fp8Units, O: np.ndarray, P: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """``flash::gemm<zero_init=false>`` of an FP8 ``P V`` onto O (utils.h:235-325): with the two-level accumulation,
+    a product from a cleared accumulator added to O in FP32; without it, O itself the product's accumulator."""
+    if u.two_level:
+        return u.mc.f(O + u.mc.matmul(P, V))
+    return u.mc.matmul(P, V, O)
+
+
+def _softmax_step(u: _Units, S: np.ndarray, M: np.ndarray, *, first: bool,
+                  offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``max_get_scale`` and ``online_softmax``'s exponentials (softmax.h:64-131): the new max, the rescale ``s``
+    (1 on the first block) and ``P = exp2(fma(S, c, -max_scaled))``, ``max_scaled = fma(M, c, -offset)`` (0 where
+    M is -inf)."""
+    mc, dt = u.mc, u.dt
+    c = u.c
+    M_new = S.max(axis=-1) if first else np.maximum(M, S.max(axis=-1))
+    if first:
+        s = np.ones(M_new.shape, dt)
+    else:
+        cur = np.where(np.isneginf(M_new), 0, M_new).astype(dt)
+        s = mc.exp2(mc.f(mc.f(M - cur) * c))
+    max_scaled = np.where(np.isneginf(M_new), 0, mc.mul_add(M_new, c, dt.type(-offset))).astype(dt)
+    P = mc.exp2(mc.mul_add(S, c if np.ndim(c) == 0 else c[..., None], -max_scaled[..., None]))
+    return M_new, s, P
+
+
+def _finish(u: _Units, O: np.ndarray, M: np.ndarray, Lsum: np.ndarray, *, sum_scale: float = 1.0,
+            final: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``finalize`` (softmax.h:136-152) and ``rescale_o``: ``O fl(rcp(L) final)`` and the LSE from ``L
+    sum_scale`` (2^-8 for FP8's offset)."""
+    mc, dt = u.mc, u.dt
     empty = (Lsum == 0) | np.isnan(Lsum)
     inv = np.where(empty, 0, mc.div(mc.f(1), Lsum)).astype(dt)
-    lse = np.where(empty, -np.inf, _split_lse(u, M, Lsum)).astype(dt)
+    if final is not None:
+        inv = mc.f(inv * final)
+    lse = np.where(empty, -np.inf, _split_lse(u, M, mc.f(Lsum * dt.type(sum_scale)))).astype(dt)
     return mc.f(O * inv[..., None]), lse
+
+
+def _check_descale(x: npt.ArrayLike | None, name: str, shape: tuple[int, int]) -> np.ndarray | None:
+    """An FP8 descale: (batch, h_k) FP32 (``CHECK_SHAPE``, flash_api.cpp:1203-1232), or None."""
+    if x is None:
+        return None
+    a = np.asarray(x)
+    if a.shape != shape or a.dtype.kind != "f":
+        raise ValueError(f"{name}: expected a float array of shape (batch, h_k) = {shape}, got {a.dtype} {a.shape}")
+    return a.astype(np.float32)
 
 
 def _check_inputs(q, k, v, cu_q, cu_k):
@@ -236,11 +350,8 @@ def _check_inputs(q, k, v, cu_q, cu_k):
     for name, x in (("q", q), ("k", k), ("v", v)):
         a = np.asarray(x)
         fmt = get_format(a.dtype).name if a.dtype.kind in "fV" else None
-        if fmt == "e4m3":
-            raise ValueError(f"{name}: FP8 E4M3 is not modelled (vLLM's FA3 computes it: its FP8 prefill); the model "
-                             f"takes BF16 or FP16")
-        if fmt not in _FORMATS:
-            raise ValueError(f"{name}: FA3's prefill takes BF16 or FP16 here, got {a.dtype}")
+        if fmt not in _FORMATS:  # mha_fwd: "FlashAttention only supports fp16, bf16, and fp8_e4m3 data type"
+            raise ValueError(f"{name}: FA3 takes BF16, FP16 or FP8 E4M3, got {a.dtype}")
         if a.ndim != 3 or min(a.shape[1:]) < 1 or (name == "q" and a.shape[0] < 1):
             raise ValueError(f"{name}: expected shape (tokens, heads, head dim), got {a.shape}")
         arrs.append(a)
@@ -252,10 +363,11 @@ def _check_inputs(q, k, v, cu_q, cu_k):
     if qa.shape[1] % ka.shape[1]:
         raise ValueError(f"k: its heads ({ka.shape[1]}) must divide q's ({qa.shape[1]})")
     dims = (qa.shape[2], va.shape[2])
-    if dims not in PREFILL_TILES:  # vLLM's build compiles head dims 64 to 256: computed there, not modelled here
-        name = "v" if qa.shape[2] in {d for d, _ in PREFILL_TILES} else "q"
+    modelled = sorted({key[:2] for key in PREFILL_TILES})
+    if dims not in modelled:  # vLLM's build compiles head dims 64 to 256: computed there, not modelled here
+        name = "v" if qa.shape[2] in {d for d, _ in modelled} else "q"
         raise ValueError(f"{name}: head dims {dims} (q's, v's) are not modelled (vLLM's FA3 computes them); the model "
-                         f"covers {', '.join(map(str, PREFILL_TILES))}, the MLA prefill's")
+                         f"covers {', '.join(map(str, modelled))}, the MLA prefill's")
     cus = []
     for name, cu, total in (("cu_seqlens_q", cu_q, qa.shape[0]), ("cu_seqlens_k", cu_k, ka.shape[0])):
         c = np.asarray(cu)
