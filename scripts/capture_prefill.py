@@ -2,6 +2,7 @@
 chained prefill (the new tokens' causal call, a non-causal call per context chunk, ``merge_attn_states``).
 
 Run on a CUDA machine:  python scripts/capture_prefill.py OUTDIR VLLM_ROOT [MERGE_BUNDLE] [--seed N]
+                            [--only JOB,...] [--sgl SGL_CHECKOUT]
 
 VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's wheel, unpacked). Writes:
 
@@ -15,6 +16,10 @@ VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's whee
   ``amla-sim crosscheck --kernel fa3-prefill --build vllm --scales 20`` runs it); the committed
   ``tests/data/scales_fa3_prefill.npz`` is this file cut to one head a call by
   ``scripts/trim_capture.py IN OUT 0,1,...,25 --keep-heads 1``;
+- OUTDIR/fa3_prefill_e4m3_seed{N}_{dev}.npz: :data:`E4M3_CASES` at fresh seeds (seed + N), held out;
+- with SGL_CHECKOUT (sgl-project/sgl-flash-attn cb303cf, CUTLASS 57e3cfb at csrc/cutlass), SGLang's build as SGLang
+  calls it (``num_splits`` 1 always): OUTDIR/fa3_prefill_sglang_{dev}.npz, the case table and :data:`E4M3_CASES`
+  (SGLang's FP8 cache) at seed + N - 1000 (0 for the default N);
 - with MERGE_BUNDLE (the mla-merge bundle, whose ``build_merge.py`` builds vLLM's ``merge_attn_states``):
   OUTDIR/vllm_prefill_chain_{dev}.npz: :data:`amla_sim.crosscheck.prefill_chain.CHAIN_CASES` chained as vLLM
   chains them: per case ``c{i}_out`` (the final merged output, raw BF16 bits) and ``meta``.
@@ -93,30 +98,55 @@ def _chain(out_dir: str, vllm_root: str, bundle: str, tag: str) -> None:
     atomic_savez(os.path.join(out_dir, f"vllm_prefill_chain_{tag}.npz"), meta=np.array(json.dumps(meta)), **arrays)
 
 
+def _option(args: list[str], flag: str, default: str | None) -> str | None:
+    if flag not in args:
+        return default
+    i = args.index(flag)
+    value = args[i + 1]
+    del args[i:i + 2]
+    return value
+
+
+def _sglang_cases(seed: int) -> list[dict]:
+    """The case table and the FP8 calls as SGLang makes them: ``num_splits`` 1 (sgl_kernel's default, never passed);
+    BF16 in place of FP16 (DeepSeek's checkpoints are BF16 or FP8; the build leaves FP16 out); one KV head a query
+    head, as the MHA form always has (the build leaves the grouped-head kernels out)."""
+    table = KERNELS["fa3-prefill"].recipes(seed)
+    fp8 = [{**c, "seed": c["seed"] + seed} for c in E4M3_CASES]
+    return [{**c, "num_splits": 1, "format": "bf16" if c["format"] == "fp16" else c["format"]} for c in table + fp8
+            if c["heads_k"] == c["heads"]]
+
+
 def main() -> None:
     args = sys.argv[1:]
-    seed = 1000
-    if "--seed" in args:
-        i = args.index("--seed")
-        seed = int(args[i + 1])
-        del args[i:i + 2]
+    seed = int(_option(args, "--seed", "1000"))
+    only = set(_option(args, "--only", "table,seed,e4m3,e4m3-seed,edges,scales,chain,sglang").split(","))
+    sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]
     bundle = args[2] if len(args) > 2 else None
     import torch
 
     tag = _tag(torch.cuda.get_device_name())
     spec = KERNELS["fa3-prefill"]
-    jobs = [(f"fa3_prefill_{tag}.npz", {}), (f"fa3_prefill_seed{seed}_{tag}.npz", {"seed": seed}),
-            (f"fa3_prefill_e4m3_{tag}.npz", {"cases": E4M3_CASES}),
-            (f"edges_fa3_prefill_{tag}.npz", {"cases": _edges()}), ("scales_fa3_prefill.npz", {"scales": 20})]
-    for name, kw in jobs:
+    jobs = [("table", f"fa3_prefill_{tag}.npz", {}), ("seed", f"fa3_prefill_seed{seed}_{tag}.npz", {"seed": seed}),
+            ("e4m3", f"fa3_prefill_e4m3_{tag}.npz", {"cases": E4M3_CASES}),
+            ("e4m3-seed", f"fa3_prefill_e4m3_seed{seed}_{tag}.npz",
+             {"cases": [{**c, "seed": c["seed"] + seed} for c in E4M3_CASES]}),
+            ("edges", f"edges_fa3_prefill_{tag}.npz", {"cases": _edges()}),
+            ("scales", "scales_fa3_prefill.npz", {"scales": 20})]
+    if sgl:
+        jobs.append(("sglang", f"fa3_prefill_sglang_{tag}.npz",
+                     {"cases": _sglang_cases(seed - 1000), "build": "sglang", "source": sgl}))
+    for job, name, kw in jobs:
+        if job not in only:
+            continue
         t0 = time.time()
         try:
-            capture(spec.name, os.path.join(out_dir, name), source=vllm_root, build="vllm", **kw)
+            capture(spec.name, os.path.join(out_dir, name), **{"source": vllm_root, "build": "vllm", **kw})
             print(f"{name}: {time.time() - t0:.1f} s", flush=True)
         except Exception:
             traceback.print_exc()
-    if bundle:
+    if bundle and "chain" in only:
         try:
             _chain(out_dir, vllm_root, bundle, tag)
         except Exception:

@@ -293,3 +293,49 @@ def test_each_fp8_choice_matters(change, monkeypatch, fastest_engine):
     else:
         monkeypatch.setattr(prefill, name, {**prefill.PREFILL_TILES, **value} if isinstance(value, dict) else value)
     assert min(_fp8_case(2)) < 1
+
+
+# --- SGLang's build (sgl-flash-attn cb303cf, SGLang's switches) -------------------------------------------
+
+SGLANG = DATA / "fa3_prefill_sglang_h200.npz"
+
+
+def test_sglangs_build_is_predicted_in_every_bit(fastest_engine):
+    """SGLang's calls (``num_splits`` 1, one KV head a query head) through its own FA3 build: the BF16 table and the
+    FP8 calls of an FP8 cache, which it accumulates in one level on 160-key blocks."""
+    meta, _ = _load(SGLANG)
+    cases = meta["cases"]
+    assert {c["build"] for c in cases} == {"sglang"} and {c["num_splits"] for c in cases} == {1}
+    assert {c["format"] for c in cases} == {"bf16", "e4m3"} and all(c["repeat_identical"] for c in cases)
+    report = replay(SGLANG)
+    assert len(report.cases) == 14
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+
+
+@pytest.mark.parametrize(("path", "case", "other"), [(SGLANG, 12, "vllm"), (FP8, 2, "sglang")],
+                         ids=["sglang-as-vllm", "vllm-as-sglang"])
+def test_the_fp8_build_matters(path, case, other, fastest_engine):
+    """The same FP8 call under the other build's arithmetic (two-level on 96-key blocks, or one level on 160): other
+    bits, both ways."""
+    import ml_dtypes
+
+    meta, arrays = _load(path)
+    c = meta["cases"][case]
+    keep = c["keep_heads"]
+    q, k, v = (x[:, :keep].astype(ml_dtypes.float8_e4m3fn) for x in prefill_inputs(c))
+    res = fa3_prefill(q, k, v, cu_seqlens(c["qlens"]), cu_seqlens(c["seqlens"]), scale=c["scale"], causal=c["causal"],
+                      num_splits=c["num_splits"], launch_heads=c["heads"], build=other)
+    assert np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]) < 1
+
+
+def test_the_builds_agree_on_bf16():
+    """The BF16 path is the same arithmetic in both builds: the model gives one answer (SGLang's capture replays
+    under either)."""
+    meta, arrays = _load(SGLANG)
+    c = meta["cases"][3]
+    q, k, v = prefill_inputs(c)
+    got = [fa3_prefill(q[:, :1], k[:, :1], v[:, :1], cu_seqlens(c["qlens"]), cu_seqlens(c["seqlens"]),
+                       scale=c["scale"], num_splits=1, launch_heads=c["heads"], build=b).out.view(np.uint16)
+           for b in ("vllm", "sglang")]
+    assert np.array_equal(got[0], got[1]) and np.array_equal(got[0], arrays["c3_out"])

@@ -123,7 +123,7 @@ class _Fa3Prefill(DeployedKernel):
         return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=192, dv=128,
                                 num_splits=case["num_splits"], causal=case["causal"] and max(ql) > 1,
                                 max_seqlen_q=max(ql), max_seqlen_k=max(kl),
-                                element_size=1 if case["format"] == "e4m3" else 2)
+                                element_size=1 if case["format"] == "e4m3" else 2, build=case.get("build", "vllm"))
 
     def readbacks(self, case: dict) -> set[str]:
         """The split counts, where the launch splits dynamically (its split bound over 1)."""
@@ -141,7 +141,8 @@ class _Fa3Prefill(DeployedKernel):
         keep, qpk = case["keep_heads"], case["heads"] // case["heads_k"]
         res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], cu_seqlens(case["qlens"]),
                           cu_seqlens(case["seqlens"]), scale=case["scale"], causal=case["causal"],
-                          num_splits=case["num_splits"], launch_heads=case["heads"], trace=True)
+                          num_splits=case["num_splits"], launch_heads=case["heads"], build=case.get("build", "vllm"),
+                          trace=True)
         out = []
         if f"c{i}_splits" in arrays:
             out.append(("splits", arrays[f"c{i}_splits"], np.array(res.trace["splits"], np.int32)))
@@ -153,9 +154,11 @@ class _Fa3Prefill(DeployedKernel):
         raise ValueError("build: the prefill is captured from vLLM's shipped FA3 library (--build vllm)")
 
     def load_shipped(self, source: str, build: str) -> Any:
-        from ..gpu.adapters.fa3 import load_shipped_fa3
+        """vLLM's: its wheel's library (`source`: the unpacked wheel). SGLang's: sgl-flash-attn built from its
+        checkout (`source`) with SGLang's switches (its shipped ``flash_ops``, 1.1 GB, does not travel)."""
+        from ..gpu.adapters.fa3 import build_fa3, load_shipped_fa3
 
-        return load_shipped_fa3(source)
+        return load_shipped_fa3(source) if build == "vllm" else build_fa3(source, fork="sglang", path="prefill")
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         from ..gpu.adapters.fa3 import run_fa3_prefill
@@ -178,5 +181,7 @@ FA3_PREFILL = _Fa3Prefill(
     summary=f"FlashAttention-3's MHA-form MLA prefill (vllm-project/flash-attention {FA3_COMMIT}; vLLM's new-token "
             "and context-chunk calls, q/k 192 and v 128), BF16, FP16 and FP8 E4M3",
     version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir",
-    source_help="vLLM 0.33.0's unpacked wheel (vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so)", builds=("vllm",),
+    source_help="--build vllm: vLLM 0.33.0's unpacked wheel (vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so); --build "
+                "sglang: a sgl-project/sgl-flash-attn checkout (cb303cf) with CUTLASS 57e3cfb at csrc/cutlass",
+    builds=("vllm", "sglang"),
     empty_requests=True)

@@ -121,6 +121,37 @@ _SGL_META_ARGS = ("batch_size max_seqlen_q max_seqlen_k num_heads num_heads_k he
                   "is_causal window_size_left window_size_right attention_chunk has_softcap num_splits pack_gqa "
                   "sm_margin").split()
 _SGL_NAME = "amla_sgl_fa3_mla"
+_SGL_PREFILL = "amla_sgl_fa3_prefill"
+#: the MHA-form prefill's kernels in SGLang's build: 192 / 128, BF16 and E4M3, unsplit (no PackGQA: h == h_k, as the
+#: MLA prefill calls it) and split
+_SGL_PREFILL_KERNELS = [f"instantiations/flash_fwd_hdim192_128_{t}_{v}sm90.cu" for t in ("bf16", "e4m3")
+                        for v in ("", "split_")]
+# ... and the head dims and features this build leaves out (none is on that path; FP16 neither: SGLang's prefill is
+# BF16, or E4M3 with an FP8 cache)
+_ONLY_PREFILL = ["FLASHATTENTION_DISABLE_HDIM64", "FLASHATTENTION_DISABLE_HDIM96", "FLASHATTENTION_DISABLE_HDIM128",
+                 "FLASHATTENTION_DISABLE_HDIM256", "FLASHATTENTION_DISABLE_FP16", "FLASHATTENTION_DISABLE_SOFTCAP",
+                 "FLASHATTENTION_DISABLE_LOCAL"]
+
+
+def _sgl_prefill_stand_ins() -> str:
+    """Stand-ins (they raise) for the kernels ``run_mha_fwd``'s dispatch names on the 192 head dims that the prefill
+    build does not compile: (Split, PagedKVNonTMA, PackGQA) of each variant, v 128 and 192, BF16 and E4M3."""
+    variants = {"": "false, false, false, false", "packgqa_": "false, false, false, true",
+                "paged_": "false, true, false, true", "paged_split_": "true, true, false, true",
+                "split_": "true, false, false, true"}
+    built = {(t, v) for t in ("bf16", "e4m3") for v in ("", "split_")}
+    lines = ["#include <stdexcept>", "#include <cutlass/numeric_types.h>", '#include "flash.h"',
+             "template <int Arch, typename T, int kHeadDim, int kHeadDimV, bool Split, bool PagedKVNonTMA, "
+             "bool Has_softcap, bool PackGQA>",
+             "void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream) {",
+             '    throw std::runtime_error("amla-sim: this FA3 kernel is not compiled in the prefill build"); }']
+    for t, ct in (("bf16", "cutlass::bfloat16_t"), ("e4m3", "cutlass::float_e4m3_t")):
+        for dv in (128, 192):
+            for v, args in variants.items():
+                if dv == 192 or (t, v) not in built:
+                    lines.append(f"template void run_mha_fwd_<90, {ct}, 192, {dv}, {args}>(Flash_fwd_params &, "
+                                 "cudaStream_t);")
+    return "\n".join(lines) + "\n"
 FORKS = ("vllm", "sglang")
 
 
@@ -145,15 +176,20 @@ def load_shipped_fa3(root: str | Path) -> SimpleNamespace:
     return SimpleNamespace(fwd=ops.fwd, get_scheduler_metadata=ops.get_scheduler_metadata)
 
 
-def build_fa3(checkout: str | Path, *, fork: str = "vllm", verbose: bool = False) -> SimpleNamespace:
+def build_fa3(checkout: str | Path, *, fork: str = "vllm", path: str = "mla",
+              verbose: bool = False) -> SimpleNamespace:
     """The MLA forward compiled from `checkout` (about 150 seconds on 16 cores): ``fwd`` and
     ``get_scheduler_metadata``, taking keyword arguments. fork "vllm": a vllm-project/flash-attention checkout,
     its two torch ops (vLLM's ``torch.ops._vllm_fa3_C.*``, argument for argument); "sglang": a
-    sgl-project/sgl-flash-attn checkout built with SGLang's switches, mha_fwd's arguments by name."""
+    sgl-project/sgl-flash-attn checkout built with SGLang's switches, mha_fwd's arguments by name. path: "mla"
+    (the head dims 64 / 512 of the absorbed decode) or, for SGLang's fork, "prefill" (192 / 128, BF16 and E4M3: the
+    MHA-form prefill; vLLM's is the binary its wheel ships, :func:`load_shipped_fa3`)."""
     if fork not in FORKS:
         raise ValueError(f"fork: expected one of {', '.join(FORKS)}, got {fork!r}")
+    if path not in ("mla", "prefill") or (path == "prefill" and fork != "sglang"):
+        raise ValueError(f"path: 'mla', or 'prefill' with fork 'sglang', got {path!r} with {fork!r}")
     if fork == "sglang":
-        return _build_sgl(checkout, verbose)
+        return _build_sgl(checkout, verbose, path)
     files = ["flash_api.cpp", "flash_api_torch_lib.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu",
              *_KERNELS]
     root = checkout_files(checkout, "fa3-mla", ["csrc/common/registration.h", "csrc/cutlass/include/cute/tensor.hpp",
@@ -173,19 +209,22 @@ def build_fa3(checkout: str | Path, *, fork: str = "vllm", verbose: bool = False
     return SimpleNamespace(fwd=ops.fwd, get_scheduler_metadata=ops.get_scheduler_metadata)
 
 
-def _build_sgl(checkout: str | Path, verbose: bool) -> SimpleNamespace:
-    """SGLang's FA3 (sgl-flash-attn ``hopper/``), MLA path only, with SGLang's nvcc flags (C++17 throughout)."""
-    files = ["flash_api.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu", *_KERNELS]
-    root = checkout_files(checkout, "sgl-fa3-mla", ["csrc/cutlass/include/cute/tensor.hpp",
-                                                    *("hopper/" + f for f in files)], _SGL_WHAT)
+def _build_sgl(checkout: str | Path, verbose: bool, path: str = "mla") -> SimpleNamespace:
+    """SGLang's FA3 (sgl-flash-attn ``hopper/``) with SGLang's nvcc flags (C++17 throughout): the MLA path's
+    kernels, or the MHA-form prefill's (:data:`_SGL_PREFILL_KERNELS`, the rest of its dispatch stand-ins)."""
+    kernels, stand_ins, only, name = ((_KERNELS, _STAND_INS, _ONLY_MLA, _SGL_NAME) if path == "mla" else
+                                      (_SGL_PREFILL_KERNELS, _sgl_prefill_stand_ins(), _ONLY_PREFILL, _SGL_PREFILL))
+    files = ["flash_api.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu", *kernels]
+    root = checkout_files(checkout, f"sgl-fa3-{path}", ["csrc/cutlass/include/cute/tensor.hpp",
+                                                        *("hopper/" + f for f in files)], _SGL_WHAT)
     hopper, cutlass = root / "hopper", root / "csrc" / "cutlass"
     later = "only_qv" in (hopper / "flash_api.cpp").read_text()  # f89bc23 and later: a sparse mask and only_qv
     binding = _SGL_BINDING.replace("{decl}", ", OptT, bool" if later else "").replace(
         "{call}", ", std::nullopt, false" if later else "")
-    defines = ["-D" + d for d in _SGL_DEFINES + _ONLY_MLA]
-    sources = [*(hopper / f for f in files), added_source(_SGL_NAME, "stand_ins.cu", _STAND_INS),
-               added_source(_SGL_NAME, "binding.cpp", binding)]
-    mod = compile_extension(_SGL_NAME, sources, [hopper, cutlass / "include", cutlass / "tools" / "util" / "include"],
+    defines = ["-D" + d for d in _SGL_DEFINES + only]
+    sources = [*(hopper / f for f in files), added_source(name, "stand_ins.cu", stand_ins),
+               added_source(name, "binding.cpp", binding)]
+    mod = compile_extension(name, sources, [hopper, cutlass / "include", cutlass / "tools" / "util" / "include"],
                             ["-O3", "-std=c++17", "-DNDEBUG", *defines],
                             ["-std=c++17", *CUDA_COMMON, *SM90A, "-Xcompiler=-fno-strict-aliasing", *defines],
                             verbose=verbose)
@@ -400,6 +439,8 @@ def fa3_varlen(fa3, q, k, v, qlens, klens, *, scale: float, causal: bool, num_sp
     args = {**_FWD_UNUSED, "q": q, "k": k, "v": v, "q_v": None, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
             "seqused_k": None, "max_seqlen_q": max(qlens), "max_seqlen_k": max(klens), "page_table": None,
             "softmax_scale": scale, "is_causal": causal, "scheduler_metadata": None, "num_splits": num_splits}
+    if getattr(fa3, "fork", "vllm") == "sglang":  # sgl-flash-attn's mha_fwd has attention chunking (off)
+        args["attention_chunk"] = 0
     out, lse, *_ = fa3.fwd(**args)
     return out, lse, cu_q, cu_k
 
@@ -421,9 +462,12 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
     out, lse, cu_q, cu_k = fa3_varlen(fa3, qt, kt, vt, qlens, klens, scale=recipe["scale"], causal=recipe["causal"],
                                       num_splits=recipe["num_splits"])
     b, H, Hk, mq = len(qlens), q.shape[1], k.shape[1], max(qlens)
+    # SGLang's binding takes the dtype as is_bf16 (its op's signature); a split bound of 1 reads no split count
+    sgl = getattr(fa3, "fork", "vllm") == "sglang"
+    dtype = {"is_bf16": True, "attention_chunk": 0} if sgl else {"qkv_dtype": qt.dtype}
     meta = fa3.get_scheduler_metadata(
         batch_size=b, max_seqlen_q=mq, max_seqlen_k=max(klens), num_heads=H, num_heads_k=Hk, headdim=q.shape[2],
-        headdim_v=v.shape[2], qkv_dtype=qt.dtype, seqused_k=torch.tensor(klens, dtype=torch.int32, device="cuda"),
+        headdim_v=v.shape[2], **dtype, seqused_k=torch.tensor(klens, dtype=torch.int32, device="cuda"),
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, cu_seqlens_k_new=None, seqused_q=None, leftpad_k=None,
         page_size=None, max_seqlen_k_new=0, is_causal=recipe["causal"], window_size_left=-1, window_size_right=-1,
         has_softcap=False, num_splits=recipe["num_splits"], pack_gqa=None, sm_margin=0)

@@ -39,11 +39,18 @@ from ..scalars import softmax_scale
 from .mla import _check_launch, _combine, _split_lse, _Units
 from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits
 
-__all__ = ["fa3_prefill", "PREFILL_TILES", "prefill_schedule", "cu_seqlens"]
+__all__ = ["fa3_prefill", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "BUILDS", "prefill_schedule", "prefill_tile",
+           "cu_seqlens"]
 
 #: ``tile_size_fwd_sm90`` (tile_size.h:47-48, 16-bit; :73-74, FP8 with the fork's two-level accumulation) for
 #: the head dims the MLA prefill calls: (d, dv, element size in bytes) -> (kBlockM, kBlockN)
 PREFILL_TILES = {(192, 128, 2): (128, 128), (192, 128, 1): (128, 96)}
+#: FP8 without the two-level accumulation (tile_size.h:85-86 under FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION;
+#: sgl-flash-attn cb303cf tile_size.h:64-65, which never had it): (d, dv) -> (kBlockM, kBlockN)
+ONE_LEVEL_FP8_TILES = {(192, 128): (128, 160)}
+#: the builds the model follows: vLLM's fork (its wheel's ``_vllm_fa3_C``) and SGLang's (sgl-flash-attn, compiled
+#: into ``sglang-kernel``); they differ in FP8 only: the fork accumulates FP8 ``P V`` in two levels
+BUILDS = ("vllm", "sglang")
 _FORMATS = ("bf16", "fp16", "e4m3")
 #: FP8's softmax: ``P = exp2(S c - (M c - 8))``, in [0, 256] (softmax.h:64-79, ``Max_offset`` 8)
 FP8_MAX_OFFSET = 8
@@ -56,12 +63,13 @@ def cu_seqlens(lens: list[int]) -> np.ndarray:
 
 def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k: int, d: int, dv: int,
                      num_splits: int, causal: bool, max_seqlen_q: int, max_seqlen_k: int,
-                     num_sms: int = 132, element_size: int = 2) -> tuple[int, list[int], bool]:
+                     num_sms: int = 132, element_size: int = 2,
+                     build: str = "vllm") -> tuple[int, list[int], bool]:
     """What ``mha_fwd`` decides for a varlen launch (flash_api.cpp:1053-1070): the split bound (the caller's
     `num_splits`, or ``get_num_splits`` as if the batch were its longest request: ``1 * h_k * cdiv(max_seqlen_q *
     h / h_k, kBlockM)`` m-blocks, a KV head's bytes at `element_size`, 1 for E4M3), each request's split count (the
-    prepare kernel) and pack-GQA (on when split, or when the heads are grouped)."""
-    block_m, block_n = PREFILL_TILES[(d, dv, element_size)]
+    prepare kernel) and pack-GQA (on when split, or when the heads are grouped). build: whose tiles (FP8's differ)."""
+    block_m, block_n = prefill_tile(d, dv, element_size, build)
     qpk = heads // heads_k
     b = len(qlens)
     if num_splits > 0:
@@ -77,6 +85,13 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
     splits = varlen_splits([-(-(n * rows) // block_m) for n in qlens], [-(-n // block_n) for n in klens],
                            num_head=heads_k if pack else heads, bound=bound, num_sms=num_sms)
     return bound, splits, pack
+
+
+def prefill_tile(d: int, dv: int, element_size: int, build: str = "vllm") -> tuple[int, int]:
+    """``tile_size_fwd_sm90``'s (kBlockM, kBlockN) for a build: the one-level FP8 tile in SGLang's."""
+    if element_size == 1 and build == "sglang":
+        return ONE_LEVEL_FP8_TILES[(d, dv)]
+    return PREFILL_TILES[(d, dv, element_size)]
 
 
 @quiet_fp
@@ -98,6 +113,7 @@ def fa3_prefill(
     num_sms: int = 132,
     splits: list[int] | None = None,
     launch_heads: int | None = None,
+    build: str = "vllm",
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
 ) -> AttentionResult:
@@ -112,7 +128,9 @@ def fa3_prefill(
     request; at least that). q_descale, k_descale, v_descale: E4M3 only, (batch, h_k) FP32 factors (None: 1; 16-bit
     calls ignore them, as ``mha_fwd`` does). splits: per request, a split count in place of the prepare kernel's (a
     what-if). launch_heads: the launch's query heads when q holds only the first of them (the heads are
-    independent, but the split choice counts them all; None: q's). Returns ``.out`` (T, h, 128) in the input
+    independent, but the split choice counts them all; None: q's). build: "vllm" (vLLM's fork, the default: what
+    vLLM 0.33's wheel ships) or "sglang" (SGLang's sgl-flash-attn; the same bits but for FP8, which it accumulates
+    in one level on 160-key blocks). Returns ``.out`` (T, h, 128) in the input
     format, BF16 for E4M3 (rows past ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`, the
     launch's split bound, each request's split count and whether the heads were packed."""
     mc = get_machine(machine)
@@ -126,6 +144,8 @@ def fa3_prefill(
         raise TypeError(f"causal: expected True or False, got {causal!r}")
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
                   varlen_q=True, softcap=0.0, window_size=(-1, -1))
+    if build not in BUILDS:
+        raise ValueError(f"build: expected one of {', '.join(BUILDS)}, got {build!r}")
     fmt = get_format(qa.dtype).name
     fp8 = fmt == "e4m3"
     if fp8:
@@ -143,7 +163,7 @@ def fa3_prefill(
     size = 1 if fp8 else 2
     bound, counts, pack = prefill_schedule(qlens, klens, heads=LH, heads_k=LH // (H // Hk), d=d, dv=dv,
                                            num_splits=num_splits, causal=bool(causal) and mq > 1, max_seqlen_q=mq,
-                                           max_seqlen_k=mk, num_sms=num_sms, element_size=size)
+                                           max_seqlen_k=mk, num_sms=num_sms, element_size=size, build=build)
     if splits is not None:
         counts = [check_int(n, "splits", lo=1, hi=256) for n in np.asarray(splits).ravel().tolist()]
         if len(counts) != len(qlens):
@@ -151,12 +171,13 @@ def fa3_prefill(
         pack = pack or max(counts) > 1
     if not no_k:
         Q, K, V = mc.cast(qa, fmt), mc.cast(ka, fmt), mc.cast(va, fmt)
-        block_m, block_n = PREFILL_TILES[(d, dv, size)]
+        block_m, block_n = prefill_tile(d, dv, size, build)
         for i, (nq, nk) in enumerate(zip(qlens, klens)):
             if nq == 0:
                 continue
             rows = slice(int(cq[i]), int(cq[i + 1]))
-            ru = u if not fp8 else _Fp8Units(u, *(None if x is None else x[i] for x in descales))
+            ru = u if not fp8 else _Fp8Units(u, *(None if x is None else x[i] for x in descales),
+                                             two_level=build == "vllm")
             o, l = _request(ru, Q[rows], K[ck[i]:ck[i + 1]], V[ck[i]:ck[i + 1]], causal=bool(causal),
                             splits=counts[i], block_m=block_m, block_n=block_n)
             out[rows], lse[:, rows] = o, l
@@ -174,8 +195,10 @@ class _Fp8Units(_Units):
 
     two_level = True  # the fork's FP8 two-level accumulation (off: FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION)
 
-    def __init__(self, u: _Units, qd: np.ndarray | None, kd: np.ndarray | None, vd: np.ndarray | None):
+    def __init__(self, u: _Units, qd: np.ndarray | None, kd: np.ndarray | None, vd: np.ndarray | None, *,
+                 two_level: bool = True):
         self.__dict__.update(u.__dict__)
+        self.two_level = two_level and type(self).two_level
         mc = u.mc
         if qd is not None or kd is not None:
             qk = mc.f(mc.f(1 if qd is None else qd) * mc.f(1 if kd is None else kd))
