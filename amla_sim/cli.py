@@ -980,6 +980,58 @@ def _add_prefill_decode(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_prefill_decode)
 
 
+def _cmd_route(args: argparse.Namespace) -> int:
+    """Each request's prefill, step by step: the path its chunks take and why, and what its batchmates change."""
+    from .invariance.routing import alone, batchmates_change, parse_requests, route
+
+    requests = parse_requests(args.requests)
+    flag = {"vllm": "fp8_prefill", "sglang": "fp8_cache"}[args.engine]
+    settings = {"budget": args.budget, "deterministic": args.deterministic, flag: args.kv_dtype == "fp8_e4m3"}
+    chunks = route(args.engine, requests, **settings)
+    changed = batchmates_change(args.engine, requests, **settings)
+    if args.json:
+        print(dumps_strict({"engine": args.engine, "settings": settings, "chunks": [vars(c) for c in chunks],
+                            "batchmates_change": {str(k): v for k, v in changed.items()},
+                            "alone": {str(i): [vars(c) for c in alone(args.engine, requests, i, **settings)]
+                                      for i in changed}}, indent=2))
+        return 0
+    budget = "max_num_batched_tokens" if args.engine == "vllm" else "--chunked-prefill-size"
+    print(f"{args.engine}: {len(requests)} request(s), a step's budget {args.budget} new tokens ({budget})"
+          + (", deterministic" if args.deterministic else "") + f", KV cache {args.kv_dtype}")
+    for c in chunks:
+        print(f"  step {c.step}  request {c.request}: tokens {c.context}..{c.context + c.tokens - 1}  "
+              f"{c.path:<8} {c.kernels}\n{'':>12}why: {c.why}")
+    for i in range(len(requests)):
+        if i in changed:
+            solo = "; ".join(f"{c.context}..{c.context + c.tokens - 1} {c.path}"
+                             for c in alone(args.engine, requests, i, **settings))
+            print(f"  request {i}: its batchmates change {changed[i]} (alone: {solo})")
+        elif len(requests) > 1:
+            print(f"  request {i}: the same route alone")
+    return 0
+
+
+def _add_route(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("route", help="which kernel computes each request's prefill (vLLM, SGLang), and whether its "
+                                     "batchmates change it",
+                       description="A batch of dense-MLA requests (DeepSeek-V3/R1, Kimi-K2) through an engine's "
+                                   "chunked-prefill scheduler on Hopper: each step's chunk of each request, the "
+                                   "attention it runs (MHA: FA3's 192/128 prefill, context merged; absorbed: FA3's "
+                                   "MLA decode kernel), why (the threshold that decided it), and each request's "
+                                   "route alone beside it where its batchmates change it.")
+    p.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
+    p.add_argument("--requests", required=True, metavar="N|C+N,...",
+                   help="the batch in arrival order: N new tokens, or C+N with C already cached")
+    p.add_argument("--budget", type=_int_at_least(1), default=8192,
+                   help="new tokens a step (vLLM: max_num_batched_tokens; SGLang: --chunked-prefill-size)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="vLLM: VLLM_BATCH_INVARIANT; SGLang: --enable-deterministic-inference")
+    p.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8_e4m3"],
+                   help="the KV cache (vLLM: with FP8, the MHA calls in E4M3 as its FP8 prefill runs them)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_route)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(
@@ -989,7 +1041,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"amla-sim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in (_add_lemma, _add_run, _add_crosscheck, _add_compare, _add_invariance, _add_diff, _add_prefill_decode,
-                _add_reproduce, _add_sweep, _add_pipeline, _add_roofline):
+                _add_route, _add_reproduce, _add_sweep, _add_pipeline, _add_roofline):
         add(sub)
     return parser
 
