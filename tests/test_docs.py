@@ -210,8 +210,10 @@ RENDERED = [
     ("_generated/notebooks/01_lemma_3_1.html", ["Lemma 3.1"], True, 0, 0),
     ("reproductions.html", ["AMLA Tables 3 and 4"], False, 5, 7),
     ("crosscheck.html", ["What each model takes", "a causal step longer than its request", "The merges of a chunked "
-                         "prefill", "FA3\u2019s MHA form and vLLM\u2019s chain", "a k of no row"], False, 3, 0),
-    ("why-changed.html", ["row ulp", "NaN against NaN"], False, 1, 0),
+                         "prefill", "FA3\u2019s MHA form and vLLM\u2019s chain", "a k of no row",
+                         "accumulates in two levels on 128 x 96 tiles"], False, 3, 0),
+    ("why-changed.html", ["row ulp", "NaN against NaN", "Which kernel computes my token\u2019s prefill?",
+                          "its batchmates change its chunks and the kernel"], False, 1, 0),
 ]
 
 
