@@ -999,8 +999,8 @@ def _cmd_route(args: argparse.Namespace) -> int:
     print(f"{args.engine}: {len(requests)} request(s), a step's budget {args.budget} new tokens ({budget})"
           + (", deterministic" if args.deterministic else "") + f", KV cache {args.kv_dtype}")
     for c in chunks:
-        print(f"  step {c.step}  request {c.request}: tokens {c.context}..{c.context + c.tokens - 1}  "
-              f"{c.path:<8} {c.kernels}\n{'':>12}why: {c.why}")
+        print(f"  step {c.step}  request {c.request}  tokens {c.context}..{c.context + c.tokens - 1}  {c.path}\n"
+              f"      kernel: {c.kernels}\n      why: {c.why}")
     for i in range(len(requests)):
         if i in changed:
             solo = "; ".join(f"{c.context}..{c.context + c.tokens - 1} {c.path}"

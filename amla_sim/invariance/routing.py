@@ -127,7 +127,7 @@ def route_vllm(requests: list[Request], *, budget: int = 8192, deterministic: bo
     ``use_prefill_query_quantization`` with an FP8 cache (the MHA calls in E4M3)."""
     requests = _check(requests)
     check_int(budget, "budget", lo=1)
-    splits = "num_splits 1" if deterministic else "split count from the batch"
+    splits = "num_splits 1" if deterministic else "splits: from the batch"
     mha_fmt = "E4M3" if fp8_prefill else "BF16"
     out = []
     for step, chunks in enumerate(_schedule(requests, budget, mixed=True)):
@@ -137,10 +137,10 @@ def route_vllm(requests: list[Request], *, budget: int = 8192, deterministic: bo
                                  f"fa3-mla: s_q {n} causal over {ctx + n} latent keys ({splits})",
                                  f"{n} new tokens <= {VLLM_DECODE_THRESHOLD} (reorder_batch_threshold)"))
                 continue
-            calls = f"fa3-prefill {mha_fmt}: causal over {n} new tokens ({splits})"
+            calls = f"fa3-prefill {mha_fmt}: {n} new tokens causal"
             if ctx:
-                calls += (f"; context {ctx} tokens in the batch's workspace chunks, non-causal calls, "
-                          "merge_attn_states")
+                calls += f" + {ctx} of context (workspace chunks) + merge_attn_states"
+            calls += f" ({splits})"
             out.append(Chunk(step, i, ctx, n, "mha", calls, f"{n} new tokens > {VLLM_DECODE_THRESHOLD}"))
     return out
 
@@ -173,8 +173,8 @@ def route_sglang(requests: list[Request], *, budget: int = 8192, deterministic: 
                 kernels = f"fa3-prefill {fmt} (SGLang's build): one call, {n} queries causal over {ctx + n} keys"
                 why += f"; the batch's {total} tokens <= {SGLANG_ONE_SHOT_CAPACITY}: one shot"
             else:
-                kernels = (f"fa3-prefill {fmt} (SGLang's build): causal over {n} new tokens; prefix chunks of the "
-                           "batch's, merge_state_v2")
+                kernels = (f"fa3-prefill {fmt} (SGLang's build): {n} new tokens causal + {ctx} of prefix "
+                           "(chunks) + merge_state_v2")
                 why += f"; the batch's {total} tokens > {SGLANG_ONE_SHOT_CAPACITY}: prefix chunks"
             out.append(Chunk(step, i, ctx, n, path, kernels, why))
     return out
