@@ -16,6 +16,7 @@ VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's whee
   ``amla-sim crosscheck --kernel fa3-prefill --build vllm --scales 20`` runs it); the committed
   ``tests/data/scales_fa3_prefill.npz`` is this file cut to one head a call by
   ``scripts/trim_capture.py IN OUT 0,1,...,25 --keep-heads 1``;
+- OUTDIR/fa3_prefill_hd128_{dev}.npz: :data:`HD128_CASES`, head dim 128 through the same library;
 - OUTDIR/fa3_prefill_e4m3_seed{N}_{dev}.npz: :data:`E4M3_CASES` at fresh seeds (seed + N), held out;
 - with SGL_CHECKOUT (sgl-project/sgl-flash-attn cb303cf, CUTLASS 57e3cfb at csrc/cutlass), SGLang's build as SGLang
   calls it (``num_splits`` 1 always): OUTDIR/fa3_prefill_sglang_{dev}.npz, the case table and :data:`E4M3_CASES`
@@ -53,6 +54,25 @@ E4M3_CASES = [
     _e4m3(16, (300, 200), (2000, 0), False, "normal:1", 322, 0),  # splits
     _e4m3(16, (200,), (1500,), False, "flashmla", 323, 1),
     _e4m3(64, (200,), (200,), True, "normal:1", 324, 0),
+]
+
+
+def _hd128(H, Hk, ql, kl, causal, fmt, seed, ns):
+    return {"batch": len(ql), "sq": max(ql), "heads": H, "heads_k": Hk, "qlens": list(ql), "seqlens": list(kl),
+            "causal": causal, "format": fmt, "dist": "normal:1", "seed": seed, "scale": 128 ** -0.5,
+            "num_splits": ns, "keep_heads": max(2, H // Hk), "head_dim": 128}
+
+
+#: head dim 128 (q, k and v), the Llama- and Qwen-class prefill through the same library: grouped heads, the
+#: 64-row tile of one warpgroup (a launch's longest query run times the group at most 64), FP8
+HD128_CASES = [
+    _hd128(32, 8, (1000,), (1000,), True, "bf16", 331, 0),  # Llama-3-8B, TP1
+    _hd128(8, 8, (300, 200), (2000, 0), False, "bf16", 332, 0),
+    _hd128(16, 16, (40,), (3000,), False, "bf16", 333, 0),  # one warpgroup, 176-key blocks
+    _hd128(8, 2, (16, 10), (16, 10), True, "fp16", 334, 0),  # one warpgroup, causal: 128-key blocks
+    _hd128(16, 16, (257, 100, 700), (257, 100, 700), True, "e4m3", 335, 0),
+    _hd128(16, 16, (30,), (2000,), False, "e4m3", 336, 0),  # FP8, one warpgroup
+    _hd128(8, 8, (200,), (1500,), False, "bf16", 337, 1),
 ]
 
 
@@ -120,7 +140,7 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    only = set(_option(args, "--only", "table,seed,e4m3,e4m3-seed,edges,scales,chain,sglang").split(","))
+    only = set(_option(args, "--only", "table,seed,e4m3,e4m3-seed,edges,scales,hd128,chain,sglang").split(","))
     sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]
     bundle = args[2] if len(args) > 2 else None
@@ -133,6 +153,7 @@ def main() -> None:
             ("e4m3-seed", f"fa3_prefill_e4m3_seed{seed}_{tag}.npz",
              {"cases": [{**c, "seed": c["seed"] + seed} for c in E4M3_CASES]}),
             ("edges", f"edges_fa3_prefill_{tag}.npz", {"cases": _edges()}),
+            ("hd128", f"fa3_prefill_hd128_{tag}.npz", {"cases": HD128_CASES}),
             ("scales", "scales_fa3_prefill.npz", {"scales": 20})]
     if sgl:
         jobs.append(("sglang", f"fa3_prefill_sglang_{tag}.npz",

@@ -156,9 +156,14 @@ def _lanes_in_order(mc, part, s, P):
     return np.stack([acc, 0 * acc, 0 * acc, 0 * acc], axis=-1)
 
 
+def _tiles(size: int, tile: tuple[int, int]) -> dict:
+    """The tile table with the 192 / 128 tile of `size`-byte inputs replaced, causal or not."""
+    return {**prefill.PREFILL_TILES, **{(192, 128, size, causal, False): tile for causal in (False, True)}}
+
+
 CHOICES = {
-    "key blocks of 64, not 128": (1, ("PREFILL_TILES", {(192, 128, 2): (128, 64)})),
-    "key blocks of 176": (10, ("PREFILL_TILES", {(192, 128, 2): (128, 176)})),
+    "key blocks of 64, not 128": (1, ("PREFILL_TILES", _tiles(2, (128, 64)))),
+    "key blocks of 176": (10, ("PREFILL_TILES", _tiles(2, (128, 176)))),
     "one lane sums a row in order": (0, ("lane_sums", _lanes_in_order)),
 }
 
@@ -276,8 +281,8 @@ def _fp8_case(case: int):
 
 
 FP8_CHOICES = {
-    "key blocks of 160 (the one-level build's)": ("PREFILL_TILES", {(192, 128, 1): (128, 160)}),
-    "key blocks of 128": ("PREFILL_TILES", {(192, 128, 1): (128, 128)}),
+    "key blocks of 160 (the one-level build's)": ("PREFILL_TILES", _tiles(1, (128, 160))),
+    "key blocks of 128": ("PREFILL_TILES", _tiles(1, (128, 128))),
     "no offset of 8 before exp2": ("FP8_MAX_OFFSET", 0),
     "O the products' accumulator (one level)": ("_Fp8Units.two_level", False),
 }
@@ -291,7 +296,7 @@ def test_each_fp8_choice_matters(change, monkeypatch, fastest_engine):
         cls, attr = name.split(".")
         monkeypatch.setattr(getattr(prefill, cls), attr, value)
     else:
-        monkeypatch.setattr(prefill, name, {**prefill.PREFILL_TILES, **value} if isinstance(value, dict) else value)
+        monkeypatch.setattr(prefill, name, value)
     assert min(_fp8_case(2)) < 1
 
 

@@ -14,7 +14,7 @@ import pytest
 from amla_sim.algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill
 from amla_sim.algorithms.deployed.vllm.mla_prefill import vllm_mla_prefill
 from amla_sim.cli import main
-from amla_sim.invariance.routing import (Request, batchmates_change, parse_requests, route, route_sglang,
+from amla_sim.invariance.routing import (Prompt, batchmates_change, parse_requests, route, route_sglang,
                                          route_vllm)
 
 ROUTE = Path(__file__).parent / "data" / "route_vllm_h200.npz"
@@ -52,8 +52,8 @@ def test_sglang_routes_each_extend_batch_by_its_prefixes(requests, settings, exp
 
 
 def test_sglangs_mha_is_one_shot_up_to_128k_tokens():
-    one = route_sglang([Request(1000, 120_000)], budget=8192)[0]
-    many = route_sglang([Request(1000, 120_000), Request(500, 20_000)], budget=8192)[0]
+    one = route_sglang([Prompt(1000, 120_000)], budget=8192)[0]
+    many = route_sglang([Prompt(1000, 120_000), Prompt(500, 20_000)], budget=8192)[0]
     assert "one call" in one.kernels and "prefix (chunks)" in many.kernels and "merge_state_v2" in many.kernels
 
 

@@ -61,13 +61,15 @@ def draw_heads(dist: str, tokens: int, heads: int, width: int, seed: int, fmt: s
 
 
 def prefill_inputs(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q (T, h, 192), k (T_k, h_k, 192), v (T_k, h_k, 128) from a recipe (checked against its CRC); T_k is at least
-    1 (a call of no key still passes a row) unless the recipe's ``k_rows`` is 0."""
+    """q (T, h, d), k (T_k, h_k, d), v (T_k, h_k, 128) from a recipe (checked against its CRC), d its ``head_dim``
+    (192, the MLA prefill's, unless given); T_k is at least 1 (a call of no key still passes a row) unless the
+    recipe's ``k_rows`` is 0."""
     H, Hk, dist, seed = case["heads"], case["heads_k"], case["dist"], case["seed"]
     fmt = "bf16" if case["format"] == "e4m3" else case["format"]  # E4M3: BF16 draws, cast on the device
     T, Tk = sum(case["qlens"]), max(1, sum(case["seqlens"]))
     rows = 0 if case.get("k_rows") == 0 else Tk  # a call whose k and v hold no row at all
-    got = (draw_heads(dist, T, H, 192, seed, fmt), draw_heads(dist, Tk, Hk, 192, seed + 1000, fmt)[:rows],
+    d = case.get("head_dim", 192)
+    got = (draw_heads(dist, T, H, d, seed, fmt), draw_heads(dist, Tk, Hk, d, seed + 1000, fmt)[:rows],
            draw_heads(dist, Tk, Hk, 128, seed + 2000, fmt)[:rows])
     if "input_crc" in case and input_crc(*got) != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
@@ -100,6 +102,8 @@ class _Fa3Prefill(DeployedKernel):
         keep = check_int(case["keep_heads"], "keep_heads", lo=1, hi=H)
         if keep % (H // Hk):
             raise ValueError(f"keep_heads: whole groups of {H // Hk} heads, got {keep}")
+        if case.get("head_dim", 192) not in (192, 128):
+            raise ValueError(f"head_dim: 192 (the MLA prefill's) or 128, got {case['head_dim']!r}")
         if case["causal"] not in (True, False):
             raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
         if case.get("k_rows", 1) != 1 and (case["k_rows"] != 0 or max(case["seqlens"]) > 0):
@@ -120,7 +124,8 @@ class _Fa3Prefill(DeployedKernel):
 
     def _schedule(self, case: dict) -> tuple[int, list[int], bool]:
         ql, kl = case["qlens"], case["seqlens"]
-        return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=192, dv=128,
+        return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=case.get("head_dim", 192),
+                                dv=128,
                                 num_splits=case["num_splits"], causal=case["causal"] and max(ql) > 1,
                                 max_seqlen_q=max(ql), max_seqlen_k=max(kl),
                                 element_size=1 if case["format"] == "e4m3" else 2, build=case.get("build", "vllm"))
@@ -131,7 +136,8 @@ class _Fa3Prefill(DeployedKernel):
 
     def label(self, case: dict) -> str:
         kind = "causal" if case["causal"] else "context chunk"
-        return (f" {case['format']} {kind} h_k={case['heads_k']} qlens={case['qlens']} "
+        dims = f" d={case['head_dim']}" if "head_dim" in case else ""
+        return (f" {case['format']}{dims} {kind} h_k={case['heads_k']} qlens={case['qlens']} "
                 f"num_splits={case['num_splits']} (heads 0-{case['keep_heads'] - 1} kept)")
 
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:

@@ -14,10 +14,13 @@ import numpy as np
 from .._validate import check_int
 from ..formats import round_to
 
-__all__ = ["merge_inputs", "MERGE_CASES"]
+__all__ = ["merge_inputs", "MERGE_CASES", "TRITON_MERGE_CASES"]
 
 #: (tokens, heads, head size, partials, seed): the device check's cases
 MERGE_CASES = ((64, 8, 128, 2, 1), (48, 8, 128, 4, 3), (32, 8, 512, 3, 4))
+#: the Triton fallbacks' cases (the first two partials merged once): the CUDA kernels' shapes and a head size that
+#: is not a multiple of 8, which only the fallbacks take
+TRITON_MERGE_CASES = ((64, 8, 128, 2, 1), (32, 8, 512, 3, 4), (40, 4, 100, 2, 5))
 
 
 def merge_inputs(tokens: int, heads: int, head_size: int, partials: int, seed: int

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from .._validate import check_int
 
-__all__ = ["Request", "Chunk", "ENGINES", "route", "route_vllm", "route_sglang", "parse_requests", "alone",
+__all__ = ["Prompt", "Chunk", "SERVING_ENGINES", "route", "route_vllm", "route_sglang", "parse_requests", "alone",
            "batchmates_change",
            "VLLM_DECODE_THRESHOLD", "SGLANG_PREFIX_THRESHOLD", "SGLANG_ONE_SHOT_CAPACITY"]
 
@@ -45,11 +45,11 @@ VLLM_DECODE_THRESHOLD = 512
 SGLANG_PREFIX_THRESHOLD = 8192
 #: SGLang's ``get_max_chunk_capacity``: the batch's total length up to which MHA is one call (prefix chunks above)
 SGLANG_ONE_SHOT_CAPACITY = 128 * 1024
-ENGINES = ("vllm", "sglang")
+SERVING_ENGINES = ("vllm", "sglang")
 
 
 @dataclass(frozen=True)
-class Request:
+class Prompt:
     """A request's prompt: `cached` tokens already in the KV cache (a prefix-cache hit), `new` still to prefill."""
 
     new: int
@@ -70,20 +70,20 @@ class Chunk:
     why: str
 
 
-def parse_requests(text: str) -> list[Request]:
+def parse_requests(text: str) -> list[Prompt]:
     """``"1000,4000+600"``: a request per comma, ``N`` new tokens or ``C+N`` (C cached, N new)."""
     out = []
     for part in str(text).split(","):
         part = part.strip()
         cached, _, new = part.rpartition("+")
         try:
-            out.append(Request(new=int(new), cached=int(cached) if cached else 0))
+            out.append(Prompt(new=int(new), cached=int(cached) if cached else 0))
         except ValueError:
             raise ValueError(f"requests: expected N or C+N per request (comma separated), got {part!r}") from None
     return _check(out)
 
 
-def _check(requests: list[Request]) -> list[Request]:
+def _check(requests: list[Prompt]) -> list[Prompt]:
     if not requests:
         raise ValueError("requests: at least one request")
     for r in requests:
@@ -92,7 +92,7 @@ def _check(requests: list[Request]) -> list[Request]:
     return list(requests)
 
 
-def _schedule(requests: list[Request], budget: int, *, mixed: bool) -> list[list[tuple[int, int, int]]]:
+def _schedule(requests: list[Prompt], budget: int, *, mixed: bool) -> list[list[tuple[int, int, int]]]:
     """Each step's prefill chunks (request, context, tokens) until every prompt is prefilled. `mixed`: decodes share
     the step's budget (vLLM: running requests first, one token each once prefilled); SGLang runs them apart."""
     done = [0] * len(requests)
@@ -120,7 +120,7 @@ def _schedule(requests: list[Request], budget: int, *, mixed: bool) -> list[list
     return steps
 
 
-def route_vllm(requests: list[Request], *, budget: int = 8192, deterministic: bool = False,
+def route_vllm(requests: list[Prompt], *, budget: int = 8192, deterministic: bool = False,
                fp8_prefill: bool = False) -> list[Chunk]:
     """vLLM 0.33's route of each prefill chunk (FLASH_ATTN_MLA on sm90). budget: ``max_num_batched_tokens``.
     deterministic: ``VLLM_BATCH_INVARIANT`` (the same routes, every FA3 call with ``num_splits`` 1). fp8_prefill:
@@ -145,7 +145,7 @@ def route_vllm(requests: list[Request], *, budget: int = 8192, deterministic: bo
     return out
 
 
-def route_sglang(requests: list[Request], *, budget: int = 8192, deterministic: bool = False,
+def route_sglang(requests: list[Prompt], *, budget: int = 8192, deterministic: bool = False,
                  fp8_cache: bool = False) -> list[Chunk]:
     """SGLang 0.5.23's route of each extend batch (``fa3`` backend on sm90). budget: ``--chunked-prefill-size``.
     deterministic: ``--enable-deterministic-inference`` (absorbed always). fp8_cache: ``--kv-cache-dtype fp8_e4m3``
@@ -180,19 +180,19 @@ def route_sglang(requests: list[Request], *, budget: int = 8192, deterministic: 
     return out
 
 
-def route(engine: str, requests: list[Request], **settings: object) -> list[Chunk]:
+def route(engine: str, requests: list[Prompt], **settings: object) -> list[Chunk]:
     """:func:`route_vllm` or :func:`route_sglang` by `engine`."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine not in SERVING_ENGINES:
+        raise ValueError(f"engine: expected one of {', '.join(SERVING_ENGINES)}, got {engine!r}")
     return (route_vllm if engine == "vllm" else route_sglang)(requests, **settings)
 
 
-def alone(engine: str, requests: list[Request], i: int, **settings: object) -> list[Chunk]:
-    """Request `i`'s route with no batchmate (its chunks renumbered as request `i`)."""
+def alone(engine: str, requests: list[Prompt], i: int, **settings: object) -> list[Chunk]:
+    """Prompt `i`'s route with no batchmate (its chunks renumbered as request `i`)."""
     return [replace(c, request=i) for c in route(engine, [requests[i]], **settings)]
 
 
-def batchmates_change(engine: str, requests: list[Request], **settings: object) -> dict[int, str]:
+def batchmates_change(engine: str, requests: list[Prompt], **settings: object) -> dict[int, str]:
     """Per request, how its batchmates change its prefill's route (empty where they do not): the chunks it is
     cut into, or the path a chunk takes."""
     together = route(engine, requests, **settings)

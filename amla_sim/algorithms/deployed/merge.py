@@ -16,6 +16,12 @@ vLLM's build takes libdevice's ``expf``, IEEE division and libdevice's ``logf`` 
 the prefix's output and writes LSE -inf (``merge_attn_states.cu``: "we simply emit prefix_output"); SGLang computes
 ``-inf - (-inf)``, NaN throughout. vLLM's rows from ``prefill_tokens_with_context`` on copy the suffix.
 
+Each engine falls back to a Triton kernel for the outputs its CUDA kernel does not take (other dtypes, a head size
+not a multiple of 8): vLLM's ``triton_merge_attn_states.py`` and SGLang's ``merge_state_triton``
+(``kernels/ops/attention/merge_state.py``), the same arithmetic as Triton lowers it (``tl.exp`` as ``ex2.approx`` of
+``x log2 e``, ``/`` as ``div.full``, ``tl.log`` as libdevice's ``logf``, then the add: ``sm90-triton``). Where both
+LSEs are infinite, vLLM's writes out 0 and LSE -inf (not the prefix's output), SGLang's NaN.
+
 The engines chain the merges in opposite orders (:func:`vllm_context_then_new`, :func:`sglang_new_then_chunks`), each
 merge rounding the output to BF16 again, so a prefill of three or more partials gets other bits in each engine.
 """
@@ -31,24 +37,26 @@ from ..._validate import check_int, quiet_fp
 from ...formats import get_format
 from ...machines import Machine, get_machine
 
-__all__ = ["vllm_merge_attn_states", "sglang_merge_state_v2", "vllm_context_then_new", "sglang_new_then_chunks"]
+__all__ = ["vllm_merge_attn_states", "sglang_merge_state_v2", "vllm_merge_attn_states_triton",
+           "sglang_merge_state_triton", "vllm_context_then_new", "sglang_new_then_chunks"]
 
 _FORMATS = ("bf16", "fp16", "fp32")
 
 
 def _check(p_out: npt.ArrayLike, p_lse: npt.ArrayLike, s_out: npt.ArrayLike, s_lse: npt.ArrayLike,
-           lse_shape: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Outputs (T, h, d) of one format (BF16, FP16, FP32), d a multiple of 8 (the CUDA kernels' 128-bit packs);
-    LSEs FP32 of `lse_shape` ``"hT"`` (vLLM's) or ``"Th"`` (SGLang's). Errors name the argument."""
+           lse_shape: str, pack: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Outputs (T, h, d) of one format (BF16, FP16, FP32), d a multiple of `pack` (the CUDA kernels' 128-bit packs:
+    8; the Triton kernels any: 1); LSEs FP32 of `lse_shape` ``"hT"`` (vLLM's) or ``"Th"`` (SGLang's). Errors name
+    the argument."""
     po, so = np.asarray(p_out), np.asarray(s_out)
     for name, a in (("prefix_output", po), ("suffix_output", so)):
         try:
             fmt = get_format(a.dtype).name
         except (TypeError, ValueError):  # not a float format
             fmt = None
-        if fmt not in _FORMATS or a.ndim != 3 or a.shape[-1] % 8 or 0 in a.shape:
-            raise ValueError(f"{name}: expected BF16, FP16 or FP32 (T, h, d), d a multiple of 8, got {a.dtype} "
-                             f"{a.shape}")
+        if fmt not in _FORMATS or a.ndim != 3 or a.shape[-1] % pack or 0 in a.shape:
+            multiple = f", d a multiple of {pack}" if pack > 1 else ""
+            raise ValueError(f"{name}: expected BF16, FP16 or FP32 (T, h, d){multiple}, got {a.dtype} {a.shape}")
     if po.dtype != so.dtype or po.shape != so.shape:
         raise ValueError(f"suffix_output: expected prefix_output's {po.dtype} {po.shape}, got {so.dtype} {so.shape}")
     T, h = po.shape[:2]
@@ -107,6 +115,38 @@ def sglang_merge_state_v2(v_a: npt.ArrayLike, s_a: npt.ArrayLike, v_b: npt.Array
     by 8): a = the "prefix" operand, b the "suffix"; outputs (T, h, d), LSEs (T, h) FP32. Returns the merged output
     in the inputs' format and the merged LSE (T, h); where both LSEs are infinite, NaN."""
     po, pl, so, sl = _check(v_a, s_a, v_b, s_b, "Th")
+    mc = get_machine(machine)
+    o, lse, _ = _merge(mc, po, pl, so, sl)
+    return mc.cast(o, get_format(po.dtype).name).astype(po.dtype), lse.astype(np.float32)
+
+
+@quiet_fp
+def vllm_merge_attn_states_triton(prefix_output: npt.ArrayLike, prefix_lse: npt.ArrayLike,
+                                  suffix_output: npt.ArrayLike, suffix_lse: npt.ArrayLike, *,
+                                  prefill_tokens_with_context: int | None = None,
+                                  machine: str | Machine = "sm90-triton") -> tuple[np.ndarray, np.ndarray]:
+    """vLLM's Triton fallback (``v1/attention/ops/triton_merge_attn_states.py``, ``merge_attn_states_kernel``): as
+    :func:`vllm_merge_attn_states`, any head size, but a row whose LSEs are both infinite gets out 0 and LSE -inf
+    (``tl.where(max_lse == -inf, ...)``). The FP8 output (``output_scale``) is not modelled."""
+    po, pl, so, sl = _check(prefix_output, prefix_lse, suffix_output, suffix_lse, "hT", pack=1)
+    T = po.shape[0]
+    n = T if prefill_tokens_with_context is None else check_int(prefill_tokens_with_context,
+                                                                  "prefill_tokens_with_context", lo=0, hi=T)
+    mc = get_machine(machine)
+    o, lse, both_inf = _merge(mc, po, pl, so, sl)
+    fmt = get_format(po.dtype).name
+    out = mc.cast(np.where(both_inf[..., None], 0, o), fmt).astype(po.dtype)
+    lse = np.where(both_inf, np.float32(-np.inf), lse).astype(np.float32)
+    out[n:], lse[n:] = so[n:], sl[n:]
+    return out, np.ascontiguousarray(lse.T)
+
+
+@quiet_fp
+def sglang_merge_state_triton(v_a: npt.ArrayLike, s_a: npt.ArrayLike, v_b: npt.ArrayLike, s_b: npt.ArrayLike, *,
+                              machine: str | Machine = "sm90-triton") -> tuple[np.ndarray, np.ndarray]:
+    """SGLang's Triton fallback (``merge_state_triton``): as :func:`sglang_merge_state_v2`, any head size, NaN where
+    both LSEs are infinite."""
+    po, pl, so, sl = _check(v_a, s_a, v_b, s_b, "Th", pack=1)
     mc = get_machine(machine)
     o, lse, _ = _merge(mc, po, pl, so, sl)
     return mc.cast(o, get_format(po.dtype).name).astype(po.dtype), lse.astype(np.float32)

@@ -39,18 +39,27 @@ from ..scalars import softmax_scale
 from .mla import _check_launch, _combine, _split_lse, _Units
 from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits
 
-__all__ = ["fa3_prefill", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "BUILDS", "prefill_schedule", "prefill_tile",
-           "cu_seqlens"]
+__all__ = ["fa3_prefill", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "PREFILL_BUILDS", "prefill_schedule",
+           "prefill_tile", "use_one_mma_wg", "cu_seqlens"]
 
-#: ``tile_size_fwd_sm90`` (tile_size.h:47-48, 16-bit; :73-74, FP8 with the fork's two-level accumulation) for
-#: the head dims the MLA prefill calls: (d, dv, element size in bytes) -> (kBlockM, kBlockN)
-PREFILL_TILES = {(192, 128, 2): (128, 128), (192, 128, 1): (128, 96)}
+#: ``tile_size_fwd_sm90`` (tile_size.h) in vLLM's fork, 617264c: (d, dv, element size in bytes, causal, one MMA
+#: warpgroup) -> (kBlockM, kBlockN). Head dims 192 / 128 (:47-48, 16-bit; :73-74, FP8 with the two-level
+#: accumulation); 128 / 128 (:42-46 and :56-62, every Llama- or Qwen-class model on Hopper), one warpgroup of 64 rows
+#: when the launch's longest query run times the heads a KV head is at most 64 (``use_one_mma_wg``).
+PREFILL_TILES = {
+    (192, 128, 2, False, False): (128, 128), (192, 128, 2, True, False): (128, 128),
+    (192, 128, 1, False, False): (128, 96), (192, 128, 1, True, False): (128, 96),
+    (128, 128, 2, False, False): (128, 176), (128, 128, 2, True, False): (128, 128),
+    (128, 128, 2, False, True): (64, 176), (128, 128, 2, True, True): (64, 128),
+    (128, 128, 1, False, False): (128, 192), (128, 128, 1, True, False): (128, 192),
+    (128, 128, 1, False, True): (64, 96), (128, 128, 1, True, True): (64, 96),
+}
 #: FP8 without the two-level accumulation (tile_size.h:85-86 under FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION;
 #: sgl-flash-attn cb303cf tile_size.h:64-65, which never had it): (d, dv) -> (kBlockM, kBlockN)
 ONE_LEVEL_FP8_TILES = {(192, 128): (128, 160)}
 #: the builds the model follows: vLLM's fork (its wheel's ``_vllm_fa3_C``) and SGLang's (sgl-flash-attn, compiled
 #: into ``sglang-kernel``); they differ in FP8 only: the fork accumulates FP8 ``P V`` in two levels
-BUILDS = ("vllm", "sglang")
+PREFILL_BUILDS = ("vllm", "sglang")
 _FORMATS = ("bf16", "fp16", "e4m3")
 #: FP8's softmax: ``P = exp2(S c - (M c - 8))``, in [0, 256] (softmax.h:64-79, ``Max_offset`` 8)
 FP8_MAX_OFFSET = 8
@@ -68,9 +77,11 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
     """What ``mha_fwd`` decides for a varlen launch (flash_api.cpp:1053-1070): the split bound (the caller's
     `num_splits`, or ``get_num_splits`` as if the batch were its longest request: ``1 * h_k * cdiv(max_seqlen_q *
     h / h_k, kBlockM)`` m-blocks, a KV head's bytes at `element_size`, 1 for E4M3), each request's split count (the
-    prepare kernel) and pack-GQA (on when split, or when the heads are grouped). build: whose tiles (FP8's differ)."""
-    block_m, block_n = prefill_tile(d, dv, element_size, build)
+    prepare kernel) and pack-GQA (on when split, or when the heads are grouped, or in vLLM's build when d = dv).
+    build: whose tiles (FP8's differ)."""
     qpk = heads // heads_k
+    one_wg = use_one_mma_wg(d, max_seqlen_q, qpk)
+    block_m, block_n = prefill_tile(d, dv, element_size, build, causal=causal, one_wg=one_wg)
     b = len(qlens)
     if num_splits > 0:
         bound = num_splits
@@ -80,18 +91,25 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
                                      max_seqlen_k * (d + dv) * element_size, causal)
     if b > MAX_SPLIT_BATCH:
         bound = 1
-    pack = bound > 1 or qpk > 1  # get_pack_gqa: varlen with grouped heads packs; a split always does
+    # get_pack_gqa: varlen with grouped heads packs; a split always does; vLLM's PACKGQA_ONLY when d = dv
+    pack = bound > 1 or qpk > 1 or (build == "vllm" and d == dv)
     rows = qpk if pack else 1
     splits = varlen_splits([-(-(n * rows) // block_m) for n in qlens], [-(-n // block_n) for n in klens],
                            num_head=heads_k if pack else heads, bound=bound, num_sms=num_sms)
     return bound, splits, pack
 
 
-def prefill_tile(d: int, dv: int, element_size: int, build: str = "vllm") -> tuple[int, int]:
+def use_one_mma_wg(d: int, max_seqlen_q: int, qpk: int) -> bool:
+    """heuristics.h:10-14: one MMA warpgroup for head dims 64 and 128 when ``seqlen_q * h / h_k <= 64``."""
+    return d in (64, 128) and max_seqlen_q * qpk <= 64
+
+
+def prefill_tile(d: int, dv: int, element_size: int, build: str = "vllm", *, causal: bool = False,
+                 one_wg: bool = False) -> tuple[int, int]:
     """``tile_size_fwd_sm90``'s (kBlockM, kBlockN) for a build: the one-level FP8 tile in SGLang's."""
     if element_size == 1 and build == "sglang":
         return ONE_LEVEL_FP8_TILES[(d, dv)]
-    return PREFILL_TILES[(d, dv, element_size)]
+    return PREFILL_TILES[(d, dv, element_size, bool(causal), bool(one_wg))]
 
 
 @quiet_fp
@@ -144,8 +162,7 @@ def fa3_prefill(
         raise TypeError(f"causal: expected True or False, got {causal!r}")
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
                   varlen_q=True, softcap=0.0, window_size=(-1, -1))
-    if build not in BUILDS:
-        raise ValueError(f"build: expected one of {', '.join(BUILDS)}, got {build!r}")
+    _check_build(build, d, dv)
     fmt = get_format(qa.dtype).name
     fp8 = fmt == "e4m3"
     if fp8:
@@ -165,27 +182,36 @@ def fa3_prefill(
                                            num_splits=num_splits, causal=bool(causal) and mq > 1, max_seqlen_q=mq,
                                            max_seqlen_k=mk, num_sms=num_sms, element_size=size, build=build)
     if splits is not None:
-        counts = [check_int(n, "splits", lo=1, hi=256) for n in np.asarray(splits).ravel().tolist()]
-        if len(counts) != len(qlens):
-            raise ValueError(f"splits: one split count a request ({len(qlens)}), got {len(counts)}")
+        counts = _check_splits(splits, len(qlens))
         pack = pack or max(counts) > 1
     if not no_k:
-        Q, K, V = mc.cast(qa, fmt), mc.cast(ka, fmt), mc.cast(va, fmt)
-        block_m, block_n = prefill_tile(d, dv, size, build)
-        for i, (nq, nk) in enumerate(zip(qlens, klens)):
-            if nq == 0:
-                continue
-            rows = slice(int(cq[i]), int(cq[i + 1]))
-            ru = u if not fp8 else _Fp8Units(u, *(None if x is None else x[i] for x in descales),
-                                             two_level=build == "vllm")
-            o, l = _request(ru, Q[rows], K[ck[i]:ck[i + 1]], V[ck[i]:ck[i + 1]], causal=bool(causal),
-                            splits=counts[i], block_m=block_m, block_n=block_n)
-            out[rows], lse[:, rows] = o, l
+        tile = prefill_tile(d, dv, size, build, causal=bool(causal) and mq > 1, one_wg=use_one_mma_wg(d, mq, H // Hk))
+        _requests(u, (qa, ka, va), cq, ck, out, lse, causal=bool(causal), counts=counts, tile=tile,
+                  descales=descales if fp8 else None, two_level=build == "vllm")
     hazards = Counter()
     if np.isnan(out).any():
         hazards["nan_outputs"] += int(np.isnan(out).sum())
     tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
     return AttentionResult(mc.cast(out, out_fmt), lse, tr, hazards)
+
+
+def _requests(u: _Units, qkv: tuple[np.ndarray, np.ndarray, np.ndarray], cq: np.ndarray, ck: np.ndarray,
+              out: np.ndarray, lse: np.ndarray, *, causal: bool, counts: list[int], tile: tuple[int, int],
+              descales: list | None, two_level: bool) -> None:
+    """Each request of the launch into `out` (T, h, dv) and `lse` (h, T); `descales` (a list, entries None or
+    (batch, h_k)) for FP8, None for 16-bit inputs."""
+    mc, fmt = u.mc, u.fmt
+    Q, K, V = (mc.cast(x, fmt) for x in qkv)
+    d = Q.shape[2]
+    for i in range(len(cq) - 1):
+        if cq[i + 1] == cq[i]:
+            continue
+        rows, keys = slice(int(cq[i]), int(cq[i + 1])), slice(int(ck[i]), int(ck[i + 1]))
+        ru = u if descales is None else _Fp8Units(u, *(None if x is None else x[i] for x in descales),
+                                                  two_level=two_level)
+        out[rows], lse[:, rows] = _request(ru, Q[rows], K[keys], V[keys], causal=causal, splits=counts[i],
+                                           block_m=tile[0], block_n=tile[1],
+                                           rescale_before=descales is None and d > 128)
 
 
 class _Fp8Units(_Units):
@@ -208,11 +234,12 @@ class _Fp8Units(_Units):
 
 
 def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: bool, splits: int, block_m: int,
-             block_n: int) -> tuple[np.ndarray, np.ndarray]:
+             block_n: int, rescale_before: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """One request: Q (n_q, h, d), K (n_k, h_k, d), V (n_k, h_k, dv) -> out (n_q, h, dv), lse (h, n_q). The kernel's
     unit of work is a KV head's rows (position, query head of its group), packed as a varlen launch packs grouped
     heads; with one query head a KV head (the MHA form) these are the head's positions, as the unpacked kernel
-    lays them out."""
+    lays them out. rescale_before: ``RescaleOBeforeGemm`` (16-bit inputs of head dim over 128), else O rescaled after
+    each product."""
     nq, H, d = Q.shape
     nk, Hk, dv = V.shape
     qpk = H // Hk
@@ -224,7 +251,7 @@ def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: 
     O = np.zeros((Hk, R, dv), u.dt)
     L = np.full((Hk, R), -np.inf, u.dt)
     n_blocks = -(-nk // block_n)
-    split = _split_fp8 if isinstance(u, _Fp8Units) else _split
+    split = _split if rescale_before else _split_after
     for m in range(-(-R // block_m)):
         r = slice(m * block_m, min(R, (m + 1) * block_m))
         end = n_blocks
@@ -289,17 +316,19 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: 
     return _finish(u, O, M, quad_total(mc, part))
 
 
-def _split_fp8(u: _Fp8Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int,
-               limit: np.ndarray, block_n: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_split` for E4M3 inputs (vLLM's fork): no ``RescaleOBeforeGemm``, ``P`` offset by 8 and rounded to
-    E4M3 (satfinite), and each block's ``P V`` a zero-initialised product added to O in FP32 (the two-level
-    accumulation, utils.h:238-325): ``O = fl(fl(O + P V) s')`` with the next block's ``s'``, the last block's
-    product added before the end."""
+def _split_after(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int,
+                 limit: np.ndarray, block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_split` without ``RescaleOBeforeGemm`` (head dims up to 128, and every FP8 call): each block's ``P V``
+    goes onto O before the next block's softmax, which then rescales O: ``O = fl(acc(O, P V) s')``, the last block's
+    product added before the end. For FP8 (:class:`_Fp8Units`) ``P`` is offset by 8 and rounded to E4M3
+    (satfinite), and in vLLM's fork each product is a product of its own added to O in FP32 (the two-level
+    accumulation, utils.h:238-325); otherwise O is the products' accumulator."""
     mc, dt = u.mc, u.dt
     U, R, _ = Q.shape
     dv = V.shape[-1]
     if hi <= lo:
         return np.zeros((U, R, dv), dt), np.full((U, R), -np.inf, dt)
+    fp8 = isinstance(u, _Fp8Units)
     Ss, Vs = _scores(u, Q, K, V, nk, lo, hi, block_n)
     O = np.zeros((U, R, dv), dt)
     M = np.full((U, R), -np.inf, dt)
@@ -308,20 +337,23 @@ def _split_fp8(u: _Fp8Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: in
         S = _masked(u, Ss, nk, lo, blk, limit, block_n)
         if step:
             O = _accumulate(u, O, Pq, Vprev)
-        M, s, P = _softmax_step(u, S, M, first=step == 0, offset=FP8_MAX_OFFSET)
+        M, s, P = _softmax_step(u, S, M, first=step == 0, offset=FP8_MAX_OFFSET if fp8 else 0)
         part = lane_sums(mc, None if step == 0 else part, s, P)
-        Pq = mc.operand(mc.cast(P, "e4m3", overflow="satfinite"))
+        Pq = mc.operand(mc.cast(P, "e4m3", overflow="satfinite") if fp8 else mc.cast(P, u.fmt))
         Vprev = mc.operand(Vs[:, (blk - lo) * block_n:(blk - lo + 1) * block_n])
         if step:
             O = mc.f(O * s[..., None])
     O = _accumulate(u, O, Pq, Vprev)
+    if not fp8:
+        return _finish(u, O, M, quad_total(mc, part))
     return _finish(u, O, M, quad_total(mc, part), sum_scale=2.0 ** -FP8_MAX_OFFSET, final=u.final)
 
 
-def _accumulate(u: _Fp8Units, O: np.ndarray, P: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """``flash::gemm<zero_init=false>`` of an FP8 ``P V`` onto O (utils.h:235-325): with the two-level accumulation,
-    a product from a cleared accumulator added to O in FP32; without it, O itself the product's accumulator."""
-    if u.two_level:
+def _accumulate(u: _Units, O: np.ndarray, P: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """``flash::gemm<zero_init=false>`` of ``P V`` onto O (utils.h:235-325): for FP8 with the two-level
+    accumulation, a product from a cleared accumulator added to O in FP32; otherwise O itself the product's
+    accumulator."""
+    if isinstance(u, _Fp8Units) and u.two_level:
         return u.mc.f(O + u.mc.matmul(P, V))
     return u.mc.matmul(P, V, O)
 
@@ -355,6 +387,23 @@ def _finish(u: _Units, O: np.ndarray, M: np.ndarray, Lsum: np.ndarray, *, sum_sc
         inv = mc.f(inv * final)
     lse = np.where(empty, -np.inf, _split_lse(u, M, mc.f(Lsum * dt.type(sum_scale)))).astype(dt)
     return mc.f(O * inv[..., None]), lse
+
+
+def _check_build(build: str, d: int, dv: int) -> None:
+    """A build the model follows, at head dims it covers there."""
+    if build not in PREFILL_BUILDS:
+        raise ValueError(f"build: expected one of {', '.join(PREFILL_BUILDS)}, got {build!r}")
+    if build == "sglang" and (d, dv) not in ONE_LEVEL_FP8_TILES:
+        raise ValueError(f"build: SGLang's build at head dims {(d, dv)} is not modelled (it computes them); "
+                         f"the model covers {', '.join(map(str, ONE_LEVEL_FP8_TILES))} there")
+
+
+def _check_splits(splits: npt.ArrayLike, batch: int) -> list[int]:
+    """A what-if split count a request."""
+    counts = [check_int(n, "splits", lo=1, hi=256) for n in np.asarray(splits).ravel().tolist()]
+    if len(counts) != batch:
+        raise ValueError(f"splits: one split count a request ({batch}), got {len(counts)}")
+    return counts
 
 
 def _check_descale(x: npt.ArrayLike | None, name: str, shape: tuple[int, int]) -> np.ndarray | None:
