@@ -344,3 +344,36 @@ def test_the_builds_agree_on_bf16():
                        scale=c["scale"], num_splits=1, launch_heads=c["heads"], build=b).out.view(np.uint16)
            for b in ("vllm", "sglang")]
     assert np.array_equal(got[0], got[1]) and np.array_equal(got[0], arrays["c3_out"])
+
+
+# --- head dim 128 (Llama- and Qwen-class models) ----------------------------------------------------------
+
+HD128 = DATA / "fa3_prefill_hd128_h200.npz"
+
+
+def test_head_dim_128_is_predicted_in_every_bit(fastest_engine):
+    """The same library at q, k and v 128 wide: grouped heads (32 over 8), the 64-row tile of one MMA warpgroup
+    (causal and not), FP16, FP8 with and without one warpgroup, splits from the heuristic and ``num_splits`` 1."""
+    meta, _ = _load(HD128)
+    cases = meta["cases"]
+    assert {c["head_dim"] for c in cases} == {128} and {c["format"] for c in cases} == {"bf16", "fp16", "e4m3"}
+    assert any(c["heads_k"] < c["heads"] for c in cases) and all(c["repeat_identical"] for c in cases)
+    assert sum(prefill.use_one_mma_wg(128, max(c["qlens"]), c["heads"] // c["heads_k"]) for c in cases) == 3
+    report = replay(HD128)
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+
+
+@pytest.mark.parametrize(("case", "key", "tile"), [
+    (6, (128, 128, 2, False, False), (128, 176)),  # the one-warpgroup tile's key blocks on a two-warpgroup launch
+    (2, (128, 128, 2, False, True), (64, 160)),  # and the other way
+], ids=["two-warpgroups-176", "one-warpgroup-160"])
+def test_head_dim_128s_tiles_matter(case, key, tile, monkeypatch):
+    meta, arrays = _load(HD128)
+    c = meta["cases"][case]
+    monkeypatch.setattr(prefill, "PREFILL_TILES", {**prefill.PREFILL_TILES, key: tile})
+    keep = c["keep_heads"]
+    q, k, v = prefill_inputs(c)
+    res = fa3_prefill(q[:, :keep], k[:, :keep], v[:, :keep], cu_seqlens(c["qlens"]), cu_seqlens(c["seqlens"]),
+                      scale=c["scale"], causal=c["causal"], num_splits=c["num_splits"], launch_heads=c["heads"])
+    assert np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]) < 1

@@ -1,6 +1,7 @@
 """The LSE merges of chunked prefill, vLLM's ``merge_attn_states`` and SGLang's ``merge_state_v2``, against an H200's
 bits (``scripts/capture_merges.py``, ``tests/data/merges_h200.npz``): one merge and each engine's chain, every output
-and LSE bit, the rows both kernels treat apart included; and each modelled choice shown to matter."""
+and LSE bit, the rows both kernels treat apart included; each modelled choice shown to matter; and both engines'
+Triton fallbacks (``--triton``, ``tests/data/merges_triton_h200.npz``)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 
 from amla_sim import compare
-from amla_sim.algorithms.deployed.merge import (sglang_merge_state_v2, sglang_new_then_chunks, vllm_context_then_new,
-                                                vllm_merge_attn_states)
-from amla_sim.crosscheck.merge import MERGE_CASES, merge_inputs
+from amla_sim.algorithms.deployed.merge import (sglang_merge_state_triton, sglang_merge_state_v2, sglang_new_then_chunks,
+                                                vllm_context_then_new, vllm_merge_attn_states,
+                                                vllm_merge_attn_states_triton)
+from amla_sim.crosscheck.merge import MERGE_CASES, TRITON_MERGE_CASES, merge_inputs
 
 DATA = Path(__file__).parent / "data" / "merges_h200.npz"
 
@@ -114,3 +116,56 @@ def test_outputs_that_are_not_floats_are_refused_by_name(bad):
     lse = np.zeros((4, 2), np.float32)
     with pytest.raises(ValueError, match="^prefix_output: expected BF16, FP16 or FP32"):
         sglang_merge_state_v2(bad, lse, bad, lse)
+
+
+# --- the Triton fallbacks ----------------------------------------------------------------------------------
+
+TRITON = Path(__file__).parent / "data" / "merges_triton_h200.npz"
+
+
+@pytest.fixture(scope="module")
+def triton_capture():
+    with np.load(TRITON) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    assert meta["cases"] == [list(c) for c in TRITON_MERGE_CASES] and meta["repeat_identical"] is True
+    return arrays
+
+
+def _run_triton(i: int, machine: str = "sm90-triton") -> dict[str, np.ndarray]:
+    outs, lses = merge_inputs(*TRITON_MERGE_CASES[i])
+    vo, vl = vllm_merge_attn_states_triton(outs[0], lses[0].T.copy(), outs[1], lses[1].T.copy(), machine=machine)
+    so, sl = sglang_merge_state_triton(outs[0], lses[0], outs[1], lses[1], machine=machine)
+    return {"vllm_triton_out": vo, "vllm_triton_lse": vl, "sglang_triton_out": so, "sglang_triton_lse": sl}
+
+
+@pytest.mark.parametrize("case", range(len(TRITON_MERGE_CASES)))
+def test_every_triton_merge_bit_is_the_devices(triton_capture, case):
+    """vLLM's ``triton_merge_attn_states.py`` and SGLang's ``merge_state_triton``, run from their files on an H200:
+    every bit (NaN against NaN whatever the payload), head sizes 128, 512 and 100 (which only the fallbacks take)."""
+    for name, a in _run_triton(case).items():
+        dev = triton_capture[f"c{case}_{name}"]
+        report = compare({name: dev}, {name: a})
+        assert report.bit_exact and report[name].nan_mismatch == 0, (case, name, report.format())
+        number = ~np.isnan(a.astype(np.float32))
+        assert np.array_equal(_bits(a)[number], dev[number]), (case, name)
+
+
+@pytest.mark.parametrize("machine", ["sm90-cuda", "sm90-cuda-precise"])
+def test_the_triton_lowering_matters(triton_capture, machine):
+    """``tl.log`` as libdevice's ``logf`` then the add, and ``tl.exp`` as ``ex2.approx``: either CUDA build's
+    arithmetic gives other LSE bits."""
+    differ = sum(int((_bits(_run_triton(c, machine)["vllm_triton_lse"]) != triton_capture[f"c{c}_vllm_triton_lse"])
+                     .sum()) for c in range(len(TRITON_MERGE_CASES)))
+    assert differ > 0
+
+
+def test_vllms_triton_fallback_zeroes_a_row_of_no_key(triton_capture):
+    """Where both LSEs are infinite (tokens 3, 11, ...), vLLM's Triton fallback writes out 0 where its CUDA kernel
+    copies the prefix's output: on the device and in the models."""
+    outs, lses = merge_inputs(*TRITON_MERGE_CASES[0])
+    rows = np.arange(outs[0].shape[0]) % 8 == 3
+    dev = triton_capture["c0_vllm_triton_out"][rows]
+    assert not dev.any() and outs[0][rows].astype(np.float32).any()
+    cuda, _ = vllm_merge_attn_states(outs[0], lses[0].T.copy(), outs[1], lses[1].T.copy())
+    assert np.array_equal(_bits(cuda)[rows], _bits(outs[0])[rows])

@@ -1,23 +1,28 @@
 """FlashAttention-3's standard forward as the MLA prefill calls it (the "MHA form": q = k = [k_nope, k_pe], 192
-wide, v 128 wide, one head of K and V per query head), written against a machine.
+wide, v 128 wide, one head of K and V per query head), and at head dim 128 (every Llama- or Qwen-class model on
+Hopper), written against a machine.
 
 vLLM 0.33 runs every MLA prefill chunk of more than 512 new tokens through it (one causal call over the new
 tokens, one non-causal call returning the LSE per context chunk); SGLang 0.5.23 its MHA-path extends.
 
-Upstream: vllm-project/flash-attention 617264c, ``hopper/``: ``tile_size.h:47-48`` (a 128 x 128 tile for head dims
-192 / 128, the P V product from registers, intra-warpgroup overlap), ``mainloop_fwd_sm90_tma_gmma_ws.hpp:1212-1316``
-(``IntraWGOverlap`` with ``RescaleOBeforeGemm``, as ``kHeadDim > 128``), ``softmax.h``, ``epilogue_fwd.hpp``,
-``flash_fwd_combine_kernel.h``; the split choice is :func:`.scheduler.varlen_splits`. The arithmetic is the MLA
-decode's (:mod:`amla_sim.algorithms.deployed.fa3.mla`), on other tiles and in another order of issue:
+Upstream: vllm-project/flash-attention 617264c, ``hopper/``: ``tile_size.h`` (:data:`PREFILL_TILES`; the P V
+product from registers, intra-warpgroup overlap), ``mainloop_fwd_sm90_tma_gmma_ws.hpp:1212-1341``, ``softmax.h``,
+``utils.h:235-325`` (``flash::gemm``), ``epilogue_fwd.hpp``, ``flash_fwd_combine_kernel.h``; the split choice is
+:func:`.scheduler.varlen_splits`. SGLang's build (sgl-flash-attn cb303cf) differs in FP8 only. The arithmetic is
+the MLA decode's (:mod:`amla_sim.algorithms.deployed.fa3.mla`), on other tiles and in another order of issue:
 
-- An m-block holds 128 query positions of one head (with pack-GQA, as a split launch forces, 128 rows of
-  (position, query head of the group)). Its key blocks of 128 are walked from the last it sees (bottom-right
-  causal: query s of a request of n_q queries and n_k keys sees keys up to ``n_k - n_q + s``) down to the first.
-- ``S = Q K^T`` over the 192 columns, zero-initialised; masked keys -inf; the max, ``s`` and ``P = exp2(fma(S, c,
-  -fl(M' c)))`` and the four lanes' row sums as in the decode, each lane summing its 32 columns.
-- The block's ``P V`` waits for the next block's scores: before it, O is rescaled by the block's own ``s``, so
-  the accumulator sees ``O = fl(O s) + P V`` as in the decode, the first block's product onto a cleared O (``+0``,
-  not a zero-initialised product).
+- An m-block holds 128 query positions of one head (64 with one MMA warpgroup; with pack-GQA, rows of (position,
+  query head of the group)). Its key blocks are walked from the last it sees (bottom-right causal: query s of a
+  request of n_q queries and n_k keys sees keys up to ``n_k - n_q + s``) down to the first.
+- ``S = Q K^T`` zero-initialised; masked keys -inf; the max, ``s`` and ``P = exp2(fma(S, c, -fl(M' c)))`` and the
+  four lanes' row sums as in the decode.
+- The block's ``P V`` waits for the next block's scores and goes onto O (the first onto a cleared O, ``+0``), then
+  O is rescaled by the next block's ``s``: ``O = fl(acc(O, P V) s')``. (Head dims over 128 issue the rescale
+  before the product, ``RescaleOBeforeGemm``: the same roundings in the same order.)
+- FP8 E4M3: ``P = exp2(fma(S, c, -fma(M', c, -8)))``, in [0, 256], rounded to E4M3 (satfinite); the LSE from the
+  sum times 2^-8; out in BF16; descales folded into ``c`` and the final scale. vLLM's fork adds each block's P V,
+  a product of its own from a cleared accumulator, to O in FP32 (the two-level accumulation); SGLang's build
+  accumulates in O on the tensor cores, on other tiles (:data:`ONE_LEVEL_FP8_TILES`).
 - The end, the split partials and the combine as the decode's. A k of no row makes ``mha_fwd`` launch nothing and
   write out 0 and LSE +inf for the whole call (``flash_api.cpp:1281-1309``); a request of no key (or a row that
   sees none) gets out 0 and LSE -inf.
@@ -49,7 +54,7 @@ __all__ = ["fa3_prefill", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "PREFILL_BUILD
 PREFILL_TILES = {
     (192, 128, 2, False, False): (128, 128), (192, 128, 2, True, False): (128, 128),
     (192, 128, 1, False, False): (128, 96), (192, 128, 1, True, False): (128, 96),
-    (128, 128, 2, False, False): (128, 176), (128, 128, 2, True, False): (128, 128),
+    (128, 128, 2, False, False): (128, 160), (128, 128, 2, True, False): (128, 128),
     (128, 128, 2, False, True): (64, 176), (128, 128, 2, True, True): (64, 128),
     (128, 128, 1, False, False): (128, 192), (128, 128, 1, True, False): (128, 192),
     (128, 128, 1, False, True): (64, 96), (128, 128, 1, True, True): (64, 96),
@@ -202,7 +207,6 @@ def _requests(u: _Units, qkv: tuple[np.ndarray, np.ndarray, np.ndarray], cq: np.
     (batch, h_k)) for FP8, None for 16-bit inputs."""
     mc, fmt = u.mc, u.fmt
     Q, K, V = (mc.cast(x, fmt) for x in qkv)
-    d = Q.shape[2]
     for i in range(len(cq) - 1):
         if cq[i + 1] == cq[i]:
             continue
@@ -210,8 +214,7 @@ def _requests(u: _Units, qkv: tuple[np.ndarray, np.ndarray, np.ndarray], cq: np.
         ru = u if descales is None else _Fp8Units(u, *(None if x is None else x[i] for x in descales),
                                                   two_level=two_level)
         out[rows], lse[:, rows] = _request(ru, Q[rows], K[keys], V[keys], causal=causal, splits=counts[i],
-                                           block_m=tile[0], block_n=tile[1],
-                                           rescale_before=descales is None and d > 128)
+                                           block_m=tile[0], block_n=tile[1])
 
 
 class _Fp8Units(_Units):
@@ -234,12 +237,11 @@ class _Fp8Units(_Units):
 
 
 def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: bool, splits: int, block_m: int,
-             block_n: int, rescale_before: bool = True) -> tuple[np.ndarray, np.ndarray]:
+             block_n: int) -> tuple[np.ndarray, np.ndarray]:
     """One request: Q (n_q, h, d), K (n_k, h_k, d), V (n_k, h_k, dv) -> out (n_q, h, dv), lse (h, n_q). The kernel's
     unit of work is a KV head's rows (position, query head of its group), packed as a varlen launch packs grouped
     heads; with one query head a KV head (the MHA form) these are the head's positions, as the unpacked kernel
-    lays them out. rescale_before: ``RescaleOBeforeGemm`` (16-bit inputs of head dim over 128), else O rescaled after
-    each product."""
+    lays them out."""
     nq, H, d = Q.shape
     nk, Hk, dv = V.shape
     qpk = H // Hk
@@ -251,14 +253,13 @@ def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: 
     O = np.zeros((Hk, R, dv), u.dt)
     L = np.full((Hk, R), -np.inf, u.dt)
     n_blocks = -(-nk // block_n)
-    split = _split if rescale_before else _split_after
     for m in range(-(-R // block_m)):
         r = slice(m * block_m, min(R, (m + 1) * block_m))
         end = n_blocks
         if causal:  # block.h:35-49: the window of the m-block's last row, counted past the request's end
             m_idx_max = ((m + 1) * block_m - 1) // qpk + 1
             end = min(end, max(0, -(-(m_idx_max + nk - nq) // block_n)))
-        res = [split(u, Qu[:, r], Ku, Vu, nk, lo, hi, limit[r], block_n) for lo, hi in split_blocks(end, splits)]
+        res = [_split(u, Qu[:, r], Ku, Vu, nk, lo, hi, limit[r], block_n) for lo, hi in split_blocks(end, splits)]
         if len(res) == 1:
             O[:, r], L[:, r] = res[0]
         else:
@@ -294,33 +295,10 @@ def _masked(u: _Units, Ss: np.ndarray, nk: int, lo: int, blk: int, limit: np.nda
 def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int, limit: np.ndarray,
            block_n: int) -> tuple[np.ndarray, np.ndarray]:
     """One split of an m-block, Q (U, R, d), over key blocks [lo, hi), walked from hi - 1 down with intra-warpgroup
-    overlap and ``RescaleOBeforeGemm`` (16-bit inputs): (O normalised (U, R, dv), lse (U, R))."""
-    mc, dt = u.mc, u.dt
-    U, R, _ = Q.shape
-    dv = V.shape[-1]
-    if hi <= lo:  # no block: store_zero
-        return np.zeros((U, R, dv), dt), np.full((U, R), -np.inf, dt)
-    Ss, Vs = _scores(u, Q, K, V, nk, lo, hi, block_n)
-    O = np.zeros((U, R, dv), dt)  # clear(tOrO): the first P V accumulates onto +0
-    M = np.full((U, R), -np.inf, dt)
-    part = s = Pq = Vprev = None
-    for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
-        S = _masked(u, Ss, nk, lo, blk, limit, block_n)
-        if step:  # the previous block's P V, onto O rescaled by that block's s (RescaleOBeforeGemm)
-            O = mc.matmul(Pq, Vprev, mc.f(O * s[..., None]))
-        M, s, P = _softmax_step(u, S, M, first=step == 0, offset=0)
-        part = lane_sums(mc, None if step == 0 else part, s, P)
-        Pq = mc.operand(mc.cast(P, u.fmt))
-        Vprev = mc.operand(Vs[:, (blk - lo) * block_n:(blk - lo + 1) * block_n])
-    O = mc.matmul(Pq, Vprev, mc.f(O * s[..., None]))
-    return _finish(u, O, M, quad_total(mc, part))
-
-
-def _split_after(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int,
-                 limit: np.ndarray, block_n: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_split` without ``RescaleOBeforeGemm`` (head dims up to 128, and every FP8 call): each block's ``P V``
-    goes onto O before the next block's softmax, which then rescales O: ``O = fl(acc(O, P V) s')``, the last block's
-    product added before the end. For FP8 (:class:`_Fp8Units`) ``P`` is offset by 8 and rounded to E4M3
+    overlap: (O normalised (U, R, dv), lse (U, R)). Each block's ``P V`` goes onto O before the next block's
+    softmax, which then rescales O: ``O = fl(acc(O, P V) s')``, the last block's product added before the end.
+    (``RescaleOBeforeGemm``, on for 16-bit inputs of head dims over 128, issues the rescale before the product
+    instead, ``acc(fl(O s'), P' V')``: the same roundings in the same order.) For FP8 (:class:`_Fp8Units`) ``P`` is offset by 8 and rounded to E4M3
     (satfinite), and in vLLM's fork each product is a product of its own added to O in FP32 (the two-level
     accumulation, utils.h:238-325); otherwise O is the products' accumulator."""
     mc, dt = u.mc, u.dt
