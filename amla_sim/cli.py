@@ -788,7 +788,8 @@ def _add_invariance(sub: argparse._SubParsersAction) -> None:
                         "prefill take no split size, so 'one' only)")
     p.add_argument("--tokens", type=_int_at_least(1), help="flashmla-sparse-fp8: the tokens of the request's cache "
                                                            "its topk are chosen from (default 4 x --length)")
-    p.add_argument("--format", choices=["bf16", "fp16"], help="flashmla-etap, fa3-mla: the inputs' format")
+    p.add_argument("--format", choices=["bf16", "fp16", "e4m3"],
+                   help="flashmla-etap, fa3-mla (bf16, fp16), fa3-prefill (bf16, e4m3): the inputs' format")
     p.add_argument("--max-context-len", type=_int_at_least(1),
                    help="sglang-triton: the model's context length, which sets max_kv_splits (default 163840)")
     p.add_argument("--replay", help="the device check's capture (tests/data/invariance_h200.npz; "

@@ -377,3 +377,33 @@ def test_head_dim_128s_tiles_matter(case, key, tile, monkeypatch):
     res = fa3_prefill(q[:, :keep], k[:, :keep], v[:, :keep], cu_seqlens(c["qlens"]), cu_seqlens(c["seqlens"]),
                       scale=c["scale"], causal=c["causal"], num_splits=c["num_splits"], launch_heads=c["heads"])
     assert np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]) < 1
+
+
+def test_the_invariance_study_gives_the_devices_launches(fastest_engine):
+    """``amla-sim invariance --kernel fa3-prefill``: its request (seed 305, 128 queries over 1,500 keys, 16 heads) is
+    cases 4 and 5 of the capture; alone it is cut in six splits, beside a request of 3,000 keys in three, and the
+    study's bits of its last query are the device's in both launches."""
+    from amla_sim.invariance import Launch, get_batch_kernel, invariance
+
+    k = get_batch_kernel("fa3-prefill")
+    req = k.request(dist="normal:1", seed=305, length=1500, heads=16, s_q=128)
+    meta, arrays = _load(CAPTURE)
+    launches = [Launch("alone", (1500,), s_q=128), Launch("beside 3000 keys", (1500, 3000), s_q=128)]
+    for case, launch, splits in ((4, launches[0], 6), (5, launches[1], 3)):
+        plan = k.plans(req, launch)[0]
+        assert len(plan) == splits
+        got = k.run(req, launch, plan)
+        assert np.array_equal(got["out"][:2].view(np.uint16), arrays[f"c{case}_out"][127])
+        assert np.array_equal(got["lse"][:2].astype(np.float32).view(np.uint32), arrays[f"c{case}_lse"][:, 127])
+    whole = fa3_prefill(**k.batch(req, launches[1]), trace=True)  # the launch as a device runs it, batchmate drawn
+    assert whole.trace["splits"][0] == 3 and np.array_equal(whole.out[127, :2].view(np.uint16), arrays["c5_out"][127])
+    report = invariance("fa3-prefill", length=1500, heads=16, dist="normal:1", seed=305, launches=[
+        Launch("alone", (1500,), s_q=128), Launch("beside 3000 keys", (1500, 3000), s_q=128)])
+    assert not report.invariant and "3 splits" in report.format()
+
+
+def test_the_study_refuses_a_decodes_request():
+    from amla_sim.invariance import kernel_diff
+
+    with pytest.raises(ValueError, match="kernel: fa3-prefill's request is per-head q, k and v"):
+        kernel_diff("fa3-mla", "fa3-prefill", length=256, heads=16)
