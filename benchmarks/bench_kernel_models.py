@@ -22,6 +22,13 @@ token a request, topk 2048, each token's list a seeded draw of 2048 of its reque
 order, -1 past them. ``small``: 2 tokens, 64 heads (the sparse prefill's least), contexts 1 and 2049 (1 and 2048
 valid entries); ``large``: 4 tokens x 128 heads, contexts 4096. Their yardstick is the products over the keys the
 lists select (2048 a token).
+
+FA3's MHA-form MLA prefill (q/k 192, v 128, vLLM's calls): ``fa3_prefill``, the new tokens' causal call, and
+``fa3_prefill_chunk``, a context chunk's call, BF16; ``fa3_prefill_fp8`` the causal call in E4M3 (the two-level
+accumulation). ``small``: 16 heads (DeepSeek on TP8), new tokens 257 and 700 / 300 queries over 2,000 keys;
+``large``: 128 heads x 1,000 new tokens (TP1) / 16 heads, 512 queries over 8,192 keys. Their yardstick is Q K^T and
+P V of every request and head over all its keys (a causal call's blocks above the diagonal included: the model
+skips them, the yardstick does not).
 """
 
 from __future__ import annotations
@@ -39,7 +46,9 @@ from amla_sim.algorithms import (amla, base, fa3_mla, fa3_mla_sparse, flashinfer
                                  flashmla_etap,
                                  flashmla_sparse_fp8, flashmla_sparse_prefill, quantize_cache_fp8, quantize_query_fp8,
                                  splitkv_decode, vllm_triton_mla)
+from amla_sim.algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill
 from amla_sim.algorithms.deployed.flashmla.fp8_cache import pages, quantize_kv_cache
+from amla_sim.crosscheck.fa3_prefill import draw_heads
 from amla_sim.engine import ENGINES, numba_available, use_engine
 from amla_sim.experiments.inputs import make_inputs
 
@@ -87,6 +96,42 @@ def _v32(model: str, q, kv, lens, seed: int = 0):
     return fn, (q, keys, valid)
 
 
+PREFILL_MODELS = ("fa3_prefill", "fa3_prefill_chunk", "fa3_prefill_fp8")
+
+
+def _prefill(model: str, size: str):
+    """FA3's prefill calls: (the call, (q, k, v, qlens, klens) for the yardstick)."""
+    import ml_dtypes
+
+    if model == "fa3_prefill_chunk":
+        h, ql, kl, causal = (16, [300], [2000], False) if size == "small" else (16, [512], [8192], False)
+    else:
+        h, ql, kl, causal = (16, [257, 700], [257, 700], True) if size == "small" else (128, [1000], [1000], True)
+    q, k, v = (draw_heads("normal:1", sum(n), h, w, s) for n, w, s in ((ql, 192, 1), (kl, 192, 2), (kl, 128, 3)))
+    if model == "fa3_prefill_fp8":
+        q, k, v = (x.astype(ml_dtypes.float8_e4m3fn) for x in (q, k, v))
+    fn = lambda: fa3_prefill(q, k, v, cu_seqlens(ql), cu_seqlens(kl), causal=causal)  # noqa: E731
+    return fn, (q, k, v, ql, kl)
+
+
+def prefill_yardstick(q, k, v, qlens, klens, repeat: int, clock: str = "wall") -> float:
+    """Median seconds of Q K^T and P V in float32 BLAS for every request and head of a prefill call."""
+    mats, cq, ck = [], cu_seqlens(qlens), cu_seqlens(klens)
+    for i in range(len(qlens)):
+        for j in range(q.shape[1]):
+            Q = q[cq[i]:cq[i + 1], j].astype(np.float32)
+            K = np.ascontiguousarray(k[ck[i]:ck[i + 1], j].astype(np.float32))
+            V = np.ascontiguousarray(v[ck[i]:ck[i + 1], j].astype(np.float32))
+            mats.append((Q, K, np.ones((Q.shape[0], K.shape[0]), np.float32), V))
+
+    def run() -> None:
+        for Q, K, P, V in mats:
+            Q @ K.T
+            P @ V
+
+    return median_time(run, max(repeat, 20), clock)
+
+
 def cases(size: str) -> dict[str, tuple[Callable[[], object], tuple]]:
     """model -> (a call that simulates the decode, the inputs' (q, kv, seqlens) for the yardstick)."""
     if size == "small":
@@ -103,7 +148,7 @@ def cases(size: str) -> dict[str, tuple[Callable[[], object], tuple]]:
         # vLLM's FP8 decodes: mixed lengths (vLLM's Triton split count for them: 8)
         shapes.update({m: (4, 1, 128, [4096, 3000, 4096, 1234]) for m in ("flashmla_dense_fp8", "vllm_triton_mla")})
         shapes.update({m: (4, 1, 128, [4096] * 4) for m in V32_MODELS})
-    out = {}
+    out = {m: _prefill(m, size) for m in PREFILL_MODELS}
     for model, (b, sq, h, lens) in shapes.items():
         q, kv, lens = _inputs(b, sq, h, lens)
         if model in V32_MODELS:
@@ -171,10 +216,15 @@ def main() -> None:
     rows = []
     print(f"{'size':6s} {'model':24s} {'engine':6s} {'median s':>9s} {'BLAS ms':>8s} {'ratio':>7s} {'peak MB':>8s}")
     for size in args.sizes.split(","):
-        for model, (fn, (q, kv, lens)) in cases(size).items():
+        for model, (fn, shape) in cases(size).items():
             if model not in args.models.split(","):
                 continue
-            blas = yardstick(q, kv, lens, args.repeat, args.clock)
+            if model in PREFILL_MODELS:
+                blas = prefill_yardstick(*shape, args.repeat, args.clock)
+                q, lens = shape[0], np.array(shape[4])
+            else:
+                q, kv, lens = shape
+                blas = yardstick(q, kv, lens, args.repeat, args.clock)
             outs = []
             for engine in args.engines.split(","):
                 with use_engine(engine):
