@@ -407,3 +407,52 @@ def test_the_study_refuses_a_decodes_request():
 
     with pytest.raises(ValueError, match="kernel: fa3-prefill's request is per-head q, k and v"):
         kernel_diff("fa3-mla", "fa3-prefill", length=256, heads=16)
+
+
+# --- SGLang's chained prefill -----------------------------------------------------------------------------
+
+SGLANG_CHAIN = DATA / "sglang_prefill_chain_h200.npz"
+
+
+def test_sglangs_chain_is_predicted_in_every_bit(fastest_engine):
+    """SGLang's MHA prefill through its FA3 build and its fast-math ``merge_state_v2``: one shot (prefixes and new
+    tokens in one causal call) and chunked (five and four prefix chunks merged in as the prefix operand), BF16 and
+    E4M3: every output bit and the merged LSE."""
+    meta, _ = _load(SGLANG_CHAIN)
+    assert meta["kernel"] == "sglang-prefill-chain" and all(c["repeat_identical"] for c in meta["cases"])
+    assert {c["mode"] for c in meta["cases"]} == {"one-shot", "chunked"}
+    report = replay(SGLANG_CHAIN)
+    assert len(report.cases) == 4
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+
+
+@pytest.mark.parametrize("change", ["vLLM's merge order", "the merges without fast math", "chunks of the capacity"])
+def test_each_sglang_chain_choice_matters(change, monkeypatch):
+    """Case 1 (three requests, five prefix chunks): merged with the accumulator as the prefix operand, on a precise
+    build, or in chunks of the whole capacity a request (not capacity // batch), other bits."""
+    mp = importlib.import_module("amla_sim.algorithms.deployed.sglang.mha_prefill")
+    merge = mp.sglang_merge_state_v2
+    if change == "vLLM's merge order":
+        monkeypatch.setattr(mp, "sglang_merge_state_v2", lambda a, sa, b, sb: merge(b, sb, a, sa))
+    elif change == "the merges without fast math":
+        monkeypatch.setattr(mp, "sglang_merge_state_v2", lambda *a: merge(*a, machine="sm90-cuda-precise"))
+    else:
+        chunks = mp.prefix_chunks
+        monkeypatch.setattr(mp, "prefix_chunks", lambda lens, cap: chunks(lens, cap * len(lens)))
+    from amla_sim.crosscheck.prefill_chain import _run_sglang, sglang_chain_inputs
+
+    meta, arrays = _load(SGLANG_CHAIN)
+    c = meta["cases"][1]
+    res = _run_sglang(c, tuple(x[:, :2] for x in sglang_chain_inputs(c)[0]))
+    assert np.mean(res.out.view(np.uint16) == arrays["c1_out"]) < 1
+
+
+def test_sglangs_prefix_chunks():
+    """``prepare_chunked_prefix_cache_info``: L = capacity // batch tokens of every prefix a chunk."""
+    from amla_sim.algorithms.deployed.sglang.mha_prefill import prefix_chunks
+
+    assert prefix_chunks([1500, 400, 0], 1024) == [([0, 0, 0], [341, 341, 0]), ([341] * 3, [341, 59, 0]),
+                                                   ([682] * 3, [341, 0, 0]), ([1023] * 3, [341, 0, 0]),
+                                                   ([1364] * 3, [136, 0, 0])]
+    assert prefix_chunks([0, 0]) == []

@@ -18,7 +18,7 @@ from pathlib import Path
 from .deployed import replay_deployed
 from .files import CaptureError, read_capture
 from .own import replay_own
-from .prefill_chain import CHAIN_KERNEL, replay_chain
+from .prefill_chain import CHAIN_KERNELS, replay_chain
 from .report import ReplayReport
 
 __all__ = ["replay", "ReplayReport", "CaptureError"]
@@ -33,9 +33,9 @@ def replay(path: str | Path, *, kernel: str | None = None, cases: list[int] | No
     checked before any work). cases: the cases to replay (a deployed kernel's capture; default all)."""
     meta, arrays = read_capture(path)
     found = OWN if "algorithm" in meta else None
-    if meta.get("kernel") == CHAIN_KERNEL:
-        if kernel not in (None, CHAIN_KERNEL) or cases is not None:
-            raise ValueError(f"--kernel, cases: the capture holds {CHAIN_KERNEL}, every case replayed")
+    if meta.get("kernel") in CHAIN_KERNELS:
+        if kernel not in (None, meta["kernel"]) or cases is not None:
+            raise ValueError(f"--kernel, cases: the capture holds {meta['kernel']}, every case replayed")
         return replay_chain(path, meta, arrays)
     if found is None:
         from .deployed import kernel_of
