@@ -23,6 +23,7 @@ DATA = "tests/data/"
 CAPTURES = {
     "flashmla_vllm_h200.npz": ("flashmla", "vllm", 7),
     "flashmla_sglang_h200.npz": ("flashmla", "sglang", 3),
+    "flashmla_fp16_vllm_h200.npz": ("flashmla", "vllm", 3),  # FP16 inputs, MTP causal among them
     "scales_flashmla_vllm_h200.npz": ("flashmla", "vllm", 26),
     "scales_flashmla_sglang_h200.npz": ("flashmla", "sglang", 26),
     "flashmla_sparse_fp8_vllm_h200.npz": ("flashmla-sparse-fp8", "vllm", 3),
@@ -144,3 +145,20 @@ def test_default_build_is_what_vllm_ships():
     assert builds.DEFAULT_BUILD == "vllm"
     assert builds.resolve_build("dense", "vllm", None)[0].name == "sm90-cuda-precise"
     assert builds.resolve_build("dense_fp8", "vllm", None)[0].name == "sm90-cuda"
+
+
+def test_fp16_flashmla_is_not_the_bf16_kernel_on_rounded_inputs():
+    """vLLM's library on FP16 inputs runs the kernel's FP16 instantiation (P and the output in FP16): the BF16
+    kernel on the inputs rounded to BF16 gives other bits."""
+    import ml_dtypes
+
+    from amla_sim.algorithms import flashmla
+    from amla_sim.crosscheck.kernel import case_inputs
+
+    with np.load(DATA + "flashmla_fp16_vllm_h200.npz") as z:
+        case, out = json.loads(str(z["meta"]))["cases"][0], z["c0_out"]
+    assert case["format"] == "fp16"
+    q, kv = (x.astype(np.float32).astype(ml_dtypes.bfloat16) for x in case_inputs(case))
+    with use_engine(FASTEST):
+        res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case["scale"], build="vllm")
+    assert np.mean(res.out.astype(np.float16).view(np.uint16) == out) < 1

@@ -38,6 +38,13 @@ FLASHMLA_CASES = [
     (3, 2, 128, (8192, 77, 5000), "normal:1", 15),
     (4, 1, 128, (513, 2048, 4097, 129), "flashmla", 16),
 ]
+#: FP16 inputs (a model served in half precision): (batch, s_q, heads, seqlens, dist, seed, scale, causal)
+FLASHMLA_FP16_CASES = [
+    (2, 1, 64, (64, 3001), "flashmla", 121, None, False),
+    (3, 2, 128, (8192, 77, 5000), "normal:1", 122, 0.1352337788608801, False),
+    (4, 2, 16, (2, 63, 66, 9000), "flashmla", 123, None, True),
+    (1, 1, 128, (20000,), "rope-outliers", 124, 192 ** -0.5, False),
+]
 #: FlashMLA's dense decode as vLLM calls it for multi-token (MTP) steps, ``causal=True``: (batch, s_q, heads,
 #: seqlens, dist, seed, scale); each m-block of 64 rows ends where its last row's mask lets it, and the splits that
 #: the scheduler cut for the whole request (it does not see the mask) may then hold no block at all
@@ -206,8 +213,13 @@ class _Dense(DeployedKernel):
         q, kv = case_inputs(case)
         res = flashmla(q, kv, seqlens=np.array(case["seqlens"]), scale=case.get("scale"),
                        causal=case.get("causal", False), build=case.get("build", "upstream"))
+        fmt = np.float16 if case.get("format") == "fp16" else ml_dtypes.bfloat16
         return [stage("lse", arrays[f"c{i}_lse"], res.lse, np.float32),
-                stage("out", arrays[f"c{i}_out"], res.out, ml_dtypes.bfloat16)]
+                stage("out", arrays[f"c{i}_out"], res.out, fmt)]
+
+    def check(self, case: dict) -> None:
+        if case.get("format", "bf16") not in ("bf16", "fp16"):
+            raise ValueError(f"format: the kernel takes bf16 or fp16 (q and kv alike), got {case['format']!r}")
 
     def load(self, source: str | None) -> Any:
         from ..gpu.adapters.flashmla import build_flashmla
@@ -220,7 +232,7 @@ class _Dense(DeployedKernel):
         q, kv = case_inputs(recipe)
         scale = 576**-0.5 if recipe["scale"] is None else recipe["scale"]
         got = run_flashmla(kernel, q.view(np.uint16), kv.view(np.uint16), recipe["seqlens"], scale,
-                           recipe.get("causal", False))
+                           recipe.get("causal", False), recipe.get("format", "bf16"))
         return _device_arrays(got), {**recipe, "input_crc": input_crc(q, kv)}
 
 

@@ -83,15 +83,16 @@ def build_flashmla(checkout: str | Path, *, verbose: bool = False):
 
 
 def run_flashmla(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, scale: float,
-                 causal: bool = False) -> dict[str, np.ndarray]:
-    """``dense_decode_fwd`` on (b, s_q, H, 576) BF16 queries and a (b, S_max, 576) cache (paged in blocks of 64),
-    causal within the step where `causal` (vLLM's multi-token call): out (uint16 bits), lse (uint32 bits), the
-    split schedule and the cumulative split counts."""
+                 causal: bool = False, fmt: str = "bf16") -> dict[str, np.ndarray]:
+    """``dense_decode_fwd`` on (b, s_q, H, 576) queries and a (b, S_max, 576) cache (paged in blocks of 64), BF16 or
+    FP16 bits (`fmt`), causal within the step where `causal` (vLLM's multi-token call): out (uint16 bits), lse
+    (uint32 bits), the split schedule and the cumulative split counts."""
     import torch
 
-    kc, bt = paged(torch, kv_bits)
+    kc, bt = paged(torch, kv_bits, fmt)
     sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
-    out, lse, sched, num_splits = mod.dense_decode_fwd(bits16(torch, q_bits), kc, 512, sl, bt, scale, bool(causal),
+    out, lse, sched, num_splits = mod.dense_decode_fwd(bits16(torch, q_bits, fmt), kc, 512, sl, bt, scale,
+                                                       bool(causal),
                                                        None, None)
     torch.cuda.synchronize()
     return {"out": out.view(torch.int16).cpu().numpy().view(np.uint16), "lse": lse.cpu().numpy().view(np.uint32),

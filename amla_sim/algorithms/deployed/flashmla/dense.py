@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from ...._validate import check_int, quiet_fp
 from ....machines import Machine
+from ....formats import get_format
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
 from ..scalars import scale_log2, softmax_scale
@@ -54,8 +55,9 @@ _BLOCK_M = 64  # query rows (position, head) of a CTA: an m-block
 class _Units:
     """The machine's operations as the kernel uses them (log2 units; golden: exact constants)."""
 
-    def __init__(self, mc: Machine):
+    def __init__(self, mc: Machine, fmt: str = "bf16"):
         self.mc = mc
+        self.fmt = fmt  # the inputs' format, P's and the output's: BF16 or FP16 (the kernel's template type T)
         self.dt = mc.dtype
         self.ln2 = mc.f(math.log(2.0))  # fl32(ln 2) = 0x3F317218 on FP32 machines
         self.log2e = mc.f(math.log2(math.e))  # (float)M_LOG2E = 0x3FB8AA3B
@@ -89,13 +91,13 @@ def flashmla(
 ) -> AttentionResult:
     """FlashMLA's dense decode as `build` compiles it (see the module docstring).
 
-    q: (b, s_q, h_q, 576) BF16; kv: (b, S_max, 576) BF16, rows past ``seqlens[i]`` ignored, V its first 512
+    q: (b, s_q, h_q, 576) BF16 or FP16; kv: (b, S_max, 576) in q's format, rows past ``seqlens[i]`` ignored, V its first 512
     columns. causal: the mask within the step (vLLM's multi-token call; FlashMLA ignores it where s_q = 1): query
     position j of s_q sees the request's first ``seqlen - (s_q - 1 - j)`` keys, none where that is not positive.
     build: ``vllm`` (the default: vLLM 0.33's library), ``sglang`` (sgl-flash-mla 1.0.0) or ``upstream``
     (FlashMLA's sources with their own flags and binding); :mod:`.builds` says what each changes. machine: run the
     build's algorithm on other arithmetic instead (a what-if; default the build's). Returns ``.out`` (b, s_q, h_q,
-    512) BF16 and ``.lse`` (b, h_q, s_q) natural log, FlashMLA's layouts (+inf for a row that sees no key); with
+    512) in the inputs' format and ``.lse`` (b, h_q, s_q) natural log, FlashMLA's layouts (+inf for a row that sees no key); with
     `trace`, per request the splits' token ranges, partial outputs and LSEs (``split_ranges``, ``split_out``,
     ``split_lse``). splits: per request, token ranges to run as its splits in place of the scheduler's (a what-if;
     the kernel's own plan is :func:`~amla_sim.algorithms.deployed.flashmla.scheduler.request_splits`;
@@ -103,21 +105,22 @@ def flashmla(
     """
     mc, double = resolve_build("dense", build, machine)
     mc.require(kernel="flashmla", log2=True, suggest="sm90-cuda")
-    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, empty=True)
+    qa, kva, lens = check_kernel_inputs(q, kv, seqlens, empty=True, formats=("bf16", "fp16"))
     sm = softmax_scale(scale, double=double)
     check_int(num_sms, "num_sms", lo=1)
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal: expected True or False, got {causal!r}")
     lens = [int(n) for n in lens]
     b, s_q, H, _ = qa.shape
-    u = _Units(mc)
+    fmt = get_format(qa.dtype).name
+    u = _Units(mc, fmt)
     c = scale_log2(mc, sm)  # dense_decode.h:139, params.scale_softmax_log2 = float(softmax_scale * M_LOG2E)
     parts = num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
     plan = request_splits(lens, parts) if splits is None else check_splits(splits, lens, max_splits)
     # dense_decode.h:71: one query token is never causal; rows are (position, head), position-major
     mask_len = (s_q - 1 - np.arange(s_q * H) // H) if causal and s_q > 1 else None
-    Q, K = mc.cast(qa, "bf16"), mc.cast(kva, "bf16")
+    Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.zeros((b, s_q * H), mc.dtype)
     tr: dict[str, list] = {}
@@ -143,7 +146,7 @@ def flashmla(
     hazards = Counter()
     if np.isnan(out).any():
         hazards["nan_outputs"] += int(np.isnan(out).sum())
-    out = mc.cast(out.reshape(b, s_q, H, D_V), "bf16")
+    out = mc.cast(out.reshape(b, s_q, H, D_V), fmt)
     return AttentionResult(out, np.swapaxes(lse.reshape(b, s_q, H), 1, 2), tr, hazards)
 
 
@@ -233,7 +236,7 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
     for i, blk in enumerate(range(b0, b1, 2)):
         S0, V0 = S0s[i], V0s[i]
         m, s0, P0 = softmax(S0)
-        OL = mc.matmul(mc.operand(mc.cast(P0, "bf16")), mc.operand(V0[:, :256]), mc.f(OL * s0[:, None]))
+        OL = mc.matmul(mc.operand(mc.cast(P0, u.fmt)), mc.operand(V0[:, :256]), mc.f(OL * s0[:, None]))
         l0 = mc.mul_add(l0, s0[:, None], u.lane_sums(P0))
         if blk + 1 < b1:
             S1, V1 = S1s[i], V1s[i]
@@ -245,11 +248,11 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
         OR = mc.f(OR * c1[:, None])
         l1 = mc.mul_add(l1, c1[:, None], sum1)
         if blk + 1 < b1:
-            OR = mc.matmul(mc.operand(mc.cast(P1, "bf16")), mc.operand(V1[:, 256:]), OR)
-        OR = mc.matmul(mc.operand(mc.cast(mc.f(P0 * s1[:, None]), "bf16")), mc.operand(V0[:, 256:]), OR)
+            OR = mc.matmul(mc.operand(mc.cast(P1, u.fmt)), mc.operand(V1[:, 256:]), OR)
+        OR = mc.matmul(mc.operand(mc.cast(mc.f(P0 * s1[:, None]), u.fmt)), mc.operand(V0[:, 256:]), OR)
         if blk + 1 < b1:
             OL, l0 = mc.f(OL * s1[:, None]), mc.f(l0 * s1[:, None])
-            OL = mc.matmul(mc.operand(mc.cast(P1, "bf16")), mc.operand(V1[:, :256]), OL)
+            OL = mc.matmul(mc.operand(mc.cast(P1, u.fmt)), mc.operand(V1[:, :256]), OL)
 
     def lanes(x):  # the butterfly over the four lanes of a row
         return mc.f(mc.f(x[:, 0] + x[:, 1]) + mc.f(x[:, 2] + x[:, 3]))
