@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +18,7 @@ from ..algorithms.deployed.fa3.scheduler import KBLOCK_M, KBLOCK_N, MAX_SPLIT_BA
 from .kernel import RCP_NORMALISE, DenseDecode, Plan, Request, query_rows
 from .launches import Launch
 
-__all__ = ["Fa3MLA", "MAX_NUM_SPLITS", "split_bounds"]
+__all__ = ["Fa3MLA", "MAX_NUM_SPLITS", "split_bounds", "split_count"]
 
 #: The most splits FA3 takes (``num_splits <= 256`` in ``mha_fwd``; the combine kernel's bound).
 MAX_NUM_SPLITS = 256
@@ -32,6 +32,16 @@ def split_bounds(launch: Launch) -> tuple[int, int]:
         check_int(launch.num_kv_splits, "num_kv_splits", lo=1, hi=MAX_NUM_SPLITS)
     most = 1 if launch.batch > MAX_SPLIT_BATCH else (launch.num_kv_splits or _HEURISTIC_MAX)
     return min(most, -(-launch.length // KBLOCK_N)), most * launch.batch
+
+
+def split_count(plan: Plan, cut: Callable[[int], Plan]) -> int:
+    """The split count whose cut (`cut`, count -> plan) is `plan`: FA3 cuts a request's blocks into a count of equal
+    splits, so a plan handed in must be one of those cuts."""
+    want = [tuple(r) for r in plan]
+    count = next((n for n in range(len(plan), MAX_NUM_SPLITS + 1) if cut(n) == want), None)
+    if count is None:
+        raise ValueError(f"plan: FA3 cuts a request's blocks into a count of equal splits; {plan} is not such a cut")
+    return count
 
 
 class Fa3MLA(DenseDecode):
@@ -103,12 +113,7 @@ class Fa3MLA(DenseDecode):
     def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
         one = Launch("alone", (req.length,), s_q=launch.s_q, num_sms=launch.num_sms)
         sched = self._schedule(req, one)
-        want = [tuple(r) for r in plan]
-        count = next((n for n in range(len(plan), MAX_NUM_SPLITS + 1)
-                      if self._cut(req, one, replace(sched, splits=(n,)), 0, req.length) == want), None)
-        if count is None:
-            raise ValueError(f"plan: FA3 cuts a request's blocks into a count of equal splits; {plan} is not such "
-                             "a cut")
+        count = split_count(plan, lambda n: self._cut(req, one, replace(sched, splits=(n,)), 0, req.length))
         res = fa3_mla(query_rows(req, launch.s_q)[None], req.arrays["kv"][None], seqlens=[req.length],
                       num_sms=launch.num_sms, splits=[count])
         return {"out": res.out[0, -1], "lse": res.lse[:, -1]}

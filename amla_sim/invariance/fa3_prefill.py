@@ -18,8 +18,8 @@ from .._validate import check_int
 from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, prefill_schedule, prefill_tile
 from ..algorithms.deployed.fa3.scheduler import split_blocks
 from ..crosscheck.fa3_prefill import draw_heads
-from .fa3 import MAX_NUM_SPLITS, split_bounds
-from .kernel import RCP_NORMALISE, BatchKernel, Plan, Request, mate_seed
+from .fa3 import MAX_NUM_SPLITS, Fa3MLA, split_bounds, split_count
+from .kernel import BatchKernel, Plan, Request, mate_seed
 from .launches import Launch
 
 __all__ = ["Fa3Prefill"]
@@ -41,28 +41,16 @@ class Fa3Prefill(BatchKernel):
     takes_num_kv_splits = True
     what_if = "vLLM's batch-invariant mode, num_splits = 1: one split a request"
     numerics = {
+        **Fa3MLA.numerics,
         "keys": ("bf16", "per-head K and V (kv_b_proj's output), BF16 (or E4M3)"),
         "schedule": ("fa3-prepare-scheduler", "the launch's split bound (num_splits, or FA3's heuristic as if the "
                                               "batch were its longest request), each request's count from the "
                                               "whole batch's blocks"),
         "scores": ("wgmma q/k 192", "wgmma: Q K^T over 192 columns, zero-initialised, 128-key blocks walked last to "
                                     "first"),
-        "max": ("raw scores", "running max of the raw scores, scaled after"),
-        "exp": ("ex2(fma(S, c, -fl(M c)))", "ex2.approx.ftz of fma(S, c, -fl(M c)), c = fl32(double(scale) log2 e)"),
         "P": ("bf16", "the input format (E4M3: offset by 8, satfinite)"),
         "row sum": ("4 lanes: 32 columns each", "4 lanes a row, 32 columns each; fma(l, s, .); xor 2, then xor 1"),
-        "normalise": RCP_NORMALISE,
-        "LSE": ("fma(M, fl(c ln 2), __logf L)", "fma(M, fl(c ln 2), fl(lg2(L) ln 2)), natural log"),
-        "combine": ("fa3-combine", "a warp a row: 32 lanes sum expf(lse_s - M), xor butterfly; lse = logf(sum) + M; "
-                                   "out = sum fma(expf(lse_s - M) rcp(sum), O_s, .)"),
     }
-
-    def options(self, **given: Any) -> dict[str, Any]:
-        fmt = given.pop("format", self.formats[0])
-        if fmt not in self.formats:
-            raise ValueError(f"format: {self.name} takes {' or '.join(self.formats)}, got {fmt!r}")
-        BatchKernel.options(self, **given)
-        return {"format": fmt}
 
     def check_request(self, *, length: int, heads: int, s_q: int, options: Mapping[str, Any]) -> int:
         check_int(heads, "heads", lo=1, hi=256)
@@ -130,11 +118,7 @@ class Fa3Prefill(BatchKernel):
                 f"on {launch.num_sms} SMs: {n} split{'s' * (n > 1)}")
 
     def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
-        want = [tuple(r) for r in plan]
-        count = next((c for c in range(len(plan), MAX_NUM_SPLITS + 1) if self._cut(req, req.length, c) == want), None)
-        if count is None:
-            raise ValueError(f"plan: FA3 cuts a request's blocks into a count of equal splits; {plan} is not such "
-                             "a cut")
+        count = split_count(plan, lambda c: self._cut(req, req.length, c))
         q, k, v = (self._cast(req, req.arrays[x]) for x in ("q", "k", "v"))
         res = fa3_prefill(q[-launch.s_q:], k, v, cu_seqlens([launch.s_q]), cu_seqlens([req.length]),
                           scale=_SCALE, num_sms=launch.num_sms, splits=[count])

@@ -96,10 +96,17 @@ class BatchKernel(ABC):
     what_if: str = ""
 
     def options(self, **given: Any) -> dict[str, Any]:
-        """The kernel's own options (a sparse decode's topk, ...), checked; unknown ones are errors."""
+        """The kernel's own options (a sparse decode's topk, ...), checked; unknown ones are errors. A kernel of
+        several `formats` takes ``format`` (the first by default)."""
+        opts = {}
+        if len(self.formats) > 1:
+            fmt = given.pop("format", self.formats[0])
+            if fmt not in self.formats:
+                raise ValueError(f"format: {self.name} takes {' or '.join(self.formats)}, got {fmt!r}")
+            opts["format"] = fmt
         if given:
             raise ValueError(f"{next(iter(given))}: not an option of {self.name}")
-        return {}
+        return opts
 
     @abstractmethod
     def check_request(self, *, length: int, heads: int, s_q: int, options: Mapping[str, Any]) -> int:
@@ -177,15 +184,6 @@ class BatchKernel(ABC):
 class DenseDecode(BatchKernel):
     """A decode whose inputs are q (s_q, heads, 576) and a cache of the request's `length` tokens, in one of
     `formats` (the ``format`` option where there are several); batchmates are drawn alike, from their own seeds."""
-
-    def options(self, **given: Any) -> dict[str, Any]:
-        if len(self.formats) == 1:
-            return BatchKernel.options(self, **given)
-        fmt = given.pop("format", self.formats[0])
-        if fmt not in self.formats:
-            raise ValueError(f"format: {self.name} takes {' or '.join(self.formats)}, got {fmt!r}")
-        BatchKernel.options(self, **given)
-        return {"format": fmt}
 
     def check_request(self, *, length: int, heads: int, s_q: int, options: Mapping[str, Any]) -> int:
         check_int(heads, "heads", lo=1)

@@ -95,14 +95,25 @@ def vllm_merge_attn_states(prefix_output: npt.ArrayLike, prefix_lse: npt.ArrayLi
     head size divisible by 8): outputs (T, h, d), LSEs (h, T) FP32 natural log. Returns the merged output in the
     inputs' format and the merged LSE (h, T). prefill_tokens_with_context: rows from it on copy the suffix (None:
     every row merges). A row whose LSEs are both infinite gets the prefix's output and LSE -inf."""
-    po, pl, so, sl = _check(prefix_output, prefix_lse, suffix_output, suffix_lse, "hT")
+    return _vllm_merge(prefix_output, prefix_lse, suffix_output, suffix_lse, prefill_tokens_with_context, machine,
+                       pack=8, empty="prefix")  # merge_attn_states.cu: "we simply emit prefix_output"
+
+
+def _vllm_merge(prefix_output, prefix_lse, suffix_output, suffix_lse, prefill_tokens_with_context, machine, *,
+                pack: int, empty: str) -> tuple[np.ndarray, np.ndarray]:
+    """vLLM's merge, CUDA or Triton: rows whose LSEs are both infinite get the prefix's output (`empty` "prefix") or
+    0 ("zero"), and LSE -inf; rows from `prefill_tokens_with_context` on copy the suffix."""
+    po, pl, so, sl = _check(prefix_output, prefix_lse, suffix_output, suffix_lse, "hT", pack=pack)
     T = po.shape[0]
     n = T if prefill_tokens_with_context is None else check_int(prefill_tokens_with_context,
                                                                   "prefill_tokens_with_context", lo=0, hi=T)
     mc = get_machine(machine)
     o, lse, both_inf = _merge(mc, po, pl, so, sl)
     fmt = get_format(po.dtype).name
-    out = np.where(both_inf[..., None], po, mc.cast(o, fmt).astype(po.dtype))  # merge_attn_states.cu: emit prefix
+    if empty == "prefix":
+        out = np.where(both_inf[..., None], po, mc.cast(o, fmt).astype(po.dtype))
+    else:
+        out = mc.cast(np.where(both_inf[..., None], 0, o), fmt).astype(po.dtype)
     lse = np.where(both_inf, np.float32(-np.inf), lse).astype(np.float32)
     out[n:], lse[n:] = so[n:], sl[n:]  # token_idx >= prefix_num_tokens: the suffix, copied
     return out, np.ascontiguousarray(lse.T)
@@ -128,17 +139,8 @@ def vllm_merge_attn_states_triton(prefix_output: npt.ArrayLike, prefix_lse: npt.
     """vLLM's Triton fallback (``v1/attention/ops/triton_merge_attn_states.py``, ``merge_attn_states_kernel``): as
     :func:`vllm_merge_attn_states`, any head size, but a row whose LSEs are both infinite gets out 0 and LSE -inf
     (``tl.where(max_lse == -inf, ...)``). The FP8 output (``output_scale``) is not modelled."""
-    po, pl, so, sl = _check(prefix_output, prefix_lse, suffix_output, suffix_lse, "hT", pack=1)
-    T = po.shape[0]
-    n = T if prefill_tokens_with_context is None else check_int(prefill_tokens_with_context,
-                                                                  "prefill_tokens_with_context", lo=0, hi=T)
-    mc = get_machine(machine)
-    o, lse, both_inf = _merge(mc, po, pl, so, sl)
-    fmt = get_format(po.dtype).name
-    out = mc.cast(np.where(both_inf[..., None], 0, o), fmt).astype(po.dtype)
-    lse = np.where(both_inf, np.float32(-np.inf), lse).astype(np.float32)
-    out[n:], lse[n:] = so[n:], sl[n:]
-    return out, np.ascontiguousarray(lse.T)
+    return _vllm_merge(prefix_output, prefix_lse, suffix_output, suffix_lse, prefill_tokens_with_context, machine,
+                       pack=1, empty="zero")
 
 
 @quiet_fp
