@@ -211,7 +211,8 @@ RENDERED = [
     ("reproductions.html", ["AMLA Tables 3 and 4"], False, 5, 7),
     ("crosscheck.html", ["What each model takes", "a causal step longer than its request", "The merges of a chunked "
                          "prefill", "FA3\u2019s MHA form and vLLM\u2019s chain", "a k of no row",
-                         "accumulates in two levels on 128 x 96 tiles"], False, 3, 0),
+                         "accumulates in two levels on 128 x 96 tiles", "DeepGEMM\u2019s FP8 block GEMM",
+                         "The absorbed projections"], False, 3, 0),
     ("why-changed.html", ["row ulp", "NaN against NaN", "Which kernel computes my token\u2019s prefill?",
                           "its batchmates change its chunks and the kernel"], False, 1, 0),
 ]

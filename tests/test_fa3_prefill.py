@@ -250,6 +250,22 @@ def test_the_chain_refuses_by_name():
         plan_context_chunks([100], 8, block_size=16)
 
 
+@pytest.mark.parametrize(("args", "kw", "match"), [
+    ((_K, _V, [4], [2, 2]), {}, "prefix_lens: one a request"),
+    ((_K, _V, [2, 2], [4, 4]), {}, "k_prefix, v_prefix: 8 rows"),
+    ((_K[:, :1], _V, [4], [2]), {}, r"k_prefix: expected \(P, 2, 192\)"),
+    ((_K, _V.astype(np.float32), [4], [2]), {}, "v_prefix: expected"),
+    ((_K, _V, [4], [2]), {"mode": "two-shot"}, "mode: expected one of"),
+    ((_K, _V, [4], [2]), {"capacity": 0}, "capacity"),
+    ((_K, _V, [2, 2], [2, 2]), {"mode": "chunked", "capacity": 1}, "capacity: 1 tokens give 2 requests no prefix"),
+])
+def test_sglangs_chain_refuses_by_name(args, kw, match):
+    from amla_sim.algorithms.deployed.sglang.mha_prefill import sglang_mla_prefill
+
+    with pytest.raises(ValueError, match=match):
+        sglang_mla_prefill(_Q, _K, _V, *args, **kw)
+
+
 # --- FP8 E4M3 (vLLM's FP8 prefill) -----------------------------------------------------------------------
 
 FP8 = DATA / "fa3_prefill_e4m3_h200.npz"
@@ -284,7 +300,7 @@ FP8_CHOICES = {
     "key blocks of 160 (the one-level build's)": ("PREFILL_TILES", _tiles(1, (128, 160))),
     "key blocks of 128": ("PREFILL_TILES", _tiles(1, (128, 128))),
     "no offset of 8 before exp2": ("FP8_MAX_OFFSET", 0),
-    "O the products' accumulator (one level)": ("_Fp8Units.two_level", False),
+    "O the products' accumulator (one level)": ("_Fp8Units.__init__", "one level"),
 }
 
 
@@ -292,9 +308,9 @@ FP8_CHOICES = {
 def test_each_fp8_choice_matters(change, monkeypatch, fastest_engine):
     """Case 2 (200 queries over a 1,500-key chunk, one split) with one FP8 choice replaced: other bits."""
     name, value = FP8_CHOICES[change]
-    if "." in name:
-        cls, attr = name.split(".")
-        monkeypatch.setattr(getattr(prefill, cls), attr, value)
+    if value == "one level":  # vLLM's FP8 tiles, O carried through the products' accumulator
+        init = prefill._Fp8Units.__init__
+        monkeypatch.setattr(prefill._Fp8Units, "__init__", lambda self, *a, **kw: init(self, *a, two_level=False))
     else:
         monkeypatch.setattr(prefill, name, value)
     assert min(_fp8_case(2)) < 1
@@ -456,3 +472,41 @@ def test_sglangs_prefix_chunks():
                                                    ([682] * 3, [341, 0, 0]), ([1023] * 3, [341, 0, 0]),
                                                    ([1364] * 3, [136, 0, 0])]
     assert prefix_chunks([0, 0]) == []
+
+
+def test_fp8_descales_against_scaled_attention():
+    """The descales (not captured: vLLM's FP8 prefill passes none) against an independent oracle on the golden
+    machine: ``q_descale * k_descale`` scales the scores and ``v_descale`` the output, per request and KV head."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.normal(0, 1, s).astype(ml_dtypes.float8_e4m3fn) for s in ((50, 4, 192), (300, 2, 192),
+                                                                             (300, 2, 128)))
+    ql, kl = [20, 30], [100, 200]
+    # powers of two for q and k, so that the oracle's scale (the API's FP32) is the product exactly
+    qd, kd = (np.exp2(rng.integers(-2, 3, (2, 2))).astype(np.float32) for _ in range(2))
+    vd = rng.uniform(0.5, 2, (2, 2)).astype(np.float32)
+    assert (qd * kd != 1).any()
+    res = fa3_prefill(q, k, v, cu_seqlens(ql), cu_seqlens(kl), scale=0.125, q_descale=qd, k_descale=kd,
+                      v_descale=vd, machine="golden")
+    for i, (rows, keys) in enumerate(((slice(0, 20), slice(0, 100)), (slice(20, 50), slice(100, 300)))):
+        for hk in range(2):
+            heads = slice(2 * hk, 2 * hk + 2)
+            one = fa3_prefill(q[rows, heads], k[keys, hk:hk + 1], v[keys, hk:hk + 1], cu_seqlens([ql[i]]),
+                              cu_seqlens([kl[i]]), scale=0.125 * float(qd[i, hk]) * float(kd[i, hk]), machine="golden")
+            assert res.out.dtype == np.float64  # the golden machine rounds nothing
+            np.testing.assert_allclose(res.out[rows, heads], one.out * vd[i, hk], rtol=1e-12, atol=1e-300)
+            np.testing.assert_allclose(res.lse[heads, rows], one.lse, rtol=1e-12)
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"q_descale": np.ones((3, 2), np.float32)}, r"q_descale: expected a float array of shape \(batch, h_k\)"),
+    ({"v_descale": np.ones((1, 2), np.int32)}, "v_descale: expected a float array"),
+    ({"build": "tgi"}, "build: expected one of vllm, sglang"),
+])
+def test_fp8_arguments_are_refused_by_name(kw, match):
+    import ml_dtypes
+
+    z = np.zeros((4, 2, 192), ml_dtypes.float8_e4m3fn)
+    with pytest.raises(ValueError, match=match):
+        fa3_prefill(z, z, z[..., :128], [0, 4], [0, 4], **kw)

@@ -84,3 +84,16 @@ def test_bad_input_is_refused_by_name(a, b, match):
         b = np.zeros((2, 5, 6), bf)
     with pytest.raises(ValueError, match=match):
         bmm_batch_invariant(good_a if a is None else a, good_b if b is None else b)
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda q, uk, uv: w_uk(q[0], uk), r"q_nope, W_UK: expected \(T, h, K\) and \(h, K, N\)"),
+    (lambda q, uk, uv: w_uk(q, uv), "q_nope, W_UK: expected"),
+    (lambda q, uk, uv: w_uv(q.astype(np.float32), uv), "attn, W_UV: expected"),
+    (lambda q, uk, uv: w_uk(q.astype(np.float32), uk), "q_nope: expected a BF16"),
+])
+def test_the_projections_name_their_arguments(call, match):
+    q, _, w = bmm_inputs(2, 2, 0)
+    uk, uv = split_kv_b(w, 2)
+    with pytest.raises(ValueError, match=match):
+        call(q, uk, uv)

@@ -68,6 +68,9 @@ def test_batchmates_that_move_a_request_are_named():
     (["--requests", "1,x"], "requests: expected N or C"),
     (["--requests", "0"], "requests"),
     (["--requests", "5+-1"], "requests"),
+    (["--requests", "1000000000", "--budget", "1"], "requests, budget: 1000000000 new tokens at 1 a step"),
+    (["--requests", "1,5", "--budget", "1"], "budget: the decodes of 1 prefilled requests take all 1 tokens"),
+    (["--requests", ",".join(["1"] * 4097)], "requests: 4097 requests, more than a route walks"),
 ])
 def test_bad_requests_are_refused_by_name(argv, match, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_int
+from ..arith.logarithm import log2f
 from ..formats import round_to
 from ..machines import get_machine
 
@@ -33,8 +34,6 @@ _INV_448 = np.float32(1) / np.float32(448)  # torch divides by a scalar as a mul
 
 def _scales(amax: np.ndarray, ue8m0: bool) -> np.ndarray:
     """The device check's scales (torch): ``amax * fl(1 / 448)``; UE8M0: ``2^ceil(log2(max(s, 1e-10)))``."""
-    from ..arith.logarithm import log2f
-
     s = (amax * _INV_448).astype(np.float32)
     if ue8m0:
         s = np.exp2(np.ceil(log2f(np.maximum(s, np.float32(1e-10))))).astype(np.float32)
@@ -43,7 +42,7 @@ def _scales(amax: np.ndarray, ue8m0: bool) -> np.ndarray:
 
 def device_quant_act(x: np.ndarray, ue8m0: bool) -> tuple[np.ndarray, np.ndarray]:
     """The activations as the device check quantizes them (the bundle's torch rendering of vLLM's quantizer, which
-    divides by 448 where vLLM's kernel multiplies by fl(1 / 448); the same scales with UE8M0 on these inputs):
+    multiplies by fl(1 / 448) where vLLM's kernel divides by 448; the same scales with UE8M0 on these inputs):
     ``q = e4m3(clamp(x fl(1 / s)))``."""
     M, K = x.shape
     xg = x.astype(np.float32).reshape(M, K // 128, 128)

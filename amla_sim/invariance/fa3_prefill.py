@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from .._validate import check_int
+from ..resources import run_bytes
 from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, prefill_schedule, prefill_tile
 from ..algorithms.deployed.fa3.scheduler import split_blocks
 from ..crosscheck.fa3_prefill import draw_heads
@@ -68,11 +69,22 @@ class Fa3Prefill(BatchKernel):
         raise ValueError("inputs: fa3-prefill takes per-head q, k and v (the MHA form), drawn by the study; a file of "
                          "q and a latent cache is a decode's request")
 
+    def adopted_length(self, *, length: int, heads: int, s_q: int) -> int:
+        raise ValueError("kernel: fa3-prefill's request is per-head q, k and v (the MHA form); a decode's latent "
+                         "request does not compare with it")
+
     def adopt(self, req: Request) -> Request:
         if "k" not in req.arrays:
-            raise ValueError("kernel: fa3-prefill's request is per-head q, k and v (the MHA form); a decode's latent "
-                             "request does not compare with it")
+            self.adopted_length(length=req.length, heads=req.heads, s_q=req.s_q)
         return req
+
+    def request_bytes(self, *, heads: int, s_q: int, tokens: int) -> int:
+        """The request's q, k and v as drawn (FP32 draws rounded to 16 bits) and cast, the gathered keys and values
+        of a split, an m-block's FP32 scores over every key and their temporaries, and the outputs."""
+        inputs = tokens * heads * (_D + _DV) * (8 + 2 + 2 + 2)
+        scores = heads * self.row_tile * tokens * 4 * 4
+        return run_bytes(batch=1, sq=1, heads=1, context=1, mufu_tables=True) + inputs + scores + \
+            s_q * heads * (_D * 10 + _DV * 16)
 
     def bounds(self, launch: Launch, *, heads: int, options: Mapping[str, Any]) -> tuple[int, int]:
         check_int(heads, "heads", lo=1, hi=256)

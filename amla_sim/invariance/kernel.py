@@ -144,6 +144,13 @@ class BatchKernel(ABC):
     def run(self, req: Request, launch: Launch, plan: Plan) -> dict[str, np.ndarray]:
         """The request's row of interest under `plan`: stage name -> array, in the kernel's storage formats."""
 
+    def request_bytes(self, *, heads: int, s_q: int, tokens: int) -> int:
+        """Peak bytes of one model run of a request (`tokens` as :meth:`check_request` returned them): a decode's
+        over a cache of `tokens` rows, by default."""
+        from .preflight import request_bytes
+
+        return request_bytes(heads=heads, s_q=s_q, tokens=tokens, splits=0)
+
     def adopt(self, req: Request) -> Request:
         """Another kernel's request (q and kv drawn for a dense decode) as this kernel takes it."""
         self.adopted_length(length=req.length, heads=req.heads, s_q=req.s_q)

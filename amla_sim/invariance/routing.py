@@ -83,9 +83,17 @@ def parse_requests(text: str) -> list[Prompt]:
     return _check(out)
 
 
+#: the most requests a batch and the most scheduler steps a route walks (the engines' own limits are lower: vLLM's
+#: max_num_seqs defaults to 256 to 1024)
+MAX_REQUESTS = 4096
+MAX_STEPS = 10_000
+
+
 def _check(requests: list[Prompt]) -> list[Prompt]:
     if not requests:
         raise ValueError("requests: at least one request")
+    if len(requests) > MAX_REQUESTS:
+        raise ValueError(f"requests: {len(requests)} requests, more than a route walks ({MAX_REQUESTS})")
     for r in requests:
         check_int(r.new, "requests (new tokens)", lo=1)
         check_int(r.cached, "requests (cached tokens)", lo=0)
@@ -95,12 +103,16 @@ def _check(requests: list[Prompt]) -> list[Prompt]:
 def _schedule(requests: list[Prompt], budget: int, *, mixed: bool) -> list[list[tuple[int, int, int]]]:
     """Each step's prefill chunks (request, context, tokens) until every prompt is prefilled. `mixed`: decodes share
     the step's budget (vLLM: running requests first, one token each once prefilled); SGLang runs them apart."""
+    if -(-sum(r.new for r in requests) // budget) > MAX_STEPS:
+        raise ValueError(f"requests, budget: {sum(r.new for r in requests)} new tokens at {budget} a step take more "
+                         f"than {MAX_STEPS} steps; ask for a larger budget or fewer tokens")
     done = [0] * len(requests)
     order: list[int] = []  # vLLM's running queue: scheduling order
     steps = []
     while any(d < r.new for d, r in zip(done, requests)):
         left, chunks = budget, []
-        queue = order + [i for i in range(len(requests)) if i not in order] if mixed else list(range(len(requests)))
+        running = set(order)
+        queue = order + [i for i in range(len(requests)) if i not in running] if mixed else list(range(len(requests)))
         if not mixed:  # SGLang: the request being chunked continues first, then the waiting ones
             queue = sorted(queue, key=lambda i: (not 0 < done[i] < requests[i].new, i))
         for i in queue:
@@ -114,8 +126,13 @@ def _schedule(requests: list[Prompt], budget: int, *, mixed: bool) -> list[list[
             chunks.append((i, requests[i].cached + done[i], take))
             done[i] += take
             left -= take
-            if mixed and i not in order:
+            if mixed and i not in running:
                 order.append(i)
+        if not chunks:  # every token of the step went to the prefilled requests' decodes
+            raise ValueError(f"budget: the decodes of {len(order)} prefilled requests take all {budget} tokens of a "
+                             f"step, so a prefill never starts (the route does not model requests finishing)")
+        if len(steps) == MAX_STEPS:
+            raise ValueError(f"budget: the batch takes more than {MAX_STEPS} steps at {budget} tokens a step")
         steps.append(chunks)
     return steps
 

@@ -22,7 +22,7 @@ from ..experiments.inputs import parse_dist
 from ..resources import plan_bytes, split_bytes
 from .kernel import BatchKernel, Plan, Request, checked_inputs, describe_plan
 from .launches import Launch, variations
-from .preflight import check_launches, check_memory, check_what_if, request_bytes
+from .preflight import check_launches, check_memory, check_what_if
 from .races import runs
 from .registry import get_batch_kernel
 
@@ -310,7 +310,7 @@ def _prepare(k: BatchKernel, opts: dict[str, Any], options: dict[str, Any], *, i
         n, extra = check_what_if(k, launches, length=req["length"], heads=req["heads"], split_tokens=split_tokens)
         splitter = "split_tokens" if n > most else splitter
         most, planned = max(most, n), planned + extra
-    terms = [(source, request_bytes(heads=req["heads"], s_q=sq_max, tokens=tokens, splits=0)),
+    terms = [(source, k.request_bytes(heads=req["heads"], s_q=sq_max, tokens=tokens)),
              (f"{'heads' if inputs is None else 'inputs'}, s_q, {splitter}",
               split_bytes(rows=sq_max * req["heads"], splits=most)),
              ("batchmates, mixed" if shape.get("batchmates") is not None else "launches", plan_bytes(planned))]

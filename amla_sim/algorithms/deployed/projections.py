@@ -46,12 +46,23 @@ def bmm_batch_invariant(a: npt.ArrayLike, b: npt.ArrayLike, *, machine: str | Ma
 def w_uk(q_nope: npt.ArrayLike, W_UK: npt.ArrayLike, *, machine: str | Machine = "sm90-triton") -> np.ndarray:
     """The query's absorption: q_nope (T, h, 128) by W_UK (h, 128, 512) -> (T, h, 512) BF16 (vLLM
     ``mla_attention.py:1100-1105``, SGLang ``forward_mla.py:586``)."""
-    q = np.asarray(q_nope)
-    return np.ascontiguousarray(bmm_batch_invariant(q.transpose(1, 0, 2), W_UK, machine=machine).transpose(1, 0, 2))
+    return _per_head(q_nope, W_UK, ("q_nope", "W_UK"), machine)
 
 
 def w_uv(attn: npt.ArrayLike, W_UV: npt.ArrayLike, *, machine: str | Machine = "sm90-triton") -> np.ndarray:
     """The output's up-projection: attn (T, h, 512) by W_UV (h, 512, 128) -> (T, h, 128) BF16 (vLLM
     ``_v_up_proj``, ``mla_attention.py:1403-1435``; SGLang ``forward_mla.py:916-932``)."""
-    x = np.asarray(attn)
-    return np.ascontiguousarray(bmm_batch_invariant(x.transpose(1, 0, 2), W_UV, machine=machine).transpose(1, 0, 2))
+    return _per_head(attn, W_UV, ("attn", "W_UV"), machine)
+
+
+def _per_head(x: npt.ArrayLike, w: npt.ArrayLike, names: tuple[str, str], machine: str | Machine) -> np.ndarray:
+    """x (T, h, K) by w (h, K, N) as the engines call the bmm (heads the batch), (T, h, N); errors name the
+    caller's arguments."""
+    xa, wa = np.asarray(x), np.asarray(w)
+    if xa.ndim != 3 or wa.ndim != 3 or wa.shape[:2] != (xa.shape[1], xa.shape[2]):
+        raise ValueError(f"{names[0]}, {names[1]}: expected (T, h, K) and (h, K, N), got {xa.shape} and {wa.shape}")
+    try:
+        out = bmm_batch_invariant(xa.transpose(1, 0, 2), wa, machine=machine)
+    except ValueError as e:
+        raise ValueError(str(e).replace("a:", f"{names[0]}:", 1).replace("b:", f"{names[1]}:", 1)) from None
+    return np.ascontiguousarray(out.transpose(1, 0, 2))

@@ -464,7 +464,7 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
     b, H, Hk, mq = len(qlens), q.shape[1], k.shape[1], max(qlens)
     # SGLang's binding takes the dtype as is_bf16 (its op's signature); a split bound of 1 reads no split count
     sgl = getattr(fa3, "fork", "vllm") == "sglang"
-    dtype = {"is_bf16": True, "attention_chunk": 0} if sgl else {"qkv_dtype": qt.dtype}
+    dtype = {"is_bf16": qt.dtype != torch.float16, "attention_chunk": 0} if sgl else {"qkv_dtype": qt.dtype}
     meta = fa3.get_scheduler_metadata(
         batch_size=b, max_seqlen_q=mq, max_seqlen_k=max(klens), num_heads=H, num_heads_k=Hk, headdim=q.shape[2],
         headdim_v=v.shape[2], **dtype, seqused_k=torch.tensor(klens, dtype=torch.int32, device="cuda"),

@@ -222,12 +222,10 @@ class _Fp8Units(_Units):
     q_descale * k_descale`` (flash_fwd_kernel_sm90.h:426-431) and the final scale ``v_descale``
     (mainloop_fwd_sm90_tma_gmma_ws.hpp:1329)."""
 
-    two_level = True  # the fork's FP8 two-level accumulation (off: FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION)
-
     def __init__(self, u: _Units, qd: np.ndarray | None, kd: np.ndarray | None, vd: np.ndarray | None, *,
                  two_level: bool = True):
         self.__dict__.update(u.__dict__)
-        self.two_level = two_level and type(self).two_level
+        self.two_level = two_level  # vLLM's fork; off: FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION, SGLang's
         mc = u.mc
         if qd is not None or kd is not None:
             qk = mc.f(mc.f(1 if qd is None else qd) * mc.f(1 if kd is None else kd))

@@ -67,6 +67,10 @@ def sglang_mla_prefill(q: npt.ArrayLike, k: npt.ArrayLike, v: npt.ArrayLike, k_p
         raise ValueError(f"mode: expected one of {', '.join(MHA_MODES)}, got {mode!r}")
     check_int(capacity, "capacity", lo=1)
     qa, ka, va, kp, vp = (np.asarray(x) for x in (q, k, v, k_prefix, v_prefix))
+    for name, pre, new in (("k_prefix", kp, ka), ("v_prefix", vp, va)):
+        if pre.ndim != 3 or pre.shape[1:] != new.shape[1:] or pre.dtype != new.dtype:
+            raise ValueError(f"{name}: expected (P, {', '.join(map(str, new.shape[1:]))}) {new.dtype} as the new "
+                             f"tokens' {name[0]}, got {pre.dtype} {pre.shape}")
     if kp.shape[0] < sum(prefix_lens) or vp.shape[0] < sum(prefix_lens):
         raise ValueError(f"k_prefix, v_prefix: {sum(prefix_lens)} rows of prefix, got {kp.shape[0]} and "
                          f"{vp.shape[0]}")
