@@ -912,6 +912,7 @@ def _add_roofline(sub: argparse._SubParsersAction) -> None:
 
 
 _PREFILL_DECODE_WORK = 2e7  # (key, head) products a stack runs: a few minutes of the models on one core
+_DENSE_WORK = 6e7  # a dense layer's (key, head) products (MHA-form units): a few minutes
 
 
 def _cmd_prefill_decode(args: argparse.Namespace) -> int:
@@ -919,6 +920,11 @@ def _cmd_prefill_decode(args: argparse.Namespace) -> int:
     from .invariance.prefill_decode import STACKS, prefill_vs_decode, request_inputs, stack_work
     from .resources import check_fits
 
+    if args.model == "dense":
+        return _dense_prefill_decode(args)
+    if args.stack not in ("all", *STACKS):
+        raise ValueError(f"--stack: {args.stack} is a dense model's mode; V3.2's stacks are {', '.join(STACKS)} "
+                         f"(or pass --model dense)")
     if args.heads > 128:
         raise ValueError(f"--heads: the kernels take at most 128 query heads, got {args.heads}")
     stacks = list(STACKS) if args.stack == "all" else [args.stack]
@@ -953,19 +959,78 @@ def _cmd_prefill_decode(args: argparse.Namespace) -> int:
     return 0 if all(v.identical for v in verdicts) else 4
 
 
+def _dense_prefill_decode(args: argparse.Namespace) -> int:
+    """``--model dense``: each engine mode's layer, prefill against decode; exit 3 when a token's bits part, 5 when
+    a token's bits agree but a piece of either side is not modelled."""
+    from .algorithms.deployed.mla_layer import LAYER_MODES
+    from .invariance.dense_layer import MAX_LAYER_TOKENS, dense_prefill_vs_decode, layer_request, layer_work
+
+    if args.stack != "all" and args.stack not in LAYER_MODES:
+        raise ValueError(f"--stack: {args.stack} is a V3.2 stack; a dense model's modes are "
+                         f"{', '.join(LAYER_MODES)} (or pass --model v3.2)")
+    if args.heads > 128:
+        raise ValueError(f"--heads: a layer holds at most 128 query heads, got {args.heads}")
+    if args.length > MAX_LAYER_TOKENS:
+        raise ValueError(f"--length: at most {MAX_LAYER_TOKENS} tokens, got {args.length}")
+    tokens = None if args.tokens is None else [t if t >= 0 else args.length + t for t in args.tokens]
+    if tokens is not None and (not all(0 <= t < args.length for t in tokens) or len(set(tokens)) != len(tokens)):
+        raise ValueError(f"--tokens: expected distinct positions in 0..{args.length - 1} (or -1 for the last), got "
+                         f"{args.tokens}")
+    modes = list(LAYER_MODES) if args.stack == "all" else [args.stack]
+    todo = tokens or list(range(max(0, args.length - 4), args.length))
+    for name in modes:
+        work = layer_work(name, args.length, heads=args.heads, tokens=todo, budget=args.budget,
+                          decode_batch=args.decode_batch)
+        if work > _DENSE_WORK:
+            raise ValueError(f"--length, --heads, --tokens: {name} runs {work:.3g} (key, head) products, over the "
+                             f"{_DENSE_WORK:.0e} a CPU runs in a few minutes; ask for a shorter request")
+    x = layer_request(args.length, heads=args.heads, seed=args.seed)
+    reports = [dense_prefill_vs_decode(x, m, tokens=tokens, budget=args.budget, decode_batch=args.decode_batch)
+               for m in modes]
+    differ = [r for r in reports if not all(v.identical for v in r.tokens)]
+    if args.stack != "all" and differ and not LAYER_MODES[args.stack].deterministic:  # what would make them equal
+        engine = LAYER_MODES[args.stack].engine
+        other = next(m for m in LAYER_MODES.values() if m.engine == engine and m.deterministic)
+        reports.append(dense_prefill_vs_decode(x, other, tokens=tokens, budget=args.budget,
+                                               decode_batch=args.decode_batch))
+    if args.json:
+        print(dumps_strict([{"mode": r.mode.name, "chunks": [vars(c) for c in r.chunks], "tokens": [
+            {**vars(v), "identical": v.identical} for v in r.tokens]} for r in reports], indent=2))
+    else:
+        text = [r.format() for r in reports]
+        if len(reports) > len(modes):
+            text[-1] = f"What would make them equal: the same request in {reports[-1].mode.name}\n" + text[-1]
+        print("\n".join(text))
+    asked = [v for r in reports[:len(modes)] for v in r.tokens]
+    if not all(v.identical for v in asked):
+        return 3
+    return 5 if any(v.unmodelled for v in asked) else 0
+
+
 def _add_prefill_decode(sub: argparse._SubParsersAction) -> None:
+    from .algorithms.deployed.mla_layer import LAYER_MODES
     from .invariance.prefill_decode import STACKS
 
-    p = sub.add_parser("prefill-decode", help="DeepSeek V3.2's sparse attention: does a token's prefill give the "
-                                              "bits of its decode, per serving stack, and why not",
+    p = sub.add_parser("prefill-decode", help="does a token's prefill give the bits of its decode, per serving "
+                                              "stack, and why not (V3.2's sparse attention, or a dense MLA layer)",
                        description="A request's tokens (each with its top-k list of its prefix) through a serving "
                                    "stack's prefill launch and, token by token, its decode launches, on the models "
                                    "of the kernels each stack runs on Hopper with a BF16 cache: which output and "
-                                   "LSE bits differ and why (two kernels, or one kernel's split plan). Exit status: "
-                                   "0 every token identical, 3 bits differ, 4 the bits agree but hold NaN (no "
-                                   "answer), 1 or 2 an error.")
-    p.add_argument("--stack", default="all", choices=["all", *STACKS],
-                   help="; ".join(f"{s.name}: {s.what}" for s in STACKS.values()))
+                                   "LSE bits differ and why (two kernels, or one kernel's split plan). With "
+                                   "--model dense, a dense MLA layer (DeepSeek-V3/R1, Kimi-K2) from its attention "
+                                   "inputs to the output o_proj reads, the prompt prefilled in the chunks the "
+                                   "engine schedules: where prefill and decode part (the form, W_UK, the kernel's "
+                                   "splits, W_UV). Exit status: 0 every token identical, 3 bits differ, 4 the bits "
+                                   "agree but hold NaN (no answer), 5 they agree but a piece is not modelled, 1 or "
+                                   "2 an error.")
+    p.add_argument("--model", default="v3.2", choices=["v3.2", "dense"],
+                   help="v3.2: DeepSeek V3.2's sparse attention (default); dense: a dense MLA layer")
+    p.add_argument("--stack", default="all", choices=["all", *STACKS, *LAYER_MODES],
+                   help="; ".join(f"{s.name}: {s.what}" for s in STACKS.values()) + "; with --model dense: "
+                   + "; ".join(f"{m.name}: {m.what}" for m in LAYER_MODES.values()))
+    p.add_argument("--budget", type=_int_at_least(1), default=8192,
+                   help="--model dense: the scheduler's token budget (vLLM max_num_batched_tokens, SGLang "
+                        "--chunked-prefill-size)")
     p.add_argument("--length", type=_int_at_least(1), default=400, help="the request's tokens (prefilled at once)")
     p.add_argument("--heads", type=_int_at_least(1), default=16, help="query heads a GPU holds (V3.2: 128 / TP)")
     p.add_argument("--topk", type=_int_at_least(128), default=2048, help="the indexer's list length (V3.2: 2048)")

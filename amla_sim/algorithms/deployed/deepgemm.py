@@ -18,12 +18,13 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from ...arith.elementwise import rcp_approx
 from ...arith.logarithm import log2f
 from ...formats import get_format
 from ...machines import Machine, get_machine
 from ..quantizers import E4M3_MAX
 
-__all__ = ["per_token_group_quant_fp8", "fp8_gemm_nt", "FP8_GROUP"]
+__all__ = ["FP8_GROUP", "fp8_gemm_nt", "per_token_group_quant_fp8", "sglang_per_token_group_quant_fp8"]
 
 #: the quantization group and DeepGEMM's K block
 FP8_GROUP = 128
@@ -48,6 +49,26 @@ def per_token_group_quant_fp8(x: npt.ArrayLike, *, ue8m0: bool = True) -> tuple[
         inv = (np.float32(1) / y_s).astype(np.float32)
         q = np.clip((xg * inv[..., None]).astype(np.float32), -E4M3_MAX, E4M3_MAX)
     return get_machine("ieee32").cast(q.reshape(M, K), "e4m3"), y_s
+
+
+def sglang_per_token_group_quant_fp8(x: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """SGLang 0.5.23's quantizer of kv_b_proj's activations on Hopper (FP32 scales), as its source reads (not
+    device-checked): its JIT kernel ``per_token_group_quant`` (``srt/kernels/jit/csrc/gemm/per_token_group_quant.cuh
+    :292-362``, built with ``--use_fast_math``) takes ``amax = max(max |x|, 1e-10)``, stores ``y_s = amax fl(1 /
+    448)`` (a multiply) and quantizes ``e4m3(satfinite(x q))`` with ``q = 448 / amax`` an approximate division
+    (``div.approx.ftz``: 448 times MUFU.RCP of amax). x (M, K) BF16 -> q (M, K) E4M3 and y_s (M, K / 128) FP32."""
+    xa = np.asarray(x)
+    fmt = get_format(xa.dtype).name if xa.dtype.kind in "fV" else None
+    if xa.ndim != 2 or fmt != "bf16" or xa.shape[1] % FP8_GROUP:
+        raise ValueError(f"x: expected (tokens, K) BF16, K a multiple of {FP8_GROUP}, got {xa.dtype} {xa.shape}")
+    M, K = xa.shape
+    xg = xa.astype(np.float32).reshape(M, K // FP8_GROUP, FP8_GROUP)
+    with np.errstate(over="ignore", invalid="ignore"):
+        amax = np.maximum(_EPS, np.abs(xg).max(axis=-1))
+        y_s = (amax * (np.float32(1) / np.float32(E4M3_MAX))).astype(np.float32)
+        q = (np.float32(E4M3_MAX) * rcp_approx(amax)).astype(np.float32)
+        scaled = np.clip((xg * q[..., None]).astype(np.float32), -E4M3_MAX, E4M3_MAX)  # satfinite
+    return get_machine("ieee32").cast(scaled.reshape(M, K), "e4m3"), y_s
 
 
 def fp8_gemm_nt(a: npt.ArrayLike, a_scales: npt.ArrayLike, b: npt.ArrayLike, b_scales: npt.ArrayLike, *,

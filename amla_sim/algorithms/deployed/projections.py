@@ -26,8 +26,10 @@ __all__ = ["bmm_batch_invariant", "w_uk", "w_uv", "BMM_BLOCK_K", "CUBLAS_CHECKED
 
 #: the K extent of one ``tl.dot`` in both engines' BF16 configuration (BLOCK_M 128, BLOCK_N 128, BLOCK_K 64)
 BMM_BLOCK_K = 64
-#: (tokens, heads) of the W_UK and W_UV products whose cuBLAS bits were the model's (``scripts/capture_bmm.py``)
-CUBLAS_CHECKED = ((1, 16), (5, 16), (64, 16), (300, 16), (1024, 16), (4, 128))
+#: (tokens, heads) of the W_UK and W_UV products whose cuBLAS bits were the model's through both engines' calls
+#: (``scripts/capture_bmm.py``, ``scripts/capture_layer.py``): every one captured
+CUBLAS_CHECKED = frozenset([(1, 16), (5, 16), (64, 16), (300, 16), (1024, 16), (4, 128)] + [
+    (m, h) for h in (16, 32, 64, 128) for m in (1, 2, 3, 4, 8, 16, 32, 64, 76, 128, 150, 256, 300, 512)])
 
 
 def bmm_batch_invariant(a: npt.ArrayLike, b: npt.ArrayLike, *, machine: str | Machine = "sm90-triton") -> np.ndarray:

@@ -1,0 +1,204 @@
+"""Does a dense MLA model's prefill give a token its decode's bits? DeepSeek-V3/R1 and Kimi-K2 at one attention
+layer, as vLLM 0.33 and SGLang 0.5.23 run it on Hopper in their default and deterministic modes.
+
+A request's prompt is prefilled in the chunks the engine's scheduler cuts it into, each routed to the MHA or the
+absorbed form (:mod:`~amla_sim.invariance.routing`); each generated token is decoded in the absorbed form, in a
+launch of ``decode_batch`` tokens. :func:`dense_prefill_vs_decode` runs the layer's models
+(:mod:`~amla_sim.algorithms.deployed.mla_layer`) both ways from the same inputs and says per token whether the
+layer's output (before ``o_proj``) has the same bits, the first step where the two part (the form, W_UK's product,
+the attention kernel and its splits, W_UV's product), how far, and what it could not model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._validate import check_int
+from ..algorithms.deployed.mla_layer import (
+    KV_LORA,
+    LAYER_MODES,
+    QK_NOPE,
+    QK_ROPE,
+    LayerInputs,
+    LayerMode,
+    LayerStep,
+    absorbed_chunk,
+    mha_chunk,
+)
+from ..crosscheck.deepgemm import quantize_weight_blocks
+from ..formats import round_to
+from ..testing import ulp_distance
+from .routing import Chunk, Prompt, route
+
+__all__ = [
+    "DEEPSEEK_V3_SCALE",
+    "MAX_LAYER_TOKENS",
+    "DenseReport",
+    "DenseVerdict",
+    "dense_prefill_vs_decode",
+    "layer_request",
+]
+
+#: DeepSeek-V3's softmax scale, 192^-0.5 mscale^2 with YaRN (what both engines pass)
+DEEPSEEK_V3_SCALE = 0.1352337788608801
+#: the longest request the command models (a CPU minute or so a thousand tokens at 16 heads)
+MAX_LAYER_TOKENS = 8192
+
+
+def layer_request(tokens: int, *, heads: int = 16, seed: int = 0, weight_scales: str = "ue8m0",
+                  scale: float = DEEPSEEK_V3_SCALE) -> LayerInputs:
+    """A request's layer inputs drawn from `seed`: q_nope, q_pe, c_kv and k_pe ~ N(0, 1) in BF16 (c_kv as the
+    RMSNorm leaves it), kv_b_proj's weight ~ N(0, 0.05^2) quantized in 128 x 128 blocks to E4M3 with `weight_scales`
+    ("ue8m0", powers of two as vLLM requantizes them at load; "fp32", as a checkpoint holds them)."""
+    T, h = check_int(tokens, "tokens", lo=1, hi=MAX_LAYER_TOKENS), check_int(heads, "heads", lo=1, hi=128)
+    if weight_scales not in ("ue8m0", "fp32"):
+        raise ValueError(f"weight_scales: expected 'ue8m0' or 'fp32', got {weight_scales!r}")
+    rng = np.random.default_rng([check_int(seed, "seed", lo=0), 52, 2])
+    draw = [round_to(rng.normal(0, 1, shape), "bf16") for shape in
+            ((T, h, QK_NOPE), (T, h, QK_ROPE), (T, KV_LORA), (T, QK_ROPE))]
+    w, s = quantize_weight_blocks(round_to(rng.normal(0, 0.05, (h * 256, KV_LORA)), "bf16"), weight_scales)
+    return LayerInputs(*draw, w, s, scale)
+
+
+@dataclass(frozen=True)
+class DenseVerdict:
+    """One token: its layer output's elements that differ between prefill and decode, the largest distance in
+    ULPs, where the two part, and what of either side is not modelled (then the verdict is a model's, not a
+    prediction of the device)."""
+
+    token: int
+    out_differ: int
+    out_total: int
+    max_ulp: int
+    parts: str
+    prefill: str  # how the prefill computed it
+    unmodelled: tuple[str, ...] = ()
+
+    @property
+    def identical(self) -> bool:
+        return self.out_differ == 0
+
+    def describe(self) -> str:
+        head = ("bits identical" if self.identical else
+                f"{self.out_differ} of {self.out_total} output elements differ (max {self.max_ulp} ULP): {self.parts}")
+        tail = "".join(f"; not modelled: {u}" for u in self.unmodelled)
+        return f"{head} [prefill: {self.prefill}]{tail}"
+
+
+@dataclass
+class DenseReport:
+    """Every compared token's verdict for one mode, the prefill's chunks, and the two sides' outputs of those
+    tokens ((n, h, 128) BF16) and stages for a device check to compare with."""
+
+    mode: LayerMode
+    chunks: list[Chunk]
+    tokens: list[DenseVerdict]
+    prefill: dict[str, np.ndarray] = field(repr=False)
+    decode: dict[str, np.ndarray] = field(repr=False)
+
+    @property
+    def modelled(self) -> bool:
+        return not any(v.unmodelled for v in self.tokens)
+
+    def format(self) -> str:
+        same = sum(v.identical for v in self.tokens)
+        lines = [f"{self.mode.name} ({self.mode.what}): {same} of {len(self.tokens)} tokens bit-identical between "
+                 f"prefill and decode at the layer's output" + ("" if self.modelled else " (see what is not modelled)")]
+        lines += [f"  prefill chunk: tokens {c.context}..{c.context + c.tokens - 1}, {c.path} ({c.why})"
+                  for c in self.chunks]
+        lines += [f"  token {v.token}: {v.describe()}" for v in self.tokens]
+        return "\n".join(lines)
+
+
+_ABSORBED_COST = 3  # a (key, head) product of the absorbed form (576 / 512 wide) against the MHA form's (192 / 128)
+
+
+def layer_work(mode: str | LayerMode, length: int, *, heads: int, tokens: list[int], budget: int = 8192,
+               decode_batch: int = 1) -> int:
+    """What :func:`dense_prefill_vs_decode` costs, in (key, head) products of the MHA form: the prefill chunks that
+    hold `tokens` (causal over their context) and each token's decode launch."""
+    md = _mode(mode)
+    work = 0
+    for c in route(md.engine, [Prompt(length)], budget=budget, deterministic=md.deterministic):
+        if any(c.context <= t < c.context + c.tokens for t in tokens):
+            pairs = c.tokens * c.context + c.tokens * (c.tokens + 1) // 2
+            work += pairs * heads * (1 if c.path == "mha" else _ABSORBED_COST)
+    return work + sum(t + 1 for t in tokens) * heads * decode_batch * _ABSORBED_COST
+
+
+def _mode(mode: str | LayerMode) -> LayerMode:
+    md = LAYER_MODES.get(mode) if isinstance(mode, str) else mode
+    if not isinstance(md, LayerMode):
+        raise ValueError(f"mode: expected one of {tuple(LAYER_MODES)}, got {mode!r}")
+    return md
+
+
+def _prefill(x: LayerInputs, mode: LayerMode, chunks: list[Chunk], todo: list[int]) -> dict[int, tuple]:
+    """Each token of `todo`: (its chunk's step, the row of it in that step, the chunk)."""
+    got = {}
+    for c in chunks:
+        mine = [t for t in todo if c.context <= t < c.context + c.tokens]
+        if not mine:
+            continue
+        if c.path == "mha":
+            step = mha_chunk(x, c.context, c.tokens, mode)
+        else:
+            step = absorbed_chunk(x, np.arange(c.context, c.context + c.tokens), mode, causal_step=True)
+        for t in mine:
+            got[t] = (step, t - c.context, c)
+    return got
+
+
+def _parts(pre: LayerStep, i: int, dec: LayerStep, mode: LayerMode) -> str:
+    """The first step where token's prefill (row i of `pre`) and decode (row 0 of `dec`) part."""
+    if pre.form != dec.form:
+        return ("the form: the prefill up-projects the cache through kv_b_proj (FP8 DeepGEMM) and runs FA3's 192/128 "
+                "MHA kernel; the decode absorbs W_UK and W_UV (BF16 bmm) around FA3's 576/512 MLA kernel")
+
+    def same(name: str) -> bool:
+        a, b = pre.stages[name][i], dec.stages[name][0]
+        return a.tobytes() == b.tobytes()
+
+    if not same("w_uk"):
+        return f"W_UK's product ({mode.bmm} bmm): the token's q W_UK differs"
+    if not (same("attn") and same("lse")):
+        sp, sd = int(pre.splits[i]), int(dec.splits[0])
+        if sp != sd:
+            return f"the attention kernel's splits: FA3 cuts the token's keys into {sp} in the prefill, {sd} in the decode"
+        return "the attention kernel: the same splits, another launch shape (the prefill's causal step of the chunk)"
+    return f"W_UV's product ({mode.bmm} bmm)"
+
+
+def dense_prefill_vs_decode(x: LayerInputs, mode: str | LayerMode, *, tokens: list[int] | None = None,
+                            budget: int = 8192, decode_batch: int = 1) -> DenseReport:
+    """The request of `x` prefilled as `mode`'s engine schedules it alone (``budget``: vLLM's
+    ``max_num_batched_tokens``, SGLang's ``--chunked-prefill-size``), against the decode of each of `tokens`
+    (default the last 4) in a launch of `decode_batch` tokens (the token and copies of it, standing for batchmates
+    as long)."""
+    md = _mode(mode)
+    T = x.tokens
+    check_int(decode_batch, "decode_batch", lo=1, hi=1024)
+    todo = list(range(max(0, T - 4), T)) if tokens is None else [check_int(t, "tokens", lo=0, hi=T - 1)
+                                                                  for t in tokens]
+    if len(set(todo)) != len(todo) or not todo:
+        raise ValueError(f"tokens: each position once, at least one, got {tokens}")
+    chunks = route(md.engine, [Prompt(T)], budget=check_int(budget, "budget", lo=1),
+                   deterministic=md.deterministic)
+    pre = _prefill(x, md, chunks, todo)
+    verdicts, sides = [], {"prefill": {"out": [], "splits": []}, "decode": {"out": [], "splits": []}}
+    for t in todo:
+        step, i, c = pre[t]
+        dec = absorbed_chunk(x, [t] * decode_batch, md, causal_step=False)
+        po, do = step.out[i], dec.out[0]
+        differ = int((po.view(np.uint16) != do.view(np.uint16)).sum())
+        parts = "" if differ == 0 else _parts(step, i, dec, md)
+        verdicts.append(DenseVerdict(t, differ, po.size, int(ulp_distance(po, do).max(initial=0)), parts,
+                                     f"{c.path}, chunk {c.context}..{c.context + c.tokens - 1}",
+                                     tuple(dict.fromkeys(step.unmodelled + dec.unmodelled))))
+        for side, st, r in (("prefill", step, i), ("decode", dec, 0)):
+            sides[side]["out"].append(st.out[r])
+            sides[side]["splits"].append(st.splits[r])
+    return DenseReport(md, chunks, verdicts, *({k: np.array(v) for k, v in sides[s].items()}
+                                               for s in ("prefill", "decode")))

@@ -1,0 +1,162 @@
+"""The dense MLA layer on a GPU, chained as each engine chains its kernels: requests of
+:data:`amla_sim.crosscheck.layer.LAYER_CASES` prefilled in the chunks the engine's scheduler makes and decoded token by
+token, and cuBLAS's ``torch.bmm`` on :data:`amla_sim.crosscheck.layer.CUBLAS_SHAPES`.
+
+Run on a CUDA machine:  python scripts/capture_layer.py OUTDIR VLLM_ROOT BMM_BUNDLE DEEPGEMM_BUNDLE
+
+The kernels: vLLM 0.33.0's shipped FA3 (``_vllm_fa3_C``) for both forms; DeepGEMM as vLLM vendors it for
+``kv_b_proj``, its activations quantized as vLLM's kernel reads (``absmax / 448`` a division, UE8M0, a multiply by
+the exact reciprocal); W_UK and W_UV dequantized as ``(fp32(w) s).to(bf16)`` and multiplied through each engine's
+exact bmm call (cuBLAS's ``torch.bmm`` in the normal modes, the engine's Triton ``bmm_batch_invariant`` in the
+deterministic ones). SGLang's absorbed calls (num_splits 1) run through the same FA3 binary with a page of 1: its
+build's MLA kernels do vLLM's fork's arithmetic. Writes OUTDIR/layer_{dev}.npz: per case ``c{i}_{side}_{stage}``
+(side prefill or decode; stage out (kept, h, 128), attn, lse, w_uk, splits) as raw bits, and ``meta`` (the cases,
+versions, the CRC of each MHA chunk's quantized activations); ``cublas_crc`` (shape, engine, op) rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from amla_sim._files import atomic_savez
+from amla_sim.algorithms.deployed.mla_layer import LAYER_MODES
+from amla_sim.crosscheck.layer import CUBLAS_SHAPES, LAYER_CASES, crc_bits
+from amla_sim.crosscheck.projections import bmm_inputs
+from amla_sim.invariance.dense_layer import layer_request
+from amla_sim.invariance.routing import Prompt, route
+
+
+def main() -> None:
+    out_dir, vllm_root, bmm_dir, dg_dir = sys.argv[1:5]
+    import torch
+
+    sys.path[:0] = [bmm_dir, dg_dir]
+    from load_bmm import (
+        load_sglang,
+        load_vllm,
+        sglang_w_uk,
+        sglang_w_uv,
+        sglang_weights,
+        vllm_w_uk,
+        vllm_w_uv,
+        vllm_weights,
+    )
+    from run_deepgemm import setup
+
+    from amla_sim.gpu.adapters.fa3 import load_shipped_fa3, run_fa3, run_fa3_prefill
+
+    fa3, dg = load_shipped_fa3(vllm_root), setup(os.path.join(dg_dir, "vllm033-deep_gemm.tar.xz"))
+    triton_bmm = {"vllm": load_vllm().bmm_batch_invariant, "sglang": load_sglang().bmm_batch_invariant}
+    calls = {"vllm": (vllm_weights, vllm_w_uk, vllm_w_uv), "sglang": (sglang_weights, sglang_w_uk, sglang_w_uv)}
+
+    def gpu(a, dtype=torch.bfloat16):
+        a = np.ascontiguousarray(a)
+        return torch.from_numpy(a.view(np.int16 if a.itemsize == 2 else np.uint8)).cuda().view(dtype)
+
+    def bits(t):
+        return t.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+
+    def weights(x, engine):
+        w = gpu(x.kv_b, torch.float8_e4m3fn).float()
+        s = torch.from_numpy(x.kv_b_scale).cuda().repeat_interleave(128, 0).repeat_interleave(128, 1)
+        wb = (w * s).to(torch.bfloat16)
+        return calls[engine][0](wb.T if engine == "vllm" else wb, x.heads)
+
+    def absorbed(x, mode, t, causal_step):
+        wk, wv = weights(x, mode.engine)
+        bmm = torch.bmm if mode.bmm == "cublas" else triton_bmm[mode.engine]
+        ql = calls[mode.engine][1](bmm, gpu(x.q_nope[t]), wk).contiguous()
+        q = torch.cat([ql, gpu(x.q_pe[t])], dim=-1)
+        kv = np.concatenate([x.c_kv, x.k_pe], axis=-1)
+        n, h = len(t), x.heads
+        if causal_step:
+            lens, qq, kk = [int(t[-1]) + 1], bits(q)[None], kv[None, :t[-1] + 1]
+        else:
+            lens, qq = [int(i) + 1 for i in t], bits(q)[:, None]
+            kk = np.stack([np.pad(kv[:i + 1], ((0, int(max(t)) - i), (0, 0))) for i in t])
+        res = run_fa3(fa3, qq, kk, {"seqlens": lens, "page_size": mode.page_size, "format": "bf16",
+                                    "scale": x.scale, "causal": True, "num_splits": mode.fa3_num_splits(n),
+                                    "seed": 5})
+        attn = gpu(res["out"].reshape(n, h, 512))
+        out = calls[mode.engine][2](bmm, attn, wv)
+        splits = res.get("splits", np.ones(len(lens), np.int32))
+        return {"out": bits(out), "attn": res["out"].reshape(n, h, 512),
+                "lse": res["lse"].reshape(h, n).T.copy(), "w_uk": bits(ql),
+                "splits": np.repeat(splits, n) if causal_step else splits.astype(np.int32)}
+
+    def quant_vllm(x):
+        """vLLM's per_token_group_quant_fp8 as its kernel reads: a true division by 448, UE8M0, exact reciprocal."""
+        M = x.shape[0]
+        xg = x.float().view(M, 4, 128)
+        amax = xg.abs().amax(-1).clamp_min(1e-10)
+        s = amax / torch.full_like(amax, 448.0)
+        s = torch.exp2(torch.ceil(torch.log2(s.clamp_min(1e-10))))
+        q = (xg * (1.0 / s)[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(M, 512)
+        sc = torch.empty((4, M), dtype=torch.float32, device="cuda").T
+        sc.copy_(s)
+        return q, sc
+
+    def mha(x, mode, start, n, meta):
+        if mode.engine != "vllm" or start:
+            raise SystemExit("the device check chains vLLM's MHA chunks of no context only")
+        c = gpu(x.c_kv[:n])
+        a, a_s = quant_vllm(c)
+        meta.setdefault("quant_crc", []).append(crc_bits(a.view(torch.uint8).cpu().numpy())
+                                                ^ crc_bits(a_s.contiguous().cpu().numpy()))
+        w = gpu(x.kv_b, torch.float8_e4m3fn)
+        kvb = torch.empty((n, w.shape[0]), dtype=torch.bfloat16, device="cuda")
+        dg.fp8_gemm_nt((a, a_s), (w, torch.from_numpy(x.kv_b_scale).cuda()), kvb, disable_ue8m0_cast=False)
+        kvb = kvb.view(n, x.heads, 256)
+        k = torch.cat([kvb[..., :128], gpu(x.k_pe[:n])[:, None].expand(n, x.heads, 64)], dim=-1)
+        q = torch.cat([gpu(x.q_nope[:n]), gpu(x.q_pe[:n])], dim=-1)
+        res = run_fa3_prefill(fa3, bits(q), bits(k), bits(kvb[..., 128:]), {
+            "format": "bf16", "qlens": [n], "seqlens": [n], "scale": x.scale, "causal": True,
+            "num_splits": 1 if mode.deterministic else 0})
+        return {"out": res["out"], "attn": res["out"]}
+
+    arrays, meta_cases = {}, []
+    for i, (name, T, h, seed, budget, keep, batch) in enumerate(LAYER_CASES):
+        mode, x = LAYER_MODES[name], layer_request(T, heads=h, seed=seed)
+        chunks = route(mode.engine, [Prompt(T)], budget=budget, deterministic=mode.deterministic)
+        meta = {"mode": name, "tokens": T, "heads": h, "seed": seed, "budget": budget, "keep": list(keep),
+                "decode_batch": batch}
+        pre = {}
+        for c in chunks:
+            mine = [t for t in keep if c.context <= t < c.context + c.tokens]
+            if not mine:
+                continue
+            got = (mha(x, mode, c.context, c.tokens, meta) if c.path == "mha" else
+                   absorbed(x, mode, np.arange(c.context, c.context + c.tokens), True))
+            for t in mine:
+                pre[t] = {k: v[t - c.context] for k, v in got.items()}
+        for stage in pre[keep[0]]:
+            arrays[f"c{i}_prefill_{stage}"] = np.stack([pre[t][stage] for t in keep])
+        dec = [absorbed(x, mode, np.array([t] * batch), False) for t in keep]
+        for stage in dec[0]:
+            arrays[f"c{i}_decode_{stage}"] = np.stack([d[stage][0] for d in dec])
+        same = int(sum((arrays[f"c{i}_prefill_out"][j] == arrays[f"c{i}_decode_out"][j]).all()
+                       for j in range(len(keep))))
+        meta_cases.append(meta)
+        print(f"layer case {i} {name} T={T}: {same} of {len(keep)} kept tokens identical", flush=True)
+    rows = []
+    for m, h in CUBLAS_SHAPES:
+        q, attn, w = (gpu(a) for a in bmm_inputs(m, h, 7))
+        for engine, (wts, uk, uv) in calls.items():
+            wk, wv = wts(w.T if engine == "vllm" else w, h)
+            rows.append([m, h, engine == "vllm", 0, crc_bits(bits(uk(torch.bmm, q, wk))[:, :2])])
+            rows.append([m, h, engine == "vllm", 1, crc_bits(bits(uv(torch.bmm, attn, wv))[:, :2])])
+    device = torch.cuda.get_device_name()
+    meta = {"kernel": "mla-layer", "vllm": "0.33.0", "sglang": "0.5.23", "device": device, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "deep_gemm": dg.__version__, "cases": meta_cases,
+            "cublas_columns": ["tokens", "heads", "is_vllm", "is_w_uv", "crc_first_two_heads"]}
+    tag = "h200" if "H200" in device else "h100" if "H100" in device else "gpu"
+    atomic_savez(os.path.join(out_dir, f"layer_{tag}.npz"), meta=np.array(json.dumps(meta)),
+                 cublas_crc=np.array(rows, np.int64), **arrays)
+
+
+if __name__ == "__main__":
+    main()

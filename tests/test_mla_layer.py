@@ -1,0 +1,188 @@
+"""A dense MLA layer (DeepSeek-V3/R1, Kimi-K2) as vLLM 0.33 and SGLang 0.5.23 chain its kernels on Hopper, against an
+H200 (``scripts/capture_layer.py``, ``tests/data/layer_h200.npz``): requests prefilled in the chunks each engine's
+scheduler makes (the MHA form through DeepGEMM's kv_b_proj and FA3's 192/128 kernel, or the absorbed form through
+the bmm and FA3's MLA kernel) and decoded token by token, every stage's bits the model's; cuBLAS's bmm on 56 shapes
+through both engines' calls; each modelled choice shown to matter; the ``prefill-decode --model dense`` answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from amla_sim.algorithms.deployed.deepgemm import per_token_group_quant_fp8, sglang_per_token_group_quant_fp8
+from amla_sim.algorithms.deployed.mla_layer import LAYER_MODES, LayerInputs, absorbed_chunk, kv_b_proj, mha_chunk
+from amla_sim.algorithms.deployed.projections import CUBLAS_CHECKED, w_uk, w_uv
+from amla_sim.cli import main
+from amla_sim.crosscheck.layer import CUBLAS_SHAPES, LAYER_CASES, crc_bits
+from amla_sim.crosscheck.projections import BMM_CASES, bmm_inputs, split_kv_b
+from amla_sim.invariance.dense_layer import dense_prefill_vs_decode, layer_request
+from amla_sim.invariance.routing import Prompt, route
+
+DATA = Path(__file__).parent / "data" / "layer_h200.npz"
+STAGES = ("out", "attn", "lse", "w_uk", "splits")
+
+
+@pytest.fixture(scope="module")
+def capture():
+    with np.load(DATA) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    assert meta["device"] == "NVIDIA H200" and meta["vllm"] == "0.33.0"
+    assert [(c["mode"], c["tokens"], c["heads"], c["seed"], c["budget"], tuple(c["keep"]), c["decode_batch"])
+            for c in meta["cases"]] == list(LAYER_CASES)
+    return meta, arrays
+
+
+def _bits(stage: str, a: np.ndarray) -> np.ndarray:
+    if stage == "lse":
+        return np.asarray(a, np.float32).view(np.uint32)
+    return np.asarray(a) if stage == "splits" else np.asarray(a).view(np.uint16)
+
+
+def _sides(i: int, mode=None) -> tuple[dict, list]:
+    """The model's prefill (each kept token's step and row) and decodes of case `i`."""
+    name, T, h, seed, budget, keep, batch = LAYER_CASES[i]
+    md, x = mode or LAYER_MODES[name], layer_request(T, heads=h, seed=seed)
+    pre = {}
+    for c in route(md.engine, [Prompt(T)], budget=budget, deterministic=md.deterministic):
+        mine = [t for t in keep if c.context <= t < c.context + c.tokens]
+        if mine:
+            step = (mha_chunk(x, c.context, c.tokens, md) if c.path == "mha" else
+                    absorbed_chunk(x, np.arange(c.context, c.context + c.tokens), md, causal_step=True))
+            pre.update({t: (step, t - c.context) for t in mine})
+    return pre, [absorbed_chunk(x, [t] * batch, md, causal_step=False) for t in keep]
+
+
+def _stage(step, stage: str) -> np.ndarray:
+    return getattr(step, stage) if stage in ("out", "splits") else step.stages[stage]
+
+
+@pytest.mark.parametrize("i", range(len(LAYER_CASES)), ids=[f"{c[0]}-T{c[1]}-b{c[6]}" for c in LAYER_CASES])
+def test_every_stage_of_prefill_and_decode(capture, i):
+    meta, arrays = capture
+    keep = LAYER_CASES[i][5]
+    pre, dec = _sides(i)
+    seen = 0
+    for stage in STAGES:
+        if f"c{i}_prefill_{stage}" in arrays:
+            got = np.stack([_stage(pre[t][0], stage)[pre[t][1]] for t in keep])
+            assert np.array_equal(_bits(stage, got), arrays[f"c{i}_prefill_{stage}"].reshape(got.shape)), stage
+            seen += 1
+        got = np.stack([_stage(d, stage)[0] for d in dec])
+        assert np.array_equal(_bits(stage, got), arrays[f"c{i}_decode_{stage}"]), stage
+    assert seen >= 2  # MHA: out and attn; absorbed: all five
+
+
+def test_the_prefill_quantizer_is_vllms_kernel(capture):
+    """The device quantized each MHA chunk's latents as vLLM's kernel reads; the model's bytes are the same."""
+    meta, _ = capture
+    done = 0
+    for case, (name, T, h, seed, *_rest) in zip(meta["cases"], LAYER_CASES):
+        for crc in case.get("quant_crc", []):
+            a, s = per_token_group_quant_fp8(layer_request(T, heads=h, seed=seed).c_kv, ue8m0=True)
+            assert crc_bits(a.view(np.uint8)) ^ crc_bits(s) == crc
+            done += 1
+    assert done == 2
+
+
+@pytest.mark.parametrize("heads", [16, 32, 64, 128])
+def test_cublas_bmm_on_every_captured_shape(capture, heads):
+    """cuBLAS's ``torch.bmm`` through vLLM's and SGLang's W_UK and W_UV calls: the first two heads' bits (CRC) are
+    the fused chain's at 1 to 512 tokens."""
+    _, arrays = capture
+    rows = arrays["cublas_crc"]
+    rows = rows[rows[:, 1] == heads]
+    assert len(rows) == 4 * sum(h == heads for _, h in CUBLAS_SHAPES)
+    for m in sorted(set(rows[:, 0].tolist())):
+        q, attn, w = bmm_inputs(m, heads, 7)
+        uk, uv = split_kv_b(w, heads)
+        mine = (crc_bits(w_uk(q[:, :2], uk[:2]).view(np.uint16)), crc_bits(w_uv(attn[:, :2], uv[:2]).view(np.uint16)))
+        for *_, is_uv, crc in rows[rows[:, 0] == m].tolist():
+            assert crc == mine[is_uv], (m, heads, is_uv)
+
+
+def test_cublas_checked_is_what_was_captured(capture):
+    _, arrays = capture
+    captured = {tuple(r[:2]) for r in arrays["cublas_crc"].tolist()} | {c[:2] for c in BMM_CASES}
+    assert CUBLAS_CHECKED == captured
+
+
+def test_vllms_decode_split_bound_under_cuda_graphs_matters(capture):
+    """vLLM passes FA3 ``num_splits`` 32 for a decode launch a full CUDA graph replays; FA3's heuristic unbounded
+    splits the 300-token request otherwise, and other bits come out."""
+    _, arrays = capture
+    eager = dataclasses.replace(LAYER_MODES["vllm"], cuda_graph_max=0)
+    _, dec = _sides(2, eager)
+    got = np.stack([_stage(d, "splits")[0] for d in dec])
+    out = np.stack([d.out[0] for d in dec]).view(np.uint16)
+    assert not np.array_equal(got, arrays["c2_decode_splits"]) and not np.array_equal(out, arrays["c2_decode_out"])
+
+
+def test_the_engines_quantizers_give_other_bits():
+    """SGLang's quantizer (FP32 scales, an approximate reciprocal) is not vLLM's: kv_b_proj's output parts."""
+    x = layer_request(64, heads=2, seed=11)
+    a_v, s_v = per_token_group_quant_fp8(x.c_kv, ue8m0=True)
+    a_s, s_s = sglang_per_token_group_quant_fp8(x.c_kv)
+    assert not np.array_equal(s_v, s_s) and not np.array_equal(a_v.view(np.uint8), a_s.view(np.uint8))
+    kv = {e: kv_b_proj(x.c_kv, x.kv_b, x.kv_b_scale, engine=e)[1] for e in ("vllm", "sglang")}
+    assert (kv["vllm"].view(np.uint16) != kv["sglang"].view(np.uint16)).mean() > 0.1
+
+
+def test_the_form_matters(capture):
+    """vLLM's batch-invariant mode routes a 600-token prompt to the MHA form; its decode (the absorbed form, one
+    split, the form the model of an absorbed chunk gives) parts from it on the device in most elements: the route's
+    choice of form decides the bits, and the models of both forms give each side's."""
+    _, arrays = capture
+    assert (arrays["c1_prefill_out"] != arrays["c1_decode_out"]).mean() > 0.5
+
+
+@pytest.mark.parametrize(("i", "identical", "parts"), [
+    (2, False, "splits: FA3 cuts"), (3, True, ""), (6, False, "splits: FA3 cuts"), (7, True, ""),
+])
+def test_prefill_decode_answers_what_the_device_saw(capture, i, identical, parts):
+    """The verdicts of ``dense_prefill_vs_decode`` are the device's: its sides' outputs are the capture's, and
+    identical exactly where the device's prefill and decode were."""
+    _, arrays = capture
+    name, T, h, seed, budget, keep, batch = LAYER_CASES[i]
+    rep = dense_prefill_vs_decode(layer_request(T, heads=h, seed=seed), name, tokens=list(keep), budget=budget,
+                                  decode_batch=batch)
+    device_same = [np.array_equal(p, d) for p, d in zip(arrays[f"c{i}_prefill_out"], arrays[f"c{i}_decode_out"])]
+    assert [v.identical for v in rep.tokens] == device_same == [identical] * len(keep)
+    assert np.array_equal(rep.prefill["out"].view(np.uint16), arrays[f"c{i}_prefill_out"])
+    assert np.array_equal(rep.decode["out"].view(np.uint16), arrays[f"c{i}_decode_out"])
+    assert all(parts in v.parts for v in rep.tokens) and rep.modelled
+
+
+def test_an_unchecked_cublas_shape_is_said(capsys):
+    """vLLM's default decode at 8 heads in a launch of 3 tokens: cuBLAS was not captured there, so no verdict claims
+    identity without saying so (exit 5 when the bits agree, 3 when they part)."""
+    rc = main(["prefill-decode", "--model", "dense", "--stack", "vllm", "--length", "40", "--heads", "8",
+               "--tokens", "-1", "--decode-batch", "3"])
+    out = capsys.readouterr().out
+    assert "not modelled: cuBLAS bmm of 3 tokens x 8 heads" in out and rc in (3, 5)
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--stack", "sglang-dsa"], "--stack"), (["--length", "9000"], "--length"), (["--heads", "129"], "--heads"),
+    (["--tokens", "5,5"], "--tokens"), (["--tokens", "400"], "--tokens"),
+    (["--length", "8000", "--stack", "sglang-deterministic"], "--length, --heads, --tokens"),
+])
+def test_bad_dense_requests_are_refused_by_name(capsys, argv, named):
+    with pytest.raises(SystemExit) as exit_:
+        main(["prefill-decode", "--model", "dense", "--length", "300", *argv])
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_layer_inputs_are_checked_by_name():
+    x = layer_request(4, heads=2, seed=0)
+    fields = {f.name: getattr(x, f.name) for f in dataclasses.fields(x) if f.init}
+    for name, bad in (("q_pe", x.q_pe[:, :, :32]), ("c_kv", x.c_kv.astype(np.float32)), ("kv_b", x.kv_b[:256]),
+                      ("kv_b_scale", x.kv_b_scale.astype(np.float64)), ("scale", float("nan"))):
+        with pytest.raises(ValueError, match=f"^{name}:"):
+            LayerInputs(**{**fields, name: bad})
+    with pytest.raises(ValueError, match="^mode:"):
+        dense_prefill_vs_decode(x, "trtllm")
