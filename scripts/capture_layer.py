@@ -2,7 +2,8 @@
 :data:`amla_sim.crosscheck.layer.LAYER_CASES` prefilled in the chunks the engine's scheduler makes and decoded token by
 token, and cuBLAS's ``torch.bmm`` on :data:`amla_sim.crosscheck.layer.CUBLAS_SHAPES`.
 
-Run on a CUDA machine:  python scripts/capture_layer.py OUTDIR VLLM_ROOT BMM_BUNDLE DEEPGEMM_BUNDLE
+Run on a CUDA machine:  python scripts/capture_layer.py OUTDIR VLLM_ROOT BMM_BUNDLE DEEPGEMM_BUNDLE MERGE_BUNDLE [OFFSET]
+OFFSET (fresh inputs): added to every case's seed, the file named layer_fresh{OFFSET}_{dev}.npz.
 
 The kernels: vLLM 0.33.0's shipped FA3 (``_vllm_fa3_C``) for both forms; DeepGEMM as vLLM vendors it for
 ``kv_b_proj``, its activations quantized as vLLM's kernel reads (``absmax / 448`` a division, UE8M0, a multiply by
@@ -31,10 +32,12 @@ from amla_sim.invariance.routing import Prompt, route
 
 
 def main() -> None:
-    out_dir, vllm_root, bmm_dir, dg_dir = sys.argv[1:5]
+    out_dir, vllm_root, bmm_dir, dg_dir, merge_dir = sys.argv[1:6]
+    offset = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     import torch
 
-    sys.path[:0] = [bmm_dir, dg_dir]
+    sys.path[:0] = [bmm_dir, dg_dir, merge_dir]
+    from build_merge import build_vllm
     from load_bmm import (
         load_sglang,
         load_vllm,
@@ -47,9 +50,19 @@ def main() -> None:
     )
     from run_deepgemm import setup
 
-    from amla_sim.gpu.adapters.fa3 import load_shipped_fa3, run_fa3, run_fa3_prefill
+    from amla_sim.algorithms.deployed.vllm.mla_prefill import (
+        chunk_rows,
+        plan_context_chunks,
+    )
+    from amla_sim.gpu.adapters.fa3 import (
+        load_shipped_fa3,
+        run_fa3,
+        run_fa3_prefill,
+        run_vllm_prefill_chain,
+    )
 
     fa3, dg = load_shipped_fa3(vllm_root), setup(os.path.join(dg_dir, "vllm033-deep_gemm.tar.xz"))
+    merge = build_vllm()
     triton_bmm = {"vllm": load_vllm().bmm_batch_invariant, "sglang": load_sglang().bmm_batch_invariant}
     calls = {"vllm": (vllm_weights, vllm_w_uk, vllm_w_uv), "sglang": (sglang_weights, sglang_w_uk, sglang_w_uv)}
 
@@ -100,26 +113,46 @@ def main() -> None:
         sc.copy_(s)
         return q, sc
 
-    def mha(x, mode, start, n, meta):
-        if mode.engine != "vllm" or start:
-            raise SystemExit("the device check chains vLLM's MHA chunks of no context only")
-        c = gpu(x.c_kv[:n])
+    def kvb(x, rows, meta):
+        """kv_b_proj of latent rows through vLLM's quantizer and DeepGEMM: (n, h, 256) BF16."""
+        c = gpu(x.c_kv[rows])
         a, a_s = quant_vllm(c)
-        meta.setdefault("quant_crc", []).append(crc_bits(a.view(torch.uint8).cpu().numpy())
-                                                ^ crc_bits(a_s.contiguous().cpu().numpy()))
+        meta.setdefault("quant_crc", []).append([rows.start or 0, rows.stop, crc_bits(a.view(torch.uint8).cpu()
+                                                 .numpy()) ^ crc_bits(a_s.contiguous().cpu().numpy())])
         w = gpu(x.kv_b, torch.float8_e4m3fn)
-        kvb = torch.empty((n, w.shape[0]), dtype=torch.bfloat16, device="cuda")
-        dg.fp8_gemm_nt((a, a_s), (w, torch.from_numpy(x.kv_b_scale).cuda()), kvb, disable_ue8m0_cast=False)
-        kvb = kvb.view(n, x.heads, 256)
-        k = torch.cat([kvb[..., :128], gpu(x.k_pe[:n])[:, None].expand(n, x.heads, 64)], dim=-1)
-        q = torch.cat([gpu(x.q_nope[:n]), gpu(x.q_pe[:n])], dim=-1)
-        res = run_fa3_prefill(fa3, bits(q), bits(k), bits(kvb[..., 128:]), {
-            "format": "bf16", "qlens": [n], "seqlens": [n], "scale": x.scale, "causal": True,
-            "num_splits": 1 if mode.deterministic else 0})
-        return {"out": res["out"], "attn": res["out"]}
+        out = torch.empty((c.shape[0], w.shape[0]), dtype=torch.bfloat16, device="cuda")
+        dg.fp8_gemm_nt((a, a_s), (w, torch.from_numpy(x.kv_b_scale).cuda()), out, disable_ue8m0_cast=False)
+        return out.view(c.shape[0], x.heads, 256)
+
+    def mha(x, mode, start, n, meta):
+        """vLLM's MHA chunk: the new tokens' causal call, its context (tokens before `start`) in workspace chunks
+        merged by merge_attn_states (forward_mha)."""
+        if mode.engine != "vllm":
+            raise SystemExit("the device check chains vLLM's MHA chunks only")
+        new = slice(start, start + n)
+        kv = kvb(x, new, meta)
+        k = torch.cat([kv[..., :128], gpu(x.k_pe[new])[:, None].expand(n, x.heads, 64)], dim=-1)
+        q = torch.cat([gpu(x.q_nope[new]), gpu(x.q_pe[new])], dim=-1)
+        splits = 1 if mode.deterministic else 0
+        if not start:
+            res = run_fa3_prefill(fa3, bits(q), bits(k), bits(kv[..., 128:]), {
+                "format": "bf16", "qlens": [n], "seqlens": [n], "scale": x.scale, "causal": True,
+                "num_splits": splits})
+            return {"out": res["out"], "attn": res["out"]}
+        ctx = kvb(x, slice(0, start), meta)
+        kc = torch.cat([ctx[..., :128], gpu(x.k_pe[:start])[:, None].expand(start, x.heads, 64)], dim=-1)
+        step = {"qlens": [n], "context_lens": [start], "num_splits": splits, "scale": x.scale}
+        chunks = []
+        for ch in plan_context_chunks([start], 64 * 1024):
+            r, c, merged = chunk_rows(ch, step["qlens"], step["context_lens"])
+            chunks.append((r, c, merged, step["qlens"][ch.request_start:ch.request_end], list(ch.seq_lens)))
+        out = run_vllm_prefill_chain(fa3, merge, bits(q), bits(k), bits(kv[..., 128:]), bits(kc),
+                                     bits(ctx[..., 128:]), step, chunks)
+        return {"out": out, "attn": out}
 
     arrays, meta_cases = {}, []
     for i, (name, T, h, seed, budget, keep, batch) in enumerate(LAYER_CASES):
+        seed += offset
         mode, x = LAYER_MODES[name], layer_request(T, heads=h, seed=seed)
         chunks = route(mode.engine, [Prompt(T)], budget=budget, deterministic=mode.deterministic)
         meta = {"mode": name, "tokens": T, "heads": h, "seed": seed, "budget": budget, "keep": list(keep),
@@ -144,7 +177,7 @@ def main() -> None:
         print(f"layer case {i} {name} T={T}: {same} of {len(keep)} kept tokens identical", flush=True)
     rows = []
     for m, h in CUBLAS_SHAPES:
-        q, attn, w = (gpu(a) for a in bmm_inputs(m, h, 7))
+        q, attn, w = (gpu(a) for a in bmm_inputs(m, h, 7 + offset))
         for engine, (wts, uk, uv) in calls.items():
             wk, wv = wts(w.T if engine == "vllm" else w, h)
             rows.append([m, h, engine == "vllm", 0, crc_bits(bits(uk(torch.bmm, q, wk))[:, :2])])
@@ -154,7 +187,9 @@ def main() -> None:
             "cuda": torch.version.cuda, "deep_gemm": dg.__version__, "cases": meta_cases,
             "cublas_columns": ["tokens", "heads", "is_vllm", "is_w_uv", "crc_first_two_heads"]}
     tag = "h200" if "H200" in device else "h100" if "H100" in device else "gpu"
-    atomic_savez(os.path.join(out_dir, f"layer_{tag}.npz"), meta=np.array(json.dumps(meta)),
+    meta["seed_offset"] = offset
+    name = f"layer_fresh{offset}_{tag}.npz" if offset else f"layer_{tag}.npz"
+    atomic_savez(os.path.join(out_dir, name), meta=np.array(json.dumps(meta)),
                  cublas_crc=np.array(rows, np.int64), **arrays)
 
 

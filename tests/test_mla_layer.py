@@ -61,7 +61,7 @@ def _stage(step, stage: str) -> np.ndarray:
     return getattr(step, stage) if stage in ("out", "splits") else step.stages[stage]
 
 
-@pytest.mark.parametrize("i", range(len(LAYER_CASES)), ids=[f"{c[0]}-T{c[1]}-b{c[6]}" for c in LAYER_CASES])
+@pytest.mark.parametrize("i", range(len(LAYER_CASES)), ids=[f"{c[0]}-T{c[1]}-B{c[4]}-b{c[6]}-h{c[2]}" for c in LAYER_CASES])
 def test_every_stage_of_prefill_and_decode(capture, i):
     meta, arrays = capture
     keep = LAYER_CASES[i][5]
@@ -82,11 +82,11 @@ def test_the_prefill_quantizer_is_vllms_kernel(capture):
     meta, _ = capture
     done = 0
     for case, (name, T, h, seed, *_rest) in zip(meta["cases"], LAYER_CASES):
-        for crc in case.get("quant_crc", []):
-            a, s = per_token_group_quant_fp8(layer_request(T, heads=h, seed=seed).c_kv, ue8m0=True)
+        for lo, hi, crc in case.get("quant_crc", []):
+            a, s = per_token_group_quant_fp8(layer_request(T, heads=h, seed=seed).c_kv[lo:hi], ue8m0=True)
             assert crc_bits(a.view(np.uint8)) ^ crc_bits(s) == crc
             done += 1
-    assert done == 2
+    assert done == 6  # the new tokens of four MHA chunks, the context of two
 
 
 @pytest.mark.parametrize("heads", [16, 32, 64, 128])

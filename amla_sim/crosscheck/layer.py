@@ -16,7 +16,8 @@ __all__ = ["CUBLAS_SHAPES", "LAYER_CASES", "crc_bits"]
 
 #: (mode, tokens, heads, seed, budget, tokens kept, decode batch): a 600-token prompt takes the MHA form in vLLM
 #: (600 > 512) and the absorbed one in SGLang's deterministic mode; a 300-token prompt the absorbed form in vLLM;
-#: 1,100 tokens under a budget of 1,024 leave a second chunk of 76 absorbed over 1,024 of context
+#: 1,100 tokens under a budget of 1,024 leave a second chunk of 76 absorbed over 1,024 of context, under a budget of
+#: 540 a second chunk of 540 in the MHA form with a context chunk merged; 128 heads (one GPU holding every head)
 LAYER_CASES = (
     ("vllm", 600, 16, 11, 8192, (300, 599), 1),
     ("vllm-batch-invariant", 600, 16, 11, 8192, (300, 599), 1),
@@ -26,6 +27,10 @@ LAYER_CASES = (
     ("sglang-deterministic", 600, 16, 13, 8192, (300, 599), 1),
     ("vllm", 1100, 16, 14, 1024, (1050, 1099), 1),
     ("vllm-batch-invariant", 1100, 16, 14, 1024, (1050, 1099), 1),
+    ("vllm", 1100, 16, 15, 540, (600, 1079), 1),
+    ("vllm-batch-invariant", 1100, 16, 15, 540, (600, 1079), 1),
+    ("vllm", 32, 128, 16, 8192, (16, 31), 4),
+    ("sglang-deterministic", 32, 128, 16, 8192, (16, 31), 1),
 )
 
 #: (tokens, heads) of the cuBLAS W_UK and W_UV products captured (each engine's call), the first two heads' CRC
