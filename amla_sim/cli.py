@@ -961,9 +961,10 @@ def _cmd_prefill_decode(args: argparse.Namespace) -> int:
 
 def _dense_prefill_decode(args: argparse.Namespace) -> int:
     """``--model dense``: each engine mode's layer, prefill against decode; exit 3 when a token's bits part, 5 when
-    a token's bits agree but a piece of either side is not modelled."""
+    they agree but a piece of either side is not device-checked."""
     from .algorithms.deployed.mla_layer import LAYER_MODES
     from .invariance.dense_layer import MAX_LAYER_TOKENS, dense_prefill_vs_decode, layer_request, layer_work
+    from .invariance.routing import VLLM_DECODE_THRESHOLD
 
     if args.stack != "all" and args.stack not in LAYER_MODES:
         raise ValueError(f"--stack: {args.stack} is a V3.2 stack; a dense model's modes are "
@@ -987,19 +988,28 @@ def _dense_prefill_decode(args: argparse.Namespace) -> int:
     x = layer_request(args.length, heads=args.heads, seed=args.seed)
     reports = [dense_prefill_vs_decode(x, m, tokens=tokens, budget=args.budget, decode_batch=args.decode_batch)
                for m in modes]
-    differ = [r for r in reports if not all(v.identical for v in r.tokens)]
-    if args.stack != "all" and differ and not LAYER_MODES[args.stack].deterministic:  # what would make them equal
-        engine = LAYER_MODES[args.stack].engine
-        other = next(m for m in LAYER_MODES.values() if m.engine == engine and m.deterministic)
-        reports.append(dense_prefill_vs_decode(x, other, tokens=tokens, budget=args.budget,
-                                               decode_batch=args.decode_batch))
+    tried = []  # what would make them equal: the engine's deterministic mode, then (vLLM) chunks it absorbs
+    if args.stack != "all" and not all(v.identical for v in reports[0].tokens):
+        mode = LAYER_MODES[args.stack]
+        other = mode if mode.deterministic else next(m for m in LAYER_MODES.values()
+                                                     if m.engine == mode.engine and m.deterministic)
+        budgets = ([args.budget] if other is not mode else []) + (
+            [VLLM_DECODE_THRESHOLD] if mode.engine == "vllm" and args.budget > VLLM_DECODE_THRESHOLD else [])
+        for budget in budgets:
+            tried.append((other.name, budget))
+            reports.append(dense_prefill_vs_decode(x, other, tokens=tokens, budget=budget,
+                                                   decode_batch=args.decode_batch))
+            if all(v.identical for v in reports[-1].tokens):
+                break
     if args.json:
         print(dumps_strict([{"mode": r.mode.name, "chunks": [vars(c) for c in r.chunks], "tokens": [
             {**vars(v), "identical": v.identical} for v in r.tokens]} for r in reports], indent=2))
     else:
         text = [r.format() for r in reports]
-        if len(reports) > len(modes):
-            text[-1] = f"What would make them equal: the same request in {reports[-1].mode.name}\n" + text[-1]
+        for j, (name, budget) in enumerate(tried, start=len(modes)):
+            text[j] = (f"What would make them equal? Tried the same request in {name}" + (
+                f" with a budget of {budget} (every chunk absorbed)" if budget != args.budget else "") + ":\n"
+                + text[j])
         print("\n".join(text))
     asked = [v for r in reports[:len(modes)] for v in r.tokens]
     if not all(v.identical for v in asked):
@@ -1021,8 +1031,8 @@ def _add_prefill_decode(sub: argparse._SubParsersAction) -> None:
                                    "inputs to the output o_proj reads, the prompt prefilled in the chunks the "
                                    "engine schedules: where prefill and decode part (the form, W_UK, the kernel's "
                                    "splits, W_UV). Exit status: 0 every token identical, 3 bits differ, 4 the bits "
-                                   "agree but hold NaN (no answer), 5 they agree but a piece is not modelled, 1 or "
-                                   "2 an error.")
+                                   "agree but hold NaN (no answer), 5 they agree but a piece is not device-checked "
+                                   "(named), 1 or 2 an error.")
     p.add_argument("--model", default="v3.2", choices=["v3.2", "dense"],
                    help="v3.2: DeepSeek V3.2's sparse attention (default); dense: a dense MLA layer")
     p.add_argument("--stack", default="all", choices=["all", *STACKS, *LAYER_MODES],

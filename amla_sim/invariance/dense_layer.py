@@ -29,7 +29,7 @@ from ..algorithms.deployed.mla_layer import (
 )
 from ..crosscheck.deepgemm import quantize_weight_blocks
 from ..formats import round_to
-from ..testing import ulp_distance
+from ..testing import row_ulp_distance, ulp_distance
 from .routing import Chunk, Prompt, route
 
 __all__ = [
@@ -75,6 +75,7 @@ class DenseVerdict:
     parts: str
     prefill: str  # how the prefill computed it
     unmodelled: tuple[str, ...] = ()
+    max_row_ulp: float = 0.0
 
     @property
     def identical(self) -> bool:
@@ -82,8 +83,9 @@ class DenseVerdict:
 
     def describe(self) -> str:
         head = ("bits identical" if self.identical else
-                f"{self.out_differ} of {self.out_total} output elements differ (max {self.max_ulp} ULP): {self.parts}")
-        tail = "".join(f"; not modelled: {u}" for u in self.unmodelled)
+                f"{self.out_differ} of {self.out_total} output elements differ (max {self.max_ulp} ULP, "
+                f"{self.max_row_ulp:.3g} ULP of the row's largest |value|): {self.parts}")
+        tail = "".join(f"; not device-checked: {u}" for u in self.unmodelled)
         return f"{head} [prefill: {self.prefill}]{tail}"
 
 
@@ -105,7 +107,8 @@ class DenseReport:
     def format(self) -> str:
         same = sum(v.identical for v in self.tokens)
         lines = [f"{self.mode.name} ({self.mode.what}): {same} of {len(self.tokens)} tokens bit-identical between "
-                 f"prefill and decode at the layer's output" + ("" if self.modelled else " (see what is not modelled)")]
+                 f"prefill and decode at the layer's output" + ("" if self.modelled else
+                                                               " (some pieces not device-checked: see below)")]
         lines += [f"  prefill chunk: tokens {c.context}..{c.context + c.tokens - 1}, {c.path} ({c.why})"
                   for c in self.chunks]
         lines += [f"  token {v.token}: {v.describe()}" for v in self.tokens]
@@ -154,8 +157,7 @@ def _prefill(x: LayerInputs, mode: LayerMode, chunks: list[Chunk], todo: list[in
 def _parts(pre: LayerStep, i: int, dec: LayerStep, mode: LayerMode) -> str:
     """The first step where token's prefill (row i of `pre`) and decode (row 0 of `dec`) part."""
     if pre.form != dec.form:
-        return ("the form: the prefill up-projects the cache through kv_b_proj (FP8 DeepGEMM) and runs FA3's 192/128 "
-                "MHA kernel; the decode absorbs W_UK and W_UV (BF16 bmm) around FA3's 576/512 MLA kernel")
+        return "the form (prefill: kv_b_proj and FA3's 192/128 kernel; decode: W_UK, FA3's 576/512 kernel, W_UV)"
 
     def same(name: str) -> bool:
         a, b = pre.stages[name][i], dec.stages[name][0]
@@ -196,7 +198,8 @@ def dense_prefill_vs_decode(x: LayerInputs, mode: str | LayerMode, *, tokens: li
         parts = "" if differ == 0 else _parts(step, i, dec, md)
         verdicts.append(DenseVerdict(t, differ, po.size, int(ulp_distance(po, do).max(initial=0)), parts,
                                      f"{c.path}, chunk {c.context}..{c.context + c.tokens - 1}",
-                                     tuple(dict.fromkeys(step.unmodelled + dec.unmodelled))))
+                                     tuple(dict.fromkeys(step.unmodelled + dec.unmodelled)),
+                                     float(np.nanmax(row_ulp_distance(po, do), initial=0.0))))
         for side, st, r in (("prefill", step, i), ("decode", dec, 0)):
             sides[side]["out"].append(st.out[r])
             sides[side]["splits"].append(st.splits[r])

@@ -183,7 +183,8 @@ def kv_b_proj(c_kv: np.ndarray, kv_b: np.ndarray, kv_b_scale: np.ndarray, *, eng
 class LayerStep:
     """One launch's view of some tokens of a request: their layer output (n, h, 128) BF16 and the stages before it
     (``w_uk`` (n, h, 512), ``attn`` and ``lse`` (n, h), absorbed; ``attn`` (n, h, 128), MHA), each token's split
-    count where FA3's MLA kernel ran, the form, and what of it is not modelled."""
+    count where FA3's MLA kernel ran, the form, and what of it is not device-checked (``unmodelled``: a piece
+    not modelled, or modelled from its source only)."""
 
     form: str
     out: np.ndarray
@@ -206,13 +207,12 @@ def mha_chunk(x: LayerInputs, start: int, n: int, mode: LayerMode, *, workspace:
         calls = [n] + ([min(start - lo, workspace) for lo in range(0, start, workspace)] if start else [])
         if min(calls) < DEEPGEMM_MIN_TOKENS:
             unmodelled.append(f"kv_b_proj of {min(calls)} rows: vLLM runs FlashInfer's sm90 block-scale GEMM below "
-                              f"{DEEPGEMM_MIN_TOKENS} tokens, not modelled")
+                              f"{DEEPGEMM_MIN_TOKENS} tokens, not modelled (DeepGEMM's arithmetic taken)")
         res = vllm_mla_prefill(q, k[new], v[new], k[:start], v[:start], [n], [start], workspace=workspace,
                                scale=x.scale, num_splits=1 if mode.deterministic else 0)
     else:
         res = sglang_mla_prefill(q, k[new], v[new], k[:start], v[:start], [n], [start], scale=x.scale)
-        unmodelled.append("kv_b_proj: SGLang's quantizer as its source reads and its DeepGEMM fork as vLLM's, "
-                          "not device-checked")
+        unmodelled.append("kv_b_proj: SGLang's quantizer as its source reads, its DeepGEMM fork as vLLM's")
     return LayerStep("mha", res.out, {"attn": res.out}, np.ones(n, np.int64), unmodelled)
 
 
@@ -226,8 +226,8 @@ def absorbed_chunk(x: LayerInputs, tokens: npt.ArrayLike, mode: LayerMode, *, ca
     mc = "sm90-triton"  # the bmm model: one wgmma chain over K (both engines' Triton bmm; cuBLAS where checked)
     unmodelled = []
     if mode.bmm == "cublas" and (n, h) not in CUBLAS_CHECKED:
-        unmodelled.append(f"cuBLAS bmm of {n} tokens x {h} heads: not modelled for this shape (its heuristics pick "
-                          f"a kernel by shape; {len(CUBLAS_CHECKED)} shapes checked, 1 to 1,024 tokens)")
+        unmodelled.append(f"cuBLAS bmm of {n} tokens x {h} heads: not captured at this shape (cuBLAS picks a kernel by "
+                          f"shape; the fused chain was its bits on the {len(CUBLAS_CHECKED)} shapes captured)")
     ql = w_uk(x.q_nope[t], W_UK, machine=mc)
     q = np.concatenate([ql, x.q_pe[t]], axis=-1)
     kv = np.concatenate([x.c_kv, x.k_pe], axis=-1)
