@@ -17,7 +17,8 @@ from amla_sim.algorithms.deployed.deepgemm import per_token_group_quant_fp8, sgl
 from amla_sim.algorithms.deployed.mla_layer import LAYER_MODES, LayerInputs, absorbed_chunk, kv_b_proj, mha_chunk
 from amla_sim.algorithms.deployed.projections import CUBLAS_CHECKED, w_uk, w_uv
 from amla_sim.cli import main
-from amla_sim.crosscheck.layer import CUBLAS_SHAPES, LAYER_CASES, crc_bits
+from amla_sim.crosscheck.deepgemm import device_quant_act
+from amla_sim.crosscheck.layer import CUBLAS_SHAPES, LAYER_CASES, QUANT_CASES, crc_bits, quant_inputs
 from amla_sim.crosscheck.projections import BMM_CASES, bmm_inputs, split_kv_b
 from amla_sim.invariance.dense_layer import dense_prefill_vs_decode, layer_request
 from amla_sim.invariance.routing import Prompt, route
@@ -186,3 +187,36 @@ def test_layer_inputs_are_checked_by_name():
             LayerInputs(**{**fields, name: bad})
     with pytest.raises(ValueError, match="^mode:"):
         dense_prefill_vs_decode(x, "trtllm")
+
+
+QUANT = Path(__file__).parent / "data" / "vllm_quant_h200.npz"
+
+
+@pytest.fixture(scope="module")
+def quant_capture():
+    with np.load(QUANT) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    assert meta["library"] == "_C_stable_libtorch.abi3.so" and [tuple(c) for c in meta["cases"]] == list(QUANT_CASES)
+    return arrays
+
+
+@pytest.mark.parametrize("rule", ["ue8m0", "fp32"])
+@pytest.mark.parametrize("i", range(len(QUANT_CASES)), ids=[c[0] for c in QUANT_CASES])
+def test_vllms_shipped_quantizer(quant_capture, i, rule):
+    """vLLM 0.33's ``per_token_group_fp8_quant`` from its wheel's library (scripts/capture_vllm_quant.py): every
+    quantized byte and scale is the model's, latents, magnitudes 2^-30 to 2^30 and groups at the scale's edges."""
+    q, s = per_token_group_quant_fp8(quant_inputs(QUANT_CASES[i]), ue8m0=rule == "ue8m0")
+    assert np.array_equal(q.view(np.uint8), quant_capture[f"c{i}_{rule}_q"])
+    assert np.array_equal(s.view(np.uint32), quant_capture[f"c{i}_{rule}_s"].view(np.uint32))
+
+
+def test_the_quantizers_division_and_rounding_up_matter(quant_capture):
+    """A multiply by fl(1 / 448) (a torch rendering) gives other FP32 scales; UE8M0 scales rounded down rather than
+    up give other scales at the edges."""
+    x = quant_inputs(QUANT_CASES[2])
+    _, s = device_quant_act(x, False)
+    assert not np.array_equal(s.view(np.uint32), quant_capture["c2_fp32_s"].view(np.uint32))
+    amax = np.maximum(np.float32(1e-10), np.abs(x.astype(np.float32)).reshape(-1, 4, 128).max(-1))
+    down = np.exp2(np.floor(np.log2((amax / np.float32(448)).astype(np.float32)))).astype(np.float32)
+    assert not np.array_equal(down.view(np.uint32), quant_capture["c2_ue8m0_s"].view(np.uint32))

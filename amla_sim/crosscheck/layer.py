@@ -12,6 +12,9 @@ import zlib
 
 import numpy as np
 
+from .._validate import check_int
+from ..formats import round_to
+
 __all__ = ["CUBLAS_SHAPES", "LAYER_CASES", "crc_bits"]
 
 #: (mode, tokens, heads, seed, budget, tokens kept, decode batch): a 600-token prompt takes the MHA form in vLLM
@@ -41,3 +44,31 @@ CUBLAS_SHAPES = tuple((m, h) for h in (16, 32, 64, 128) for m in (1, 2, 3, 4, 8,
 def crc_bits(a: np.ndarray) -> int:
     """CRC-32 of an array's raw bytes, C order."""
     return zlib.crc32(np.ascontiguousarray(a).tobytes())
+
+
+#: (kind, rows, seed) of vLLM's quantizer check (``scripts/capture_vllm_quant.py``): latents as the layer's requests
+#: draw them, N(0, 1) at other magnitudes, and groups at the edges of the scale's rounding
+QUANT_CASES = (("latent", 600, 11), ("normal", 256, 1), ("edges", 64, 2))
+
+
+def quant_inputs(case: tuple) -> np.ndarray:
+    """The (rows, 512) BF16 activations of a :data:`QUANT_CASES` case. "normal": each row N(0, 1) times 2^e, e drawn
+    in [-30, 30]; "edges": each group's largest magnitude 448 2^e exactly, a BF16 ULP above or below it, tiny (under
+    the 1e-10 floor) or zero, its other entries drawn below it."""
+    kind, rows, seed = case
+    rng = np.random.default_rng([check_int(seed, "seed", lo=0), 52, 3])
+    n = check_int(rows, "rows", lo=1)
+    if kind == "latent":
+        return round_to(rng.normal(0, 1, (n, 512)), "bf16")  # as layer_request draws c_kv (its own stream)
+    if kind == "normal":
+        return round_to(rng.normal(0, 1, (n, 512)) * np.exp2(rng.integers(-30, 31, (n, 1))), "bf16")
+    if kind != "edges":
+        raise ValueError(f"case: expected kind latent, normal or edges, got {kind!r}")
+    g = rng.uniform(-1, 1, (n, 4, 128))
+    e = rng.integers(-40, 12, (n, 4))
+    top = 448.0 * np.exp2(e.astype(np.float64)) * rng.choice([1.0, 1 + 2.0 ** -7, 1 - 2.0 ** -8], (n, 4))
+    top[rng.random((n, 4)) < 0.08] = 1e-12
+    x = g * top[..., None] * 0.999
+    x[np.arange(n)[:, None], np.arange(4)[None], rng.integers(0, 128, (n, 4))] = top * rng.choice([-1, 1], (n, 4))
+    x[rng.random((n, 4)) < 0.04] = 0.0
+    return round_to(x.reshape(n, 512), "bf16")

@@ -5,7 +5,8 @@
 Upstream: vLLM 0.33.0 ``csrc/quantization/w8a8/fp8/per_token_group_quant.cu:44-100`` (compiled without fast math):
 per group, ``absmax = max(eps, max |x|)`` (eps 1e-10), ``y_s = absmax / 448``; with UE8M0 scales (vLLM's default on
 Hopper too, ``VLLM_USE_DEEP_GEMM_E8M0``) ``y_s = exp2f(ceilf(log2f(max(|y_s|, 1e-10))))``; ``q = e4m3(clamp(x
-fl(1 / y_s), -448, 448))``. DeepGEMM as vLLM vendors it (vllm-project/DeepGEMM 0820030,
+fl(1 / y_s), -448, 448))``: every byte and scale of the kernel in vLLM's wheel (``tests/data/vllm_quant_h200.npz``).
+DeepGEMM as vLLM vendors it (vllm-project/DeepGEMM 0820030,
 ``deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh:254-416``, nvcc without fast math): per K block of 128,
 four ``wgmma`` k32 instructions from a cleared accumulator (the FP8 tensor cores' truncated sum, the accumulator
 fused), then ``final += fl(scale_a scale_b) accum`` (one FMA) with the row's activation scale and the column's
