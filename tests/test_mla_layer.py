@@ -220,3 +220,19 @@ def test_the_quantizers_division_and_rounding_up_matter(quant_capture):
     amax = np.maximum(np.float32(1e-10), np.abs(x.astype(np.float32)).reshape(-1, 4, 128).max(-1))
     down = np.exp2(np.floor(np.log2((amax / np.float32(448)).astype(np.float32)))).astype(np.float32)
     assert not np.array_equal(down.view(np.uint32), quant_capture["c2_ue8m0_s"].view(np.uint32))
+
+
+def test_the_numba_engine_gives_the_same_layer():
+    """The layer's models on the numba engine (``AMLA_SIM_ENGINE=numba``, 4x the command's work limit): the same
+    bits in both forms."""
+    pytest.importorskip("numba")
+    from amla_sim.engine import use_engine
+
+    x = layer_request(600, heads=4, seed=3)
+    runs = []
+    for engine in ("numpy", "numba"):
+        with use_engine(engine):
+            runs.append([mha_chunk(x, 0, 600, LAYER_MODES["vllm"]).out[-1],
+                         absorbed_chunk(x, np.arange(520, 600), LAYER_MODES["vllm"], causal_step=True).out,
+                         absorbed_chunk(x, [599] * 3, LAYER_MODES["sglang"], causal_step=False).out])
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(*runs))
