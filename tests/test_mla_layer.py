@@ -20,6 +20,7 @@ from amla_sim.cli import main
 from amla_sim.crosscheck.deepgemm import device_quant_act
 from amla_sim.crosscheck.layer import CUBLAS_SHAPES, LAYER_CASES, QUANT_CASES, crc_bits, quant_inputs
 from amla_sim.crosscheck.projections import BMM_CASES, bmm_inputs, split_kv_b
+from amla_sim.formats import round_to
 from amla_sim.invariance.dense_layer import dense_prefill_vs_decode, layer_request
 from amla_sim.invariance.routing import Prompt, route
 
@@ -236,3 +237,23 @@ def test_the_numba_engine_gives_the_same_layer():
                          absorbed_chunk(x, np.arange(520, 600), LAYER_MODES["vllm"], causal_step=True).out,
                          absorbed_chunk(x, [599] * 3, LAYER_MODES["sglang"], causal_step=False).out])
     assert all(a.tobytes() == b.tobytes() for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("i", range(len(QUANT_CASES)), ids=[c[0] for c in QUANT_CASES])
+def test_sglangs_quantizer(i):
+    """SGLang 0.5.23's JIT quantizer (its ``per_token_group_quant.cuh`` unchanged, compiled with SGLang's JIT flags
+    and launched as its flat launcher launches it; scripts/capture_sglang_quant.py): every byte and FP32 scale is
+    the model's; an IEEE division for ``448 / amax`` gives other bytes, and so does vLLM's quantizer."""
+    with np.load(Path(__file__).parent / "data" / "sglang_quant_h200.npz") as z:
+        dq, ds = z[f"c{i}_q"], z[f"c{i}_s"]
+        assert [tuple(c) for c in json.loads(str(z["meta"]))["cases"]] == list(QUANT_CASES)
+    x = quant_inputs(QUANT_CASES[i])
+    q, s = sglang_per_token_group_quant_fp8(x)
+    assert np.array_equal(q.view(np.uint8), dq) and np.array_equal(s.view(np.uint32), ds.view(np.uint32))
+    if i < 2:  # latents and wide magnitudes; the edge groups' multipliers are powers of two over 448
+        xg = x.astype(np.float32).reshape(len(x), 4, 128)
+        exact = (np.float32(448) / np.maximum(np.float32(1e-10), np.abs(xg).max(-1))).astype(np.float32)
+        ieee = np.clip((xg * exact[..., None]).astype(np.float32), -448, 448).reshape(x.shape)
+        assert not np.array_equal(round_to(ieee, "e4m3").view(np.uint8), dq)
+        vq, _ = per_token_group_quant_fp8(x, ue8m0=False)
+        assert not np.array_equal(vq.view(np.uint8), dq)

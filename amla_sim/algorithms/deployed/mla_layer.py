@@ -212,7 +212,8 @@ def mha_chunk(x: LayerInputs, start: int, n: int, mode: LayerMode, *, workspace:
                                scale=x.scale, num_splits=1 if mode.deterministic else 0)
     else:
         res = sglang_mla_prefill(q, k[new], v[new], k[:start], v[:start], [n], [start], scale=x.scale)
-        unmodelled.append("kv_b_proj: SGLang's quantizer as its source reads, its DeepGEMM fork as vLLM's")
+        unmodelled.append("kv_b_proj: SGLang's DeepGEMM fork (sgl-deep-gemm 0.2.3.post2) as vLLM's DeepGEMM, the "
+                          "same block-128 branch in its source, not run")
     return LayerStep("mha", res.out, {"attn": res.out}, np.ones(n, np.int64), unmodelled)
 
 
