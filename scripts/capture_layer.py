@@ -2,7 +2,8 @@
 :data:`amla_sim.crosscheck.layer.LAYER_CASES` prefilled in the chunks the engine's scheduler makes and decoded token by
 token, and cuBLAS's ``torch.bmm`` on :data:`amla_sim.crosscheck.layer.CUBLAS_SHAPES`.
 
-Run on a CUDA machine:  python scripts/capture_layer.py OUTDIR VLLM_ROOT BMM_BUNDLE DEEPGEMM_BUNDLE MERGE_BUNDLE [OFFSET]
+Run on a CUDA machine:
+    python scripts/capture_layer.py OUTDIR VLLM_ROOT BMM_BUNDLE DEEPGEMM_BUNDLE MERGE_BUNDLE SGL_QUANT_XZ [OFFSET]
 OFFSET (fresh inputs): added to every case's seed, the file named layer_fresh{OFFSET}_{dev}.npz.
 
 The kernels: vLLM 0.33.0's shipped FA3 (``_vllm_fa3_C``) for both forms; DeepGEMM as vLLM vendors it for
@@ -10,7 +11,8 @@ The kernels: vLLM 0.33.0's shipped FA3 (``_vllm_fa3_C``) for both forms; DeepGEM
 the exact reciprocal); W_UK and W_UV dequantized as ``(fp32(w) s).to(bf16)`` and multiplied through each engine's
 exact bmm call (cuBLAS's ``torch.bmm`` in the normal modes, the engine's Triton ``bmm_batch_invariant`` in the
 deterministic ones). SGLang's absorbed calls (num_splits 1) run through the same FA3 binary with a page of 1: its
-build's MLA kernels do vLLM's fork's arithmetic. Writes OUTDIR/layer_{dev}.npz: per case ``c{i}_{side}_{stage}``
+build's MLA kernels do vLLM's fork's arithmetic, a decode's split bound passed as the ``max_seqlen_k`` its page table
+sets; SGLang's MHA chunks quantize through its JIT kernel (``capture_sglang_quant.py``) and run FA3 unsplit. Writes OUTDIR/layer_{dev}.npz: per case ``c{i}_{side}_{stage}``
 (side prefill or decode; stage out (kept, h, 128), attn, lse, w_uk, splits) as raw bits, and ``meta`` (the cases,
 versions, the CRC of each MHA chunk's quantized activations); ``cublas_crc`` (shape, engine, op) rows.
 """
@@ -25,15 +27,14 @@ import numpy as np
 
 from amla_sim._files import atomic_savez
 from amla_sim.algorithms.deployed.mla_layer import LAYER_MODES
-from amla_sim.crosscheck.layer import CUBLAS_SHAPES, LAYER_CASES, crc_bits
+from amla_sim.crosscheck.layer import CUBLAS_SHAPES, LAYER_CASES, case_request, crc_bits
 from amla_sim.crosscheck.projections import bmm_inputs
-from amla_sim.invariance.dense_layer import layer_request
 from amla_sim.invariance.routing import Prompt, route
 
 
 def main() -> None:
-    out_dir, vllm_root, bmm_dir, dg_dir, merge_dir = sys.argv[1:6]
-    offset = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    out_dir, vllm_root, bmm_dir, dg_dir, merge_dir, sgl_quant = sys.argv[1:7]
+    offset = int(sys.argv[7]) if len(sys.argv) > 7 else 0
     import torch
 
     sys.path[:0] = [bmm_dir, dg_dir, merge_dir]
@@ -63,6 +64,10 @@ def main() -> None:
 
     fa3, dg = load_shipped_fa3(vllm_root), setup(os.path.join(dg_dir, "vllm033-deep_gemm.tar.xz"))
     merge = build_vllm()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from capture_sglang_quant import build as build_sglang_quant
+
+    sgl_quant_lib = build_sglang_quant(sgl_quant)
     triton_bmm = {"vllm": load_vllm().bmm_batch_invariant, "sglang": load_sglang().bmm_batch_invariant}
     calls = {"vllm": (vllm_weights, vllm_w_uk, vllm_w_uv), "sglang": (sglang_weights, sglang_w_uk, sglang_w_uv)}
 
@@ -91,9 +96,12 @@ def main() -> None:
         else:
             lens, qq = [int(i) + 1 for i in t], bits(q)[:, None]
             kk = np.stack([np.pad(kv[:i + 1], ((0, int(max(t)) - i), (0, 0))) for i in t])
+        # SGLang's decode under a CUDA graph bounds FA3's splits by its page table, max_context_len pages wide
+        # (flash_api.cpp:749 in its build; vLLM's library takes the same bound as max_seqlen_k)
+        bound = mode.max_context_len if mode.engine == "sglang" and not causal_step else None
         res = run_fa3(fa3, qq, kk, {"seqlens": lens, "page_size": mode.page_size, "format": "bf16",
                                     "scale": x.scale, "causal": True, "num_splits": mode.fa3_num_splits(n),
-                                    "seed": 5})
+                                    "seed": 5, "max_seqlen_k": bound})
         attn = gpu(res["out"].reshape(n, h, 512))
         out = calls[mode.engine][2](bmm, attn, wv)
         splits = res.get("splits", np.ones(len(lens), np.int32))
@@ -113,27 +121,39 @@ def main() -> None:
         sc.copy_(s)
         return q, sc
 
-    def kvb(x, rows, meta):
-        """kv_b_proj of latent rows through vLLM's quantizer and DeepGEMM: (n, h, 256) BF16."""
-        c = gpu(x.c_kv[rows])
-        a, a_s = quant_vllm(c)
+    def quant_sglang(x):
+        """SGLang's JIT quantizer (scripts/capture_sglang_quant.py's build): FP32 scales, column-major."""
+        M = x.shape[0]
+        q = torch.empty((M, 512), dtype=torch.float8_e4m3fn, device="cuda")
+        s = torch.empty((4, M), dtype=torch.float32, device="cuda").permute(1, 0)
+        import ctypes
+        if sgl_quant_lib.sgl_quant(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(q.data_ptr()),
+                                   ctypes.c_void_p(s.data_ptr()), M, 512):
+            raise SystemExit("SGLang's quantizer failed")
+        return q, s
+
+    def kvb(x, rows, meta, engine="vllm"):
+        """kv_b_proj of latent rows through the engine's quantizer and DeepGEMM: (n, h, 256) BF16."""
+        c = gpu(x.c_kv[rows]).contiguous()
+        a, a_s = quant_vllm(c) if engine == "vllm" else quant_sglang(c)
         meta.setdefault("quant_crc", []).append([rows.start or 0, rows.stop, crc_bits(a.view(torch.uint8).cpu()
                                                  .numpy()) ^ crc_bits(a_s.contiguous().cpu().numpy())])
         w = gpu(x.kv_b, torch.float8_e4m3fn)
         out = torch.empty((c.shape[0], w.shape[0]), dtype=torch.bfloat16, device="cuda")
-        dg.fp8_gemm_nt((a, a_s), (w, torch.from_numpy(x.kv_b_scale).cuda()), out, disable_ue8m0_cast=False)
+        dg.fp8_gemm_nt((a, a_s), (w, torch.from_numpy(x.kv_b_scale).cuda()), out,
+                       disable_ue8m0_cast=engine != "vllm")
         return out.view(c.shape[0], x.heads, 256)
 
     def mha(x, mode, start, n, meta):
         """vLLM's MHA chunk: the new tokens' causal call, its context (tokens before `start`) in workspace chunks
         merged by merge_attn_states (forward_mha)."""
-        if mode.engine != "vllm":
-            raise SystemExit("the device check chains vLLM's MHA chunks only")
+        if mode.engine != "vllm" and start:
+            raise SystemExit("the device check chains SGLang's MHA chunks of no prefix only")
         new = slice(start, start + n)
-        kv = kvb(x, new, meta)
+        kv = kvb(x, new, meta, mode.engine)
         k = torch.cat([kv[..., :128], gpu(x.k_pe[new])[:, None].expand(n, x.heads, 64)], dim=-1)
         q = torch.cat([gpu(x.q_nope[new]), gpu(x.q_pe[new])], dim=-1)
-        splits = 1 if mode.deterministic else 0
+        splits = 1 if mode.deterministic or mode.engine == "sglang" else 0  # SGLang never splits its MHA
         if not start:
             res = run_fa3_prefill(fa3, bits(q), bits(k), bits(kv[..., 128:]), {
                 "format": "bf16", "qlens": [n], "seqlens": [n], "scale": x.scale, "causal": True,
@@ -153,7 +173,7 @@ def main() -> None:
     arrays, meta_cases = {}, []
     for i, (name, T, h, seed, budget, keep, batch) in enumerate(LAYER_CASES):
         seed += offset
-        mode, x = LAYER_MODES[name], layer_request(T, heads=h, seed=seed)
+        mode, x = LAYER_MODES[name], case_request((name, T, h, seed))
         chunks = route(mode.engine, [Prompt(T)], budget=budget, deterministic=mode.deterministic)
         meta = {"mode": name, "tokens": T, "heads": h, "seed": seed, "budget": budget, "keep": list(keep),
                 "decode_batch": batch}

@@ -18,7 +18,8 @@ from amla_sim.algorithms.deployed.mla_layer import LAYER_MODES, LayerInputs, abs
 from amla_sim.algorithms.deployed.projections import CUBLAS_CHECKED, w_uk, w_uv
 from amla_sim.cli import main
 from amla_sim.crosscheck.deepgemm import device_quant_act
-from amla_sim.crosscheck.layer import CUBLAS_SHAPES, LAYER_CASES, QUANT_CASES, crc_bits, quant_inputs
+from amla_sim.crosscheck.layer import (CUBLAS_SHAPES, LAYER_CASES, QUANT_CASES, case_request, crc_bits,
+                                      quant_inputs)
 from amla_sim.crosscheck.projections import BMM_CASES, bmm_inputs, split_kv_b
 from amla_sim.formats import round_to
 from amla_sim.invariance.dense_layer import dense_prefill_vs_decode, layer_request
@@ -48,7 +49,7 @@ def _bits(stage: str, a: np.ndarray) -> np.ndarray:
 def _sides(i: int, mode=None) -> tuple[dict, list]:
     """The model's prefill (each kept token's step and row) and decodes of case `i`."""
     name, T, h, seed, budget, keep, batch = LAYER_CASES[i]
-    md, x = mode or LAYER_MODES[name], layer_request(T, heads=h, seed=seed)
+    md, x = mode or LAYER_MODES[name], case_request(LAYER_CASES[i])
     pre = {}
     for c in route(md.engine, [Prompt(T)], budget=budget, deterministic=md.deterministic):
         mine = [t for t in keep if c.context <= t < c.context + c.tokens]
@@ -79,16 +80,18 @@ def test_every_stage_of_prefill_and_decode(capture, i):
     assert seen >= 2  # MHA: out and attn; absorbed: all five
 
 
-def test_the_prefill_quantizer_is_vllms_kernel(capture):
-    """The device quantized each MHA chunk's latents as vLLM's kernel reads; the model's bytes are the same."""
+def test_the_prefill_quantizers_are_the_engines_kernels(capture):
+    """The device quantized each MHA chunk's latents as the engine's kernel does; the model's bytes are the same."""
     meta, _ = capture
     done = 0
-    for case, (name, T, h, seed, *_rest) in zip(meta["cases"], LAYER_CASES):
+    for case, spec in zip(meta["cases"], LAYER_CASES):
         for lo, hi, crc in case.get("quant_crc", []):
-            a, s = per_token_group_quant_fp8(layer_request(T, heads=h, seed=seed).c_kv[lo:hi], ue8m0=True)
+            rows = case_request(spec).c_kv[lo:hi]
+            a, s = (per_token_group_quant_fp8(rows, ue8m0=True) if spec[0].startswith("vllm") else
+                    sglang_per_token_group_quant_fp8(rows))
             assert crc_bits(a.view(np.uint8)) ^ crc_bits(s) == crc
             done += 1
-    assert done == 6  # the new tokens of four MHA chunks, the context of two
+    assert done == 7  # the new tokens of five MHA chunks (one SGLang's), the context of two
 
 
 @pytest.mark.parametrize("heads", [16, 32, 64, 128])
@@ -150,7 +153,7 @@ def test_prefill_decode_answers_what_the_device_saw(capture, i, identical, parts
     identical exactly where the device's prefill and decode were."""
     _, arrays = capture
     name, T, h, seed, budget, keep, batch = LAYER_CASES[i]
-    rep = dense_prefill_vs_decode(layer_request(T, heads=h, seed=seed), name, tokens=list(keep), budget=budget,
+    rep = dense_prefill_vs_decode(case_request(LAYER_CASES[i]), name, tokens=list(keep), budget=budget,
                                   decode_batch=batch)
     device_same = [np.array_equal(p, d) for p, d in zip(arrays[f"c{i}_prefill_out"], arrays[f"c{i}_decode_out"])]
     assert [v.identical for v in rep.tokens] == device_same == [identical] * len(keep)

@@ -20,7 +20,9 @@ __all__ = ["CUBLAS_SHAPES", "LAYER_CASES", "crc_bits"]
 #: (mode, tokens, heads, seed, budget, tokens kept, decode batch): a 600-token prompt takes the MHA form in vLLM
 #: (600 > 512) and the absorbed one in SGLang's deterministic mode; a 300-token prompt the absorbed form in vLLM;
 #: 1,100 tokens under a budget of 1,024 leave a second chunk of 76 absorbed over 1,024 of context, under a budget of
-#: 540 a second chunk of 540 in the MHA form with a context chunk merged; 128 heads (one GPU holding every head)
+#: 540 a second chunk of 540 in the MHA form with a context chunk merged; 128 heads (one GPU holding every head);
+#: SGLang's default mode: a prompt of no prefix in the MHA form (its quantizer, FP32 scales), and a second chunk over
+#: a prefix under 8,192 absorbed with FA3's heuristic (decodes bounded by a 163,840-page table)
 LAYER_CASES = (
     ("vllm", 600, 16, 11, 8192, (300, 599), 1),
     ("vllm-batch-invariant", 600, 16, 11, 8192, (300, 599), 1),
@@ -34,11 +36,22 @@ LAYER_CASES = (
     ("vllm-batch-invariant", 1100, 16, 15, 540, (600, 1079), 1),
     ("vllm", 32, 128, 16, 8192, (16, 31), 4),
     ("sglang-deterministic", 32, 128, 16, 8192, (16, 31), 1),
+    ("sglang", 600, 16, 17, 8192, (300, 599), 1),
+    ("sglang", 1100, 16, 18, 1024, (1050, 1099), 4),
 )
 
 #: (tokens, heads) of the cuBLAS W_UK and W_UV products captured (each engine's call), the first two heads' CRC
 CUBLAS_SHAPES = tuple((m, h) for h in (16, 32, 64, 128) for m in (1, 2, 3, 4, 8, 16, 32, 64, 76, 128, 150, 256, 300,
                                                                     512))
+
+
+def case_request(case: tuple):
+    """A :data:`LAYER_CASES` case's inputs: :func:`~amla_sim.invariance.dense_layer.layer_request` with the weight
+    scales its engine holds (vLLM: requantized to powers of two; SGLang on Hopper: the checkpoint's FP32 ones)."""
+    from ..invariance.dense_layer import layer_request
+
+    name, T, h, seed = case[:4]
+    return layer_request(T, heads=h, seed=seed, weight_scales="fp32" if name.startswith("sglang") else "ue8m0")
 
 
 def crc_bits(a: np.ndarray) -> int:

@@ -248,23 +248,26 @@ _FWD_UNUSED = {"k_new": None, "v_new": None, "out": None, "cu_seqlens_k": None, 
                "cp_tot_seqused_k": None}
 
 
-def _vllm_decode(fa3, q, cache, table, seqlens, s_q: int, scale: float, num_splits: int):
+def _vllm_decode(fa3, q, cache, table, seqlens, s_q: int, scale: float, num_splits: int,
+                 max_seqlen_k: int | None = None):
     """vLLM's FLASH_ATTN_MLA decode step (``flashattn_mla.py``: ``get_scheduler_metadata``, then
     ``flash_attn_varlen_func`` with q = q_rope, k = k_rope, v = kv_c, q_v = q_nope, causal): q (b s_q, h, 576),
-    cache (pages, page, 576). Returns out, lse and the scheduler metadata."""
+    cache (pages, page, 576); max_seqlen_k: the call's (default the longest request). Returns out, lse and the
+    scheduler metadata."""
     import torch
 
     b, h, page = len(seqlens), q.shape[1], cache.shape[1]
+    longest = max_seqlen_k or max(seqlens)
     cu_q = torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32, device="cuda")
     sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
     meta = fa3.get_scheduler_metadata(
-        batch_size=b, max_seqlen_q=s_q, max_seqlen_k=max(seqlens), num_heads=h, num_heads_k=1, headdim=64,
+        batch_size=b, max_seqlen_q=s_q, max_seqlen_k=longest, num_heads=h, num_heads_k=1, headdim=64,
         headdim_v=512, qkv_dtype=q.dtype, seqused_k=sl, cu_seqlens_q=cu_q, cu_seqlens_k=None, cu_seqlens_k_new=None,
         seqused_q=None, leftpad_k=None, page_size=page, max_seqlen_k_new=0, is_causal=True, window_size_left=-1,
         window_size_right=-1, has_softcap=False, num_splits=num_splits, pack_gqa=None, sm_margin=0)
     k_rope, kv_c = cache[..., 512:].unsqueeze(-2), cache[..., :512].unsqueeze(-2)
     out, lse, *_ = fa3.fwd(**_FWD_UNUSED, q=q[..., 512:], k=k_rope, v=kv_c, q_v=q[..., :512],
-                           cu_seqlens_q=cu_q, seqused_k=sl, max_seqlen_q=s_q, max_seqlen_k=max(seqlens),
+                           cu_seqlens_q=cu_q, seqused_k=sl, max_seqlen_q=s_q, max_seqlen_k=longest,
                            page_table=table, softmax_scale=scale, is_causal=True, scheduler_metadata=meta,
                            num_splits=num_splits)
     return out, lse, meta
@@ -300,7 +303,8 @@ def run_fa3(fa3, q: np.ndarray, kv: np.ndarray, recipe: dict) -> dict[str, np.nd
     else:
         reqs = [bits16(torch, kv[i, :n], fmt) for i, n in enumerate(lens)]
         cache, table = shuffled_pages(torch, reqs, page, recipe["seed"], reqs[0].dtype)
-        out, lse, meta = _vllm_decode(fa3, qt, cache, table, list(lens), sq, recipe["scale"], recipe["num_splits"])
+        out, lse, meta = _vllm_decode(fa3, qt, cache, table, list(lens), sq, recipe["scale"], recipe["num_splits"],
+                                      recipe.get("max_seqlen_k"))
         m = meta.cpu().numpy()
         rounded = -(-b // 4) * 4  # vectors of b rounded up to 4: rows, [splits if dynamic], [heads in L2 if causal]
         if (m.size - 1) // rounded - 1 - (sq > 1) == 1:
