@@ -963,7 +963,8 @@ def _dense_prefill_decode(args: argparse.Namespace) -> int:
     """``--model dense``: each engine mode's layer, prefill against decode; exit 3 when a token's bits part, 5 when
     they agree but a piece of either side is not device-checked."""
     from .algorithms.deployed.mla_layer import LAYER_MODES
-    from .invariance.dense_layer import MAX_LAYER_TOKENS, dense_prefill_vs_decode, layer_request, layer_work
+    from .crosscheck.layer import MAX_LAYER_TOKENS, layer_request
+    from .invariance.dense_layer import dense_prefill_vs_decode, layer_work
     from .invariance.routing import VLLM_DECODE_THRESHOLD
 
     if args.stack != "all" and args.stack not in LAYER_MODES:

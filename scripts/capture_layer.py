@@ -12,7 +12,8 @@ the exact reciprocal); W_UK and W_UV dequantized as ``(fp32(w) s).to(bf16)`` and
 exact bmm call (cuBLAS's ``torch.bmm`` in the normal modes, the engine's Triton ``bmm_batch_invariant`` in the
 deterministic ones). SGLang's absorbed calls (num_splits 1) run through the same FA3 binary with a page of 1: its
 build's MLA kernels do vLLM's fork's arithmetic, a decode's split bound passed as the ``max_seqlen_k`` its page table
-sets; SGLang's MHA chunks quantize through its JIT kernel (``capture_sglang_quant.py``) and run FA3 unsplit. Writes OUTDIR/layer_{dev}.npz: per case ``c{i}_{side}_{stage}``
+sets; SGLang's MHA chunks quantize through its JIT kernel (``capture_sglang_quant.py``) and run FA3 unsplit.
+Writes OUTDIR/layer_{dev}.npz: per case ``c{i}_{side}_{stage}``
 (side prefill or decode; stage out (kept, h, 128), attn, lse, w_uk, splits) as raw bits, and ``meta`` (the cases,
 versions, the CRC of each MHA chunk's quantized activations); ``cublas_crc`` (shape, engine, op) rows.
 """

@@ -1,6 +1,6 @@
 """vLLM 0.33.0's activation quantizer for kv_b_proj, run from the library its wheel ships (``_C_stable_libtorch``'s
 ``per_token_group_fp8_quant``, loaded as it is) with the arguments vLLM passes for DeepGEMM (groups of 128, eps 1e-10,
-E4M3's +-448, column-major scales), UE8M0 and FP32 scales, on :data:`amla_sim.crosscheck.layer.QUANT_CASES`.
+E4M3's +-448, column-major scales), UE8M0 and FP32 scales, on :data:`amla_sim.crosscheck.layer.ACT_QUANT_CASES`.
 
 Run on a CUDA machine:  python scripts/capture_vllm_quant.py OUTDIR LIB_XZ
 Writes OUTDIR/vllm_quant_{dev}.npz: per case and scale rule ``c{i}_{rule}_q`` (M, K) E4M3 bytes and ``c{i}_{rule}_s``
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from amla_sim._files import atomic_savez
-from amla_sim.crosscheck.layer import QUANT_CASES, quant_inputs
+from amla_sim.crosscheck.layer import ACT_QUANT_CASES, act_quant_inputs
 
 
 def main() -> None:
@@ -30,8 +30,8 @@ def main() -> None:
             dst.write(src.read())
     torch.ops.load_library(lib)
     arrays = {}
-    for i, case in enumerate(QUANT_CASES):
-        x = torch.from_numpy(quant_inputs(case).view(np.int16)).cuda().view(torch.bfloat16)
+    for i, case in enumerate(ACT_QUANT_CASES):
+        x = torch.from_numpy(act_quant_inputs(case).view(np.int16)).cuda().view(torch.bfloat16)
         M, K = x.shape
         for rule, ue8m0 in (("ue8m0", True), ("fp32", False)):
             q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device="cuda")
@@ -43,7 +43,7 @@ def main() -> None:
         print(f"quant case {i} {case}: done", flush=True)
     device = torch.cuda.get_device_name()
     meta = {"kernel": "vllm-per-token-group-fp8-quant", "vllm": "0.33.0", "library": "_C_stable_libtorch.abi3.so",
-            "device": device, "torch": torch.__version__, "cases": [list(c) for c in QUANT_CASES]}
+            "device": device, "torch": torch.__version__, "cases": [list(c) for c in ACT_QUANT_CASES]}
     tag = "h200" if "H200" in device else "h100" if "H100" in device else "gpu"
     atomic_savez(os.path.join(out_dir, f"vllm_quant_{tag}.npz"), meta=np.array(json.dumps(meta)), **arrays)
 

@@ -18,11 +18,12 @@ from amla_sim.algorithms.deployed.mla_layer import LAYER_MODES, LayerInputs, abs
 from amla_sim.algorithms.deployed.projections import CUBLAS_CHECKED, w_uk, w_uv
 from amla_sim.cli import main
 from amla_sim.crosscheck.deepgemm import device_quant_act
-from amla_sim.crosscheck.layer import (CUBLAS_SHAPES, LAYER_CASES, QUANT_CASES, case_request, crc_bits,
-                                      quant_inputs)
+from amla_sim.crosscheck.layer import (ACT_QUANT_CASES, CUBLAS_SHAPES, LAYER_CASES, case_request, crc_bits,
+                                      layer_request,
+                                      act_quant_inputs)
 from amla_sim.crosscheck.projections import BMM_CASES, bmm_inputs, split_kv_b
 from amla_sim.formats import round_to
-from amla_sim.invariance.dense_layer import dense_prefill_vs_decode, layer_request
+from amla_sim.invariance.dense_layer import dense_prefill_vs_decode
 from amla_sim.invariance.routing import Prompt, route
 
 DATA = Path(__file__).parent / "data" / "layer_h200.npz"
@@ -64,7 +65,8 @@ def _stage(step, stage: str) -> np.ndarray:
     return getattr(step, stage) if stage in ("out", "splits") else step.stages[stage]
 
 
-@pytest.mark.parametrize("i", range(len(LAYER_CASES)), ids=[f"{c[0]}-T{c[1]}-B{c[4]}-b{c[6]}-h{c[2]}" for c in LAYER_CASES])
+@pytest.mark.parametrize("i", range(len(LAYER_CASES)),
+                         ids=[f"{c[0]}-T{c[1]}-B{c[4]}-b{c[6]}-h{c[2]}" for c in LAYER_CASES])
 def test_every_stage_of_prefill_and_decode(capture, i):
     meta, arrays = capture
     keep = LAYER_CASES[i][5]
@@ -201,16 +203,17 @@ def quant_capture():
     with np.load(QUANT) as z:
         arrays = {k: z[k] for k in z.files}
     meta = json.loads(str(arrays.pop("meta")))
-    assert meta["library"] == "_C_stable_libtorch.abi3.so" and [tuple(c) for c in meta["cases"]] == list(QUANT_CASES)
+    assert meta["library"] == "_C_stable_libtorch.abi3.so"
+    assert [tuple(c) for c in meta["cases"]] == list(ACT_QUANT_CASES)
     return arrays
 
 
 @pytest.mark.parametrize("rule", ["ue8m0", "fp32"])
-@pytest.mark.parametrize("i", range(len(QUANT_CASES)), ids=[c[0] for c in QUANT_CASES])
+@pytest.mark.parametrize("i", range(len(ACT_QUANT_CASES)), ids=[c[0] for c in ACT_QUANT_CASES])
 def test_vllms_shipped_quantizer(quant_capture, i, rule):
     """vLLM 0.33's ``per_token_group_fp8_quant`` from its wheel's library (scripts/capture_vllm_quant.py): every
     quantized byte and scale is the model's, latents, magnitudes 2^-30 to 2^30 and groups at the scale's edges."""
-    q, s = per_token_group_quant_fp8(quant_inputs(QUANT_CASES[i]), ue8m0=rule == "ue8m0")
+    q, s = per_token_group_quant_fp8(act_quant_inputs(ACT_QUANT_CASES[i]), ue8m0=rule == "ue8m0")
     assert np.array_equal(q.view(np.uint8), quant_capture[f"c{i}_{rule}_q"])
     assert np.array_equal(s.view(np.uint32), quant_capture[f"c{i}_{rule}_s"].view(np.uint32))
 
@@ -218,7 +221,7 @@ def test_vllms_shipped_quantizer(quant_capture, i, rule):
 def test_the_quantizers_division_and_rounding_up_matter(quant_capture):
     """A multiply by fl(1 / 448) (a torch rendering) gives other FP32 scales; UE8M0 scales rounded down rather than
     up give other scales at the edges."""
-    x = quant_inputs(QUANT_CASES[2])
+    x = act_quant_inputs(ACT_QUANT_CASES[2])
     _, s = device_quant_act(x, False)
     assert not np.array_equal(s.view(np.uint32), quant_capture["c2_fp32_s"].view(np.uint32))
     amax = np.maximum(np.float32(1e-10), np.abs(x.astype(np.float32)).reshape(-1, 4, 128).max(-1))
@@ -242,15 +245,15 @@ def test_the_numba_engine_gives_the_same_layer():
     assert all(a.tobytes() == b.tobytes() for a, b in zip(*runs))
 
 
-@pytest.mark.parametrize("i", range(len(QUANT_CASES)), ids=[c[0] for c in QUANT_CASES])
+@pytest.mark.parametrize("i", range(len(ACT_QUANT_CASES)), ids=[c[0] for c in ACT_QUANT_CASES])
 def test_sglangs_quantizer(i):
     """SGLang 0.5.23's JIT quantizer (its ``per_token_group_quant.cuh`` unchanged, compiled with SGLang's JIT flags
     and launched as its flat launcher launches it; scripts/capture_sglang_quant.py): every byte and FP32 scale is
     the model's; an IEEE division for ``448 / amax`` gives other bytes, and so does vLLM's quantizer."""
     with np.load(Path(__file__).parent / "data" / "sglang_quant_h200.npz") as z:
         dq, ds = z[f"c{i}_q"], z[f"c{i}_s"]
-        assert [tuple(c) for c in json.loads(str(z["meta"]))["cases"]] == list(QUANT_CASES)
-    x = quant_inputs(QUANT_CASES[i])
+        assert [tuple(c) for c in json.loads(str(z["meta"]))["cases"]] == list(ACT_QUANT_CASES)
+    x = act_quant_inputs(ACT_QUANT_CASES[i])
     q, s = sglang_per_token_group_quant_fp8(x)
     assert np.array_equal(q.view(np.uint8), dq) and np.array_equal(s.view(np.uint32), ds.view(np.uint32))
     if i < 2:  # latents and wide magnitudes; the edge groups' multipliers are powers of two over 448

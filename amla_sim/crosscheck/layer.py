@@ -1,7 +1,7 @@
 """The dense MLA layer's device check (``scripts/capture_layer.py``) and its replay: requests prefilled and decoded by
 the real kernels, chained as each engine chains them, and cuBLAS's bmm on the absorbed shapes.
 
-A layer case is a request (:func:`~amla_sim.invariance.dense_layer.layer_request`: its tokens, heads and seed), a mode
+A layer case is a request (:func:`layer_request`: its tokens, heads and seed), a mode
 (:data:`~amla_sim.algorithms.deployed.mla_layer.LAYER_MODES`), the scheduler's budget and the tokens kept: the
 device runs the prefill chunks that hold them and each one's decode, and keeps their layer outputs and stages.
 """
@@ -13,9 +13,17 @@ import zlib
 import numpy as np
 
 from .._validate import check_int
+from ..algorithms.deployed.mla_layer import KV_LORA, QK_NOPE, QK_ROPE, LayerInputs
 from ..formats import round_to
+from .deepgemm import quantize_weight_blocks
 
-__all__ = ["CUBLAS_SHAPES", "LAYER_CASES", "crc_bits"]
+__all__ = ["LAYER_CASES", "CUBLAS_SHAPES", "ACT_QUANT_CASES", "layer_request", "case_request", "act_quant_inputs",
+           "crc_bits", "DEEPSEEK_V3_SCALE", "MAX_LAYER_TOKENS"]
+
+#: DeepSeek-V3's softmax scale, 192^-0.5 mscale^2 with YaRN (what both engines pass)
+DEEPSEEK_V3_SCALE = 0.1352337788608801
+#: the longest request ``prefill-decode --model dense`` models
+MAX_LAYER_TOKENS = 8192
 
 #: (mode, tokens, heads, seed, budget, tokens kept, decode batch): a 600-token prompt takes the MHA form in vLLM
 #: (600 > 512) and the absorbed one in SGLang's deterministic mode; a 300-token prompt the absorbed form in vLLM;
@@ -45,11 +53,24 @@ CUBLAS_SHAPES = tuple((m, h) for h in (16, 32, 64, 128) for m in (1, 2, 3, 4, 8,
                                                                     512))
 
 
-def case_request(case: tuple):
+def layer_request(tokens: int, *, heads: int = 16, seed: int = 0, weight_scales: str = "ue8m0",
+                  scale: float = DEEPSEEK_V3_SCALE) -> LayerInputs:
+    """A request's layer inputs drawn from `seed`: q_nope, q_pe, c_kv and k_pe ~ N(0, 1) in BF16 (c_kv as the
+    RMSNorm leaves it), kv_b_proj's weight ~ N(0, 0.05^2) quantized in 128 x 128 blocks to E4M3 with `weight_scales`
+    ("ue8m0", powers of two as vLLM requantizes them at load; "fp32", as a checkpoint holds them)."""
+    T, h = check_int(tokens, "tokens", lo=1, hi=MAX_LAYER_TOKENS), check_int(heads, "heads", lo=1, hi=128)
+    if weight_scales not in ("ue8m0", "fp32"):
+        raise ValueError(f"weight_scales: expected 'ue8m0' or 'fp32', got {weight_scales!r}")
+    rng = np.random.default_rng([check_int(seed, "seed", lo=0), 52, 2])
+    draw = [round_to(rng.normal(0, 1, shape), "bf16") for shape in
+            ((T, h, QK_NOPE), (T, h, QK_ROPE), (T, KV_LORA), (T, QK_ROPE))]
+    w, s = quantize_weight_blocks(round_to(rng.normal(0, 0.05, (h * 256, KV_LORA)), "bf16"), weight_scales)
+    return LayerInputs(*draw, w, s, scale)
+
+
+def case_request(case: tuple) -> LayerInputs:
     """A :data:`LAYER_CASES` case's inputs: :func:`~amla_sim.invariance.dense_layer.layer_request` with the weight
     scales its engine holds (vLLM: requantized to powers of two; SGLang on Hopper: the checkpoint's FP32 ones)."""
-    from ..invariance.dense_layer import layer_request
-
     name, T, h, seed = case[:4]
     return layer_request(T, heads=h, seed=seed, weight_scales="fp32" if name.startswith("sglang") else "ue8m0")
 
@@ -61,12 +82,13 @@ def crc_bits(a: np.ndarray) -> int:
 
 #: (kind, rows, seed) of vLLM's quantizer check (``scripts/capture_vllm_quant.py``): latents as the layer's requests
 #: draw them, N(0, 1) at other magnitudes, and groups at the edges of the scale's rounding
-QUANT_CASES = (("latent", 600, 11), ("normal", 256, 1), ("edges", 64, 2))
+ACT_QUANT_CASES = (("latent", 600, 11), ("normal", 256, 1), ("edges", 64, 2))
 
 
-def quant_inputs(case: tuple) -> np.ndarray:
-    """The (rows, 512) BF16 activations of a :data:`QUANT_CASES` case. "normal": each row N(0, 1) times 2^e, e drawn
-    in [-30, 30]; "edges": each group's largest magnitude 448 2^e exactly, a BF16 ULP above or below it, tiny (under
+def act_quant_inputs(case: tuple) -> np.ndarray:
+    """The (rows, 512) BF16 activations of a :data:`ACT_QUANT_CASES` case. "normal": each row N(0, 1) times 2^e, e
+    drawn in [-30, 30]; "edges": each group's largest magnitude 448 2^e exactly, a BF16 ULP above or below it, tiny
+    (under
     the 1e-10 floor) or zero, its other entries drawn below it."""
     kind, rows, seed = case
     rng = np.random.default_rng([check_int(seed, "seed", lo=0), 52, 3])

@@ -16,50 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._validate import check_int
-from ..algorithms.deployed.mla_layer import (
-    KV_LORA,
-    LAYER_MODES,
-    QK_NOPE,
-    QK_ROPE,
-    LayerInputs,
-    LayerMode,
-    LayerStep,
-    absorbed_chunk,
-    mha_chunk,
-)
-from ..crosscheck.deepgemm import quantize_weight_blocks
-from ..formats import round_to
+from ..algorithms.deployed.mla_layer import LAYER_MODES, LayerInputs, LayerMode, LayerStep, absorbed_chunk, mha_chunk
 from ..testing import row_ulp_distance, ulp_distance
 from .routing import Chunk, Prompt, route
 
-__all__ = [
-    "DEEPSEEK_V3_SCALE",
-    "MAX_LAYER_TOKENS",
-    "DenseReport",
-    "DenseVerdict",
-    "dense_prefill_vs_decode",
-    "layer_request",
-]
-
-#: DeepSeek-V3's softmax scale, 192^-0.5 mscale^2 with YaRN (what both engines pass)
-DEEPSEEK_V3_SCALE = 0.1352337788608801
-#: the longest request the command models (a CPU minute or so a thousand tokens at 16 heads)
-MAX_LAYER_TOKENS = 8192
-
-
-def layer_request(tokens: int, *, heads: int = 16, seed: int = 0, weight_scales: str = "ue8m0",
-                  scale: float = DEEPSEEK_V3_SCALE) -> LayerInputs:
-    """A request's layer inputs drawn from `seed`: q_nope, q_pe, c_kv and k_pe ~ N(0, 1) in BF16 (c_kv as the
-    RMSNorm leaves it), kv_b_proj's weight ~ N(0, 0.05^2) quantized in 128 x 128 blocks to E4M3 with `weight_scales`
-    ("ue8m0", powers of two as vLLM requantizes them at load; "fp32", as a checkpoint holds them)."""
-    T, h = check_int(tokens, "tokens", lo=1, hi=MAX_LAYER_TOKENS), check_int(heads, "heads", lo=1, hi=128)
-    if weight_scales not in ("ue8m0", "fp32"):
-        raise ValueError(f"weight_scales: expected 'ue8m0' or 'fp32', got {weight_scales!r}")
-    rng = np.random.default_rng([check_int(seed, "seed", lo=0), 52, 2])
-    draw = [round_to(rng.normal(0, 1, shape), "bf16") for shape in
-            ((T, h, QK_NOPE), (T, h, QK_ROPE), (T, KV_LORA), (T, QK_ROPE))]
-    w, s = quantize_weight_blocks(round_to(rng.normal(0, 0.05, (h * 256, KV_LORA)), "bf16"), weight_scales)
-    return LayerInputs(*draw, w, s, scale)
+__all__ = ["DenseVerdict", "DenseReport", "dense_prefill_vs_decode", "layer_work"]
 
 
 @dataclass(frozen=True)
@@ -168,7 +129,8 @@ def _parts(pre: LayerStep, i: int, dec: LayerStep, mode: LayerMode) -> str:
     if not (same("attn") and same("lse")):
         sp, sd = int(pre.splits[i]), int(dec.splits[0])
         if sp != sd:
-            return f"the attention kernel's splits: FA3 cuts the token's keys into {sp} in the prefill, {sd} in the decode"
+            return (f"the attention kernel's splits: FA3 cuts the token's keys into {sp} in the prefill, {sd} in the "
+                    "decode")
         return "the attention kernel: the same splits, another launch shape (the prefill's causal step of the chunk)"
     return f"W_UV's product ({mode.bmm} bmm)"
 

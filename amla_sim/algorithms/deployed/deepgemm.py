@@ -54,8 +54,9 @@ def per_token_group_quant_fp8(x: npt.ArrayLike, *, ue8m0: bool = True) -> tuple[
 
 def sglang_per_token_group_quant_fp8(x: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """SGLang 0.5.23's quantizer of kv_b_proj's activations on Hopper (FP32 scales), every byte and scale of its
-    kernel compiled with SGLang's JIT flags (``tests/data/sglang_quant_h200.npz``): its JIT kernel ``per_token_group_quant`` (``srt/kernels/jit/csrc/gemm/per_token_group_quant.cuh
-    :292-362``, built with ``--use_fast_math``) takes ``amax = max(max |x|, 1e-10)``, stores ``y_s = amax fl(1 /
+    kernel compiled with SGLang's JIT flags (``tests/data/sglang_quant_h200.npz``): its JIT kernel
+    ``per_token_group_quant`` (``sglang/kernels/jit/csrc/gemm/per_token_group_quant.cuh:319-362``, built with
+    ``--use_fast_math``) takes ``amax = max(max |x|, 1e-10)``, stores ``y_s = amax fl(1 /
     448)`` (a multiply) and quantizes ``e4m3(satfinite(x q))`` with ``q = 448 / amax`` an approximate division
     (``div.approx.ftz``: 448 times MUFU.RCP of amax). x (M, K) BF16 -> q (M, K) E4M3 and y_s (M, K / 128) FP32."""
     xa = np.asarray(x)
