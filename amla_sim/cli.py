@@ -925,6 +925,11 @@ def _cmd_prefill_decode(args: argparse.Namespace) -> int:
     if args.stack not in ("all", *STACKS):
         raise ValueError(f"--stack: {args.stack} is a dense model's mode; V3.2's stacks are {', '.join(STACKS)} "
                          f"(or pass --model dense)")
+    if args.budget is not None:
+        raise ValueError("--budget: a dense model's scheduler budget; V3.2's prefill is one launch (or pass --model "
+                         "dense)")
+    args.topk = 2048 if args.topk is None else args.topk
+    args.dist = "normal:1" if args.dist is None else args.dist
     if args.heads > 128:
         raise ValueError(f"--heads: the kernels take at most 128 query heads, got {args.heads}")
     stacks = list(STACKS) if args.stack == "all" else [args.stack]
@@ -970,6 +975,13 @@ def _dense_prefill_decode(args: argparse.Namespace) -> int:
     if args.stack != "all" and args.stack not in LAYER_MODES:
         raise ValueError(f"--stack: {args.stack} is a V3.2 stack; a dense model's modes are "
                          f"{', '.join(LAYER_MODES)} (or pass --model v3.2)")
+    for flag, value, why in (("--topk", args.topk, "a dense layer attends to every earlier token"),
+                             ("--dist", args.dist, "the dense layer draws its inputs from its own recipe"),
+                             ("--max-memory", args.max_memory, "the dense layer is bounded by its work instead")):
+        if value is not None:
+            raise ValueError(f"{flag}: V3.2's; {why} (--model dense takes --length, --heads, --tokens, --budget, "
+                             "--decode-batch and --seed)")
+    args.budget = 8192 if args.budget is None else args.budget
     if args.heads > 128:
         raise ValueError(f"--heads: a layer holds at most 128 query heads, got {args.heads}")
     if args.length > MAX_LAYER_TOKENS:
@@ -1044,17 +1056,18 @@ def _add_prefill_decode(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stack", default="all", choices=["all", *STACKS, *LAYER_MODES],
                    help="; ".join(f"{s.name}: {s.what}" for s in STACKS.values()) + "; with --model dense: "
                    + "; ".join(f"{m.name}: {m.what}" for m in LAYER_MODES.values()))
-    p.add_argument("--budget", type=_int_at_least(1), default=8192,
+    p.add_argument("--budget", type=_int_at_least(1),
                    help="--model dense: the scheduler's token budget (vLLM max_num_batched_tokens, SGLang "
-                        "--chunked-prefill-size)")
-    p.add_argument("--length", type=_int_at_least(1), default=400, help="the request's tokens (prefilled at once)")
+                        "--chunked-prefill-size; default 8192)")
+    p.add_argument("--length", type=_int_at_least(1), default=400,
+                   help="the request's tokens (V3.2: prefilled at once; dense: in the chunks its engine schedules)")
     p.add_argument("--heads", type=_int_at_least(1), default=16, help="query heads a GPU holds (V3.2: 128 / TP)")
-    p.add_argument("--topk", type=_int_at_least(128), default=2048, help="the indexer's list length (V3.2: 2048)")
+    p.add_argument("--topk", type=_int_at_least(128), help="the indexer's list length (V3.2: 2048, the default)")
     p.add_argument("--tokens", type=_csv(int), help="positions whose decode to compare (default: the last 4; "
                                                     "-1 is the last)")
     p.add_argument("--decode-batch", type=_int_at_least(1), default=1,
                    help="tokens in each decode launch (the token and batchmates with lists as long)")
-    p.add_argument("--dist", default="normal:1")
+    p.add_argument("--dist", help="V3.2: the inputs' distribution (default normal:1)")
     p.add_argument("--seed", type=_int_at_least(0), default=0)
     p.add_argument("--max-memory", type=_positive_float, metavar="GIB",
                    help="memory the models may use (default: what this machine has free)")

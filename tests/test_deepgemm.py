@@ -10,10 +10,11 @@ import json
 import zlib
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
-from amla_sim.algorithms.deployed.deepgemm import fp8_gemm_nt, per_token_group_quant_fp8
+from amla_sim.algorithms.deployed.deepgemm import fp8_gemm_nt, per_token_group_quant_fp8, sglang_per_token_group_quant_fp8
 from amla_sim.crosscheck.deepgemm import (DEEPGEMM_CASES, KEEP_COLUMNS, deepgemm_inputs, device_quant_act,
                                           quantize_weight_blocks)
 from amla_sim.machines import get_machine
@@ -99,6 +100,8 @@ def test_vllms_quantizer_and_its_torch_rendering():
 
 @pytest.mark.parametrize(("call", "match"), [
     (lambda: per_token_group_quant_fp8(np.zeros((2, 100), np.float32)), "x: expected"),
+    (lambda: sglang_per_token_group_quant_fp8(np.zeros((2, 128), np.float32)), "x: expected"),
+    (lambda: sglang_per_token_group_quant_fp8(np.zeros((2, 100), ml_dtypes.bfloat16)), "x: expected"),
     (lambda: fp8_gemm_nt(np.zeros((2, 128), np.float32), np.ones((2, 1), np.float32),
                          np.zeros((128, 128), np.float32), np.ones((1, 1), np.float32)), "a: expected"),
     (lambda: fp8_gemm_nt(*per_token_group_quant_fp8(np.zeros((2, 128), np.float32)),

@@ -165,18 +165,21 @@ def test_prefill_decode_answers_what_the_device_saw(capture, i, identical, parts
 
 
 def test_an_unchecked_cublas_shape_is_said(capsys):
-    """vLLM's default decode at 8 heads in a launch of 3 tokens: cuBLAS was not captured there, so no verdict claims
-    identity without saying so (exit 5 when the bits agree, 3 when they part)."""
+    """vLLM's default mode at 8 heads, a 40-token prompt (absorbed) and its last token decoded in a launch of 3:
+    cuBLAS was captured at neither shape, so the models' agreement is said with both pieces named, and the command
+    exits 5, not 0."""
     rc = main(["prefill-decode", "--model", "dense", "--stack", "vllm", "--length", "40", "--heads", "8",
                "--tokens", "-1", "--decode-batch", "3"])
     out = capsys.readouterr().out
-    assert "not device-checked: cuBLAS bmm of 3 tokens x 8 heads: not captured" in out and rc in (3, 5)
+    assert "token 39: bits identical" in out and rc == 5
+    assert "cuBLAS bmm of 40 tokens x 8 heads: not captured" in out and "cuBLAS bmm of 3 tokens x 8 heads" in out
 
 
 @pytest.mark.parametrize(("argv", "named"), [
     (["--stack", "sglang-dsa"], "--stack"), (["--length", "9000"], "--length"), (["--heads", "129"], "--heads"),
     (["--tokens", "5,5"], "--tokens"), (["--tokens", "400"], "--tokens"),
     (["--length", "8000", "--stack", "sglang-deterministic"], "--length, --heads, --tokens"),
+    (["--topk", "256"], "--topk"), (["--dist", "uniform:60"], "--dist"), (["--max-memory", "4"], "--max-memory"),
 ])
 def test_bad_dense_requests_are_refused_by_name(capsys, argv, named):
     with pytest.raises(SystemExit) as exit_:
@@ -263,3 +266,9 @@ def test_sglangs_quantizer(i):
         assert not np.array_equal(round_to(ieee, "e4m3").view(np.uint8), dq)
         vq, _ = per_token_group_quant_fp8(x, ue8m0=False)
         assert not np.array_equal(vq.view(np.uint8), dq)
+
+
+def test_a_v32_request_refuses_the_dense_budget(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["prefill-decode", "--length", "200", "--budget", "512"])
+    assert exit_.value.code == 2 and "--budget" in capsys.readouterr().err

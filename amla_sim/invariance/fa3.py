@@ -18,7 +18,7 @@ from ..algorithms.deployed.fa3.scheduler import KBLOCK_M, KBLOCK_N, MAX_SPLIT_BA
 from .kernel import RCP_NORMALISE, DenseDecode, Plan, Request, query_rows
 from .launches import Launch
 
-__all__ = ["Fa3MLA", "MAX_NUM_SPLITS", "split_bounds", "split_count"]
+__all__ = ["Fa3MLA", "Fa3SplitCount", "MAX_NUM_SPLITS", "split_bounds", "split_count"]
 
 #: The most splits FA3 takes (``num_splits <= 256`` in ``mha_fwd``; the combine kernel's bound).
 MAX_NUM_SPLITS = 256
@@ -44,7 +44,24 @@ def split_count(plan: Plan, cut: Callable[[int], Plan]) -> int:
     return count
 
 
-class Fa3MLA(DenseDecode):
+class Fa3SplitCount:
+    """What FA3's kernels share in the study: a split count a request, at most 256 (a plan handed in is one of its
+    cuts, :func:`split_count`), and one split a request as the batch-invariant plan (``num_splits`` 1)."""
+
+    def max_splits(self, launch: Launch, *, heads: int) -> int:
+        return MAX_NUM_SPLITS
+
+    def check_split_tokens(self, split_tokens: int | None) -> None:
+        if split_tokens is not None:
+            raise ValueError("split_tokens: FA3 takes a split count, not a split size; its batch-invariant mode is "
+                             "one split a request ('one')")
+
+    def invariant_plans(self, req: Request, launch: Launch, split_tokens: int | None) -> list[Plan]:
+        self.check_split_tokens(split_tokens)
+        return [[(0, n)] for n in launch.lengths]
+
+
+class Fa3MLA(Fa3SplitCount, DenseDecode):
     """FA3's MLA decode, vLLM's call: a split count per request from the launch's blocks."""
 
     name = "fa3-mla"
@@ -75,9 +92,6 @@ class Fa3MLA(DenseDecode):
     def bounds(self, launch: Launch, *, heads: int, options: Mapping[str, Any]) -> tuple[int, int]:
         return split_bounds(launch)
 
-    def max_splits(self, launch: Launch, *, heads: int) -> int:
-        return MAX_NUM_SPLITS
-
     def _schedule(self, req: Request, launch: Launch) -> Fa3Schedule:
         return fa3_schedule(list(launch.lengths), s_q=launch.s_q, heads=req.heads,
                             num_splits=launch.num_kv_splits or 0, causal=launch.s_q > 1, num_sms=launch.num_sms)
@@ -91,15 +105,6 @@ class Fa3MLA(DenseDecode):
     def plans(self, req: Request, launch: Launch) -> list[Plan]:
         sched = self._schedule(req, launch)
         return [self._cut(req, launch, sched, i, n) for i, n in enumerate(launch.lengths)]
-
-    def check_split_tokens(self, split_tokens: int | None) -> None:
-        if split_tokens is not None:
-            raise ValueError("split_tokens: FA3 takes a split count, not a split size; its batch-invariant mode is "
-                             "one split a request ('one')")
-
-    def invariant_plans(self, req: Request, launch: Launch, split_tokens: int | None) -> list[Plan]:
-        self.check_split_tokens(split_tokens)
-        return [[(0, n)] for n in launch.lengths]
 
     def reason(self, req: Request, launch: Launch) -> str:
         sched = self._schedule(req, launch)

@@ -19,7 +19,7 @@ from ..resources import run_bytes
 from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, prefill_schedule, prefill_tile
 from ..algorithms.deployed.fa3.scheduler import split_blocks
 from ..crosscheck.fa3_prefill import draw_heads
-from .fa3 import MAX_NUM_SPLITS, Fa3MLA, split_bounds, split_count
+from .fa3 import Fa3MLA, Fa3SplitCount, split_bounds, split_count
 from .kernel import BatchKernel, Plan, Request, mate_seed
 from .launches import Launch
 
@@ -29,7 +29,7 @@ _D, _DV = 192, 128
 _SCALE = 0.1352337788608801  # DeepSeek-V3's softmax scale: 192^-0.5 mscale^2 (YaRN)
 
 
-class Fa3Prefill(BatchKernel):
+class Fa3Prefill(Fa3SplitCount, BatchKernel):
     """FA3's varlen forward over a context chunk (vLLM's ``run_prefill_context_chunk``): a split count per request
     from the launch's blocks."""
 
@@ -90,9 +90,6 @@ class Fa3Prefill(BatchKernel):
         check_int(heads, "heads", lo=1, hi=256)
         return split_bounds(launch)
 
-    def max_splits(self, launch: Launch, *, heads: int) -> int:
-        return MAX_NUM_SPLITS
-
     def _size(self, req: Request) -> int:
         return 1 if req.recipe.get("format") == "e4m3" else 2
 
@@ -111,15 +108,6 @@ class Fa3Prefill(BatchKernel):
     def plans(self, req: Request, launch: Launch) -> list[Plan]:
         _, counts = self._counts(req, launch)
         return [self._cut(req, n, c) for n, c in zip(launch.lengths, counts)]
-
-    def check_split_tokens(self, split_tokens: int | None) -> None:
-        if split_tokens is not None:
-            raise ValueError("split_tokens: FA3 takes a split count, not a split size; its batch-invariant mode is "
-                             "one split a request ('one')")
-
-    def invariant_plans(self, req: Request, launch: Launch, split_tokens: int | None) -> list[Plan]:
-        self.check_split_tokens(split_tokens)
-        return [[(0, n)] for n in launch.lengths]
 
     def reason(self, req: Request, launch: Launch) -> str:
         bound, counts = self._counts(req, launch)

@@ -182,9 +182,9 @@ def kv_b_proj(c_kv: np.ndarray, kv_b: np.ndarray, kv_b_scale: np.ndarray, *, eng
 @dataclass
 class LayerStep:
     """One launch's view of some tokens of a request: their layer output (n, h, 128) BF16 and the stages before it
-    (``w_uk`` (n, h, 512), ``attn`` and ``lse`` (n, h), absorbed; ``attn`` (n, h, 128), MHA), each token's split
-    count where FA3's MLA kernel ran, the form, and what of it is not device-checked (``unmodelled``: a piece
-    not modelled, or modelled from its source only)."""
+    (absorbed: ``w_uk`` and ``attn`` (n, h, 512), ``lse`` (n, h); MHA: ``attn`` (n, h, 128)), each token's split
+    count in FA3's MLA kernel (0 in the MHA form, whose chain of calls it does not report), the form, and what of
+    it is not device-checked (``unmodelled``: a piece not modelled, or taken from another build)."""
 
     form: str
     out: np.ndarray
@@ -214,7 +214,7 @@ def mha_chunk(x: LayerInputs, start: int, n: int, mode: LayerMode, *, workspace:
         res = sglang_mla_prefill(q, k[new], v[new], k[:start], v[:start], [n], [start], scale=x.scale)
         unmodelled.append("kv_b_proj: SGLang's DeepGEMM fork (sgl-deep-gemm 0.2.3.post2) as vLLM's DeepGEMM, the "
                           "same block-128 branch in its source, not run")
-    return LayerStep("mha", res.out, {"attn": res.out}, np.ones(n, np.int64), unmodelled)
+    return LayerStep("mha", res.out, {"attn": res.out}, np.zeros(n, np.int64), unmodelled)
 
 
 def absorbed_chunk(x: LayerInputs, tokens: npt.ArrayLike, mode: LayerMode, *, causal_step: bool) -> LayerStep:
@@ -244,10 +244,10 @@ def absorbed_chunk(x: LayerInputs, tokens: npt.ArrayLike, mode: LayerMode, *, ca
         res = fa3_mla(qq, kk, seqlens=lens, scale=x.scale, page_size=mode.page_size, num_splits=splits,
                       trace=True)
     else:
-        pages = -(-(mode.max_context_len if not mode.deterministic and not causal_step else max(lens))
-                  // mode.page_size)
-        res = sgl_fa3_mla(qq, kk, seqlens=lens, table_pages=max(pages, -(-max(lens) // mode.page_size)),
-                          page_size=mode.page_size, scale=x.scale, num_splits=splits, trace=True)
+        # the page table: max_context_len wide under a decode's CUDA graph, the longest request in an eager extend
+        width = max(lens) if causal_step else max(mode.max_context_len, max(lens))
+        res = sgl_fa3_mla(qq, kk, seqlens=lens, table_pages=-(-width // mode.page_size), page_size=mode.page_size,
+                          scale=x.scale, num_splits=splits, trace=True)
     attn = res.out.reshape(n, h, KV_LORA)
     lse = np.ascontiguousarray(res.lse.T)  # (n, h)
     counts = np.asarray(res.trace["schedule"][0].splits, np.int64)
