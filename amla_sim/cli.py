@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -968,7 +969,7 @@ def _dense_prefill_decode(args: argparse.Namespace) -> int:
     """``--model dense``: each engine mode's layer, prefill against decode; exit 3 when a token's bits part, 5 when
     they agree but a piece of either side is not device-checked."""
     from .algorithms.deployed.mla_layer import LAYER_MODES
-    from .crosscheck.layer import MAX_LAYER_TOKENS, layer_request
+    from .crosscheck.layer import HIDDEN, MAX_LAYER_TOKENS, layer_request
     from .invariance.dense_layer import dense_prefill_vs_decode, layer_work
     from .invariance.routing import VLLM_DECODE_THRESHOLD
 
@@ -1003,7 +1004,9 @@ def _dense_prefill_decode(args: argparse.Namespace) -> int:
                              f"{limit:.0e} a CPU runs in a few minutes on the {get_engine()} engine; ask for a "
                              "shorter request" + (" (AMLA_SIM_ENGINE=numba runs 4x as many)"
                                                   if get_engine() == "numpy" else ""))
-    x = layer_request(args.length, heads=args.heads, seed=args.seed)
+    # o_proj's weight: only vLLM's default mode runs two kernels for it (FlashInfer's below 32 rows, DeepGEMM from 32)
+    two_kernels = any(LAYER_MODES[m].engine == "vllm" and not LAYER_MODES[m].deterministic for m in modes)
+    x = layer_request(args.length, heads=args.heads, seed=args.seed, hidden=HIDDEN if two_kernels else None)
     reports = [dense_prefill_vs_decode(x, m, tokens=tokens, budget=args.budget, decode_batch=args.decode_batch)
                for m in modes]
     tried = []  # what would make them equal: the engine's deterministic mode, then (vLLM) chunks it absorbs
@@ -1021,7 +1024,7 @@ def _dense_prefill_decode(args: argparse.Namespace) -> int:
                 break
     if args.json:
         print(dumps_strict([{"mode": r.mode.name, "chunks": [vars(c) for c in r.chunks], "tokens": [
-            {**vars(v), "identical": v.identical} for v in r.tokens]} for r in reports], indent=2))
+            {**dataclasses.asdict(v), "identical": v.identical} for v in r.tokens]} for r in reports], indent=2))
     else:
         text = [r.format() for r in reports]
         for j, (name, budget) in enumerate(tried, start=len(modes)):

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from amla_sim.algorithms.deployed.deepgemm import per_token_group_quant_fp8, sglang_per_token_group_quant_fp8
+from amla_sim.algorithms.deployed.flashinfer.blockscale_gemm import trtllm_quant_1x128
+from amla_sim.algorithms.deployed.fp8_linear import FP8_LINEAR_KERNELS
 from amla_sim.algorithms.deployed.mla_layer import LAYER_MODES, LayerInputs, absorbed_chunk, kv_b_proj, mha_chunk
 from amla_sim.algorithms.deployed.projections import CUBLAS_CHECKED, w_uk, w_uv
 from amla_sim.cli import main
@@ -50,7 +52,7 @@ def _bits(stage: str, a: np.ndarray) -> np.ndarray:
 def _sides(i: int, mode=None) -> tuple[dict, list]:
     """The model's prefill (each kept token's step and row) and decodes of case `i`."""
     name, T, h, seed, budget, keep, batch = LAYER_CASES[i]
-    md, x = mode or LAYER_MODES[name], case_request(LAYER_CASES[i])
+    md, x = mode or LAYER_MODES[name], case_request(LAYER_CASES[i], hidden=None)
     pre = {}
     for c in route(md.engine, [Prompt(T)], budget=budget, deterministic=md.deterministic):
         mine = [t for t in keep if c.context <= t < c.context + c.tokens]
@@ -88,7 +90,7 @@ def test_the_prefill_quantizers_are_the_engines_kernels(capture):
     done = 0
     for case, spec in zip(meta["cases"], LAYER_CASES):
         for lo, hi, crc in case.get("quant_crc", []):
-            rows = case_request(spec).c_kv[lo:hi]
+            rows = case_request(spec, hidden=None).c_kv[lo:hi]
             a, s = (per_token_group_quant_fp8(rows, ue8m0=True) if spec[0].startswith("vllm") else
                     sglang_per_token_group_quant_fp8(rows))
             assert crc_bits(a.view(np.uint8)) ^ crc_bits(s) == crc
@@ -135,8 +137,14 @@ def test_the_engines_quantizers_give_other_bits():
     a_v, s_v = per_token_group_quant_fp8(x.c_kv, ue8m0=True)
     a_s, s_s = sglang_per_token_group_quant_fp8(x.c_kv)
     assert not np.array_equal(s_v, s_s) and not np.array_equal(a_v.view(np.uint8), a_s.view(np.uint8))
-    kv = {e: kv_b_proj(x.c_kv, x.kv_b, x.kv_b_scale, engine=e)[1] for e in ("vllm", "sglang")}
-    assert (kv["vllm"].view(np.uint16) != kv["sglang"].view(np.uint16)).mean() > 0.1
+    kv = {k: kv_b_proj(x.c_kv, x.kv_b, x.kv_b_scale, kernel=k)[1].view(np.uint16) for k in FP8_LINEAR_KERNELS}
+    assert (kv["deepgemm-ue8m0"] != kv["deepgemm-fp32"]).mean() > 0.1
+    assert (kv["deepgemm-ue8m0"] != kv["flashinfer"]).mean() > 0.1
+    # FlashInfer's quantizer writes SGLang's bytes (both multiply by 448 MUFU.RCP(amax)) but keeps rcp of that
+    # multiplier as the scale, where SGLang keeps amax fl(1 / 448): a few outputs part
+    a_f, s_f = trtllm_quant_1x128(x.c_kv)
+    assert np.array_equal(a_f.view(np.uint8), a_s.view(np.uint8)) and not np.array_equal(s_f, s_s)
+    assert 0 < (kv["flashinfer"] != kv["deepgemm-fp32"]).mean() < 0.01
 
 
 def test_the_form_matters(capture):
@@ -155,7 +163,7 @@ def test_prefill_decode_answers_what_the_device_saw(capture, i, identical, parts
     identical exactly where the device's prefill and decode were."""
     _, arrays = capture
     name, T, h, seed, budget, keep, batch = LAYER_CASES[i]
-    rep = dense_prefill_vs_decode(case_request(LAYER_CASES[i]), name, tokens=list(keep), budget=budget,
+    rep = dense_prefill_vs_decode(case_request(LAYER_CASES[i], hidden=None), name, tokens=list(keep), budget=budget,
                                   decode_batch=batch)
     device_same = [np.array_equal(p, d) for p, d in zip(arrays[f"c{i}_prefill_out"], arrays[f"c{i}_decode_out"])]
     assert [v.identical for v in rep.tokens] == device_same == [identical] * len(keep)
@@ -165,14 +173,24 @@ def test_prefill_decode_answers_what_the_device_saw(capture, i, identical, parts
 
 
 def test_an_unchecked_cublas_shape_is_said(capsys):
-    """vLLM's default mode at 8 heads, a 40-token prompt (absorbed) and its last token decoded in a launch of 3:
-    cuBLAS was captured at neither shape, so the models' agreement is said with both pieces named, and the command
-    exits 5, not 0."""
+    """vLLM's default mode at 8 heads, a 20-token prompt (absorbed; o_proj through FlashInfer's GEMM, as the
+    decode's) and its last token decoded in a launch of 3: cuBLAS was captured at neither shape, so the models'
+    agreement is said with both pieces named, and the command exits 5, not 0."""
+    rc = main(["prefill-decode", "--model", "dense", "--stack", "vllm", "--length", "20", "--heads", "8",
+               "--tokens", "-1", "--decode-batch", "3"])
+    out = capsys.readouterr().out
+    assert "token 19: bits identical" in out and "identical after o_proj" in out and rc == 5
+    assert "cuBLAS bmm of 20 tokens x 8 heads: not captured" in out and "cuBLAS bmm of 3 tokens x 8 heads" in out
+
+
+def test_o_proj_parts_a_vllm_prefill_from_its_decode(capsys):
+    """A 40-token prompt: equal before o_proj, but its prefill's step of 40 rows runs DeepGEMM and the decode's of 3
+    FlashInfer's GEMM, so the layer's output differs (exit 3), and vLLM's batch-invariant mode, tried next, agrees."""
     rc = main(["prefill-decode", "--model", "dense", "--stack", "vllm", "--length", "40", "--heads", "8",
                "--tokens", "-1", "--decode-batch", "3"])
     out = capsys.readouterr().out
-    assert "token 39: bits identical" in out and rc == 5
-    assert "cuBLAS bmm of 40 tokens x 8 heads: not captured" in out and "cuBLAS bmm of 3 tokens x 8 heads" in out
+    assert rc == 3 and "token 39: bits identical before o_proj; o_proj's kernel: a step of 40 tokens" in out
+    assert "Tried the same request in vllm-batch-invariant" in out and "1 of 1 tokens bit-identical" in out
 
 
 @pytest.mark.parametrize(("argv", "named"), [

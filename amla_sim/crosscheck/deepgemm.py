@@ -14,12 +14,50 @@ from ..arith.logarithm import log2f
 from ..formats import round_to
 from ..machines import get_machine
 
-__all__ = ["DEEPGEMM_CASES", "deepgemm_inputs", "quantize_weight_blocks", "device_quant_act", "KEEP_COLUMNS"]
+__all__ = ["DEEPGEMM_CASES", "FI_GEMM_CASES", "deepgemm_inputs", "fi_gemm_inputs", "quantize_weight_blocks",
+           "device_quant_act", "KEEP_COLUMNS"]
 
 KEEP_COLUMNS = 256
 #: (tokens M, N, activation scales UE8M0, weight scales "ue8m0" or "fp32", seed)
 DEEPGEMM_CASES = ((300, 4096, True, "ue8m0", 1), (2048, 4096, True, "ue8m0", 2), (64, 32768, True, "ue8m0", 3),
                   (40, 4096, True, "ue8m0", 5), (300, 4096, False, "fp32", 4))
+
+
+#: FlashInfer's block-scale GEMM as vLLM calls it under 32 tokens: (tokens M, N, K, seed, inputs "normal" or "edges"):
+#: kv_b_proj (N = 16 heads x 256, K = 512), o_proj (7168, 16 x 128), q_b_proj (16 x 192, 1536) and the fused
+#: q_a / kv_a projection (1536 + 576, 7168) at DeepSeek-V3's tensor-parallel 8 shapes
+FI_GEMM_CASES = ((1, 4096, 512, 1, "normal"), (5, 4096, 512, 2, "normal"), (31, 4096, 512, 3, "normal"),
+                 (16, 7168, 2048, 4, "normal"), (24, 3072, 1536, 5, "normal"), (8, 2112, 7168, 6, "normal"),
+                 (8, 4096, 512, 7, "edges"))
+
+
+def fi_gemm_inputs(tokens: int, n: int, k: int, seed: int, kind: str = "normal") -> tuple[np.ndarray, np.ndarray]:
+    """x (M, K) ~ N(0, 1) and the weight (N, K) ~ N(0, 0.05^2), BF16. "edges": groups of 128 that test the quantizer,
+    in rows 1-3 (an all-zero group, a lone value, an amax of 448 2^-3, amaxes of 2^127 and 1.5 2^126, a group of
+    subnormals, a tiny normal amax over subnormals, an infinity) and rows 4-7 scaled by 2^-40 to 2^40."""
+    rng = np.random.default_rng([check_int(seed, "seed", lo=0), 52, 2])
+    x = rng.normal(0, 1, (check_int(tokens, "tokens", lo=1), check_int(k, "k", lo=128)))
+    w = rng.normal(0, 0.05, (check_int(n, "n", lo=64), k))
+    if kind == "edges":
+        if tokens < 8 or k < 512:
+            raise ValueError("tokens, k: the edges need 8 rows of 4 groups")
+        g = [slice(i * 128, (i + 1) * 128) for i in range(4)]
+        x[1, g[0]] = 0
+        x[1, g[1]] = 0
+        x[1, 130] = -3.25
+        x[1, g[2]] *= 56 / np.abs(x[1, g[2]]).max()
+        x[1, g[3]] *= 2.0**-20
+        x[2, g[0]] *= 2.0**127 / np.abs(x[2, g[0]]).max()
+        x[2, g[1]] *= 1.5 * 2.0**126 / np.abs(x[2, g[1]]).max()
+        x[2, g[2]] = np.round(x[2, g[2]] * 8) * 2.0**-133
+        x[2, g[3]] = np.round(x[2, g[3]] * 8) * 2.0**-133
+        x[2, 3 * 128] = 2.0**-120
+        x[3, 5] = np.inf
+        for r in range(4, 8):
+            x[r] *= 2.0 ** (-40 + 80 * (r - 4) / 3)
+    elif kind != "normal":
+        raise ValueError(f"kind: expected 'normal' or 'edges', got {kind!r}")
+    return round_to(x, "bf16"), round_to(w, "bf16")
 
 
 def deepgemm_inputs(tokens: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -56,8 +94,9 @@ def quantize_weight_blocks(w: np.ndarray, scales: str) -> tuple[np.ndarray, np.n
     """The weight (N, K) BF16 in 128 x 128 blocks as the device check makes it (torch): ``s = amax fl(1 / 448)``
     (UE8M0: ``2^ceil(log2 s)``), ``q = e4m3(clamp(w / s))``."""
     N, K = w.shape
-    wg = w.astype(np.float32).reshape(N // 128, 128, K // 128, 128)
+    nb = -(-N // 128)  # a last block of fewer rows (N a multiple of 64) has a scale of its own
+    wg = np.pad(w.astype(np.float32), ((0, nb * 128 - N), (0, 0))).reshape(nb, 128, K // 128, 128)
     with np.errstate(divide="ignore", invalid="ignore"):
         s = _scales(np.abs(wg).max(axis=(1, 3)), scales == "ue8m0")
-        q = np.clip((wg / s[:, None, :, None]).astype(np.float32), -448, 448).reshape(N, K)
+        q = np.clip((wg / s[:, None, :, None]).astype(np.float32), -448, 448).reshape(nb * 128, K)[:N]
     return get_machine("ieee32").cast(q, "e4m3"), s

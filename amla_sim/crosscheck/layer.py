@@ -13,17 +13,19 @@ import zlib
 import numpy as np
 
 from .._validate import check_int
-from ..algorithms.deployed.mla_layer import KV_LORA, QK_NOPE, QK_ROPE, LayerInputs
+from ..algorithms.deployed.mla_layer import KV_LORA, QK_NOPE, QK_ROPE, V_HEAD, LayerInputs
 from ..formats import round_to
 from .deepgemm import quantize_weight_blocks
 
 __all__ = ["LAYER_CASES", "CUBLAS_SHAPES", "ACT_QUANT_CASES", "layer_request", "case_request", "act_quant_inputs",
-           "crc_bits", "DEEPSEEK_V3_SCALE", "MAX_LAYER_TOKENS"]
+           "crc_bits", "DEEPSEEK_V3_SCALE", "HIDDEN", "MAX_LAYER_TOKENS"]
 
 #: DeepSeek-V3's softmax scale, 192^-0.5 mscale^2 with YaRN (what both engines pass)
 DEEPSEEK_V3_SCALE = 0.1352337788608801
 #: the longest request ``prefill-decode --model dense`` models
 MAX_LAYER_TOKENS = 8192
+#: DeepSeek-V3's hidden size: o_proj's output rows
+HIDDEN = 7168
 
 #: (mode, tokens, heads, seed, budget, tokens kept, decode batch): a 600-token prompt takes the MHA form in vLLM
 #: (600 > 512) and the absorbed one in SGLang's deterministic mode; a 300-token prompt the absorbed form in vLLM;
@@ -54,10 +56,11 @@ CUBLAS_SHAPES = tuple((m, h) for h in (16, 32, 64, 128) for m in (1, 2, 3, 4, 8,
 
 
 def layer_request(tokens: int, *, heads: int = 16, seed: int = 0, weight_scales: str = "ue8m0",
-                  scale: float = DEEPSEEK_V3_SCALE) -> LayerInputs:
+                  scale: float = DEEPSEEK_V3_SCALE, hidden: int | None = HIDDEN) -> LayerInputs:
     """A request's layer inputs drawn from `seed`: q_nope, q_pe, c_kv and k_pe ~ N(0, 1) in BF16 (c_kv as the
     RMSNorm leaves it), kv_b_proj's weight ~ N(0, 0.05^2) quantized in 128 x 128 blocks to E4M3 with `weight_scales`
-    ("ue8m0", powers of two as vLLM requantizes them at load; "fp32", as a checkpoint holds them)."""
+    ("ue8m0", powers of two as vLLM requantizes them at load; "fp32", as a checkpoint holds them), and o_proj's
+    weight (`hidden` rows; None: none) ~ N(0, 0.02^2) quantized alike, from a stream of its own."""
     T, h = check_int(tokens, "tokens", lo=1, hi=MAX_LAYER_TOKENS), check_int(heads, "heads", lo=1, hi=128)
     if weight_scales not in ("ue8m0", "fp32"):
         raise ValueError(f"weight_scales: expected 'ue8m0' or 'fp32', got {weight_scales!r}")
@@ -65,14 +68,21 @@ def layer_request(tokens: int, *, heads: int = 16, seed: int = 0, weight_scales:
     draw = [round_to(rng.normal(0, 1, shape), "bf16") for shape in
             ((T, h, QK_NOPE), (T, h, QK_ROPE), (T, KV_LORA), (T, QK_ROPE))]
     w, s = quantize_weight_blocks(round_to(rng.normal(0, 0.05, (h * 256, KV_LORA)), "bf16"), weight_scales)
-    return LayerInputs(*draw, w, s, scale)
+    if hidden is None:
+        return LayerInputs(*draw, w, s, scale)
+    n = check_int(hidden, "hidden", lo=64, hi=HIDDEN)
+    if n % 64:
+        raise ValueError(f"hidden: expected a multiple of 64, got {hidden}")
+    wo = np.random.default_rng([seed, 52, 3]).standard_normal((n, h * V_HEAD), dtype=np.float32) * np.float32(0.02)
+    return LayerInputs(*draw, w, s, scale, *quantize_weight_blocks(round_to(wo, "bf16"), weight_scales))
 
 
-def case_request(case: tuple) -> LayerInputs:
-    """A :data:`LAYER_CASES` case's inputs: :func:`~amla_sim.invariance.dense_layer.layer_request` with the weight
-    scales its engine holds (vLLM: requantized to powers of two; SGLang on Hopper: the checkpoint's FP32 ones)."""
+def case_request(case: tuple, *, hidden: int | None = HIDDEN) -> LayerInputs:
+    """A :data:`LAYER_CASES` case's inputs: :func:`layer_request` with the weight scales its engine holds (vLLM:
+    requantized to powers of two; SGLang on Hopper: the checkpoint's FP32 ones), o_proj's weight `hidden` rows."""
     name, T, h, seed = case[:4]
-    return layer_request(T, heads=h, seed=seed, weight_scales="fp32" if name.startswith("sglang") else "ue8m0")
+    return layer_request(T, heads=h, seed=seed, weight_scales="fp32" if name.startswith("sglang") else "ue8m0",
+                         hidden=hidden)
 
 
 def crc_bits(a: np.ndarray) -> int:

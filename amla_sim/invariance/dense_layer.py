@@ -5,8 +5,14 @@ A request's prompt is prefilled in the chunks the engine's scheduler cuts it int
 absorbed form (:mod:`~amla_sim.invariance.routing`); each generated token is decoded in the absorbed form, in a
 launch of ``decode_batch`` tokens. :func:`dense_prefill_vs_decode` runs the layer's models
 (:mod:`~amla_sim.algorithms.deployed.mla_layer`) both ways from the same inputs and says per token whether the
-layer's output (before ``o_proj``) has the same bits, the first step where the two part (the form, W_UK's product,
-the attention kernel and its splits, W_UV's product), how far, and what it could not model.
+layer's output has the same bits, before ``o_proj`` and after it, the first step where the two part (the form,
+W_UK's product, the attention kernel and its splits, W_UV's product, the kernel ``o_proj`` runs), how far, and what it
+could not model.
+
+``o_proj`` (an FP8 block linear, :mod:`~amla_sim.algorithms.deployed.fp8_linear`) computes each row on its own
+through the kernel its launch takes: where the two sides' rows before it are equal and take the same kernel, so are
+their outputs; where they take different kernels (vLLM's default mode: FlashInfer's GEMM for a step of fewer than 32
+rows, DeepGEMM from 32), both rows are projected and compared.
 """
 
 from __future__ import annotations
@@ -16,18 +22,50 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._validate import check_int
-from ..algorithms.deployed.mla_layer import LAYER_MODES, LayerInputs, LayerMode, LayerStep, absorbed_chunk, mha_chunk
+from ..algorithms.deployed.fp8_linear import FP8_LINEAR_KERNELS
+from ..algorithms.deployed.mla_layer import (
+    LAYER_MODES,
+    LayerInputs,
+    LayerMode,
+    LayerStep,
+    absorbed_chunk,
+    mha_chunk,
+    o_proj,
+)
 from ..testing import row_ulp_distance, ulp_distance
 from .routing import Chunk, Prompt, route
 
-__all__ = ["DenseVerdict", "DenseReport", "dense_prefill_vs_decode", "layer_work"]
+__all__ = ["DenseVerdict", "DenseReport", "OProjVerdict", "dense_prefill_vs_decode", "layer_work", "o_proj_verdict"]
+
+
+@dataclass(frozen=True)
+class OProjVerdict:
+    """One token's ``o_proj``: the kernel path of each side's launch (prefill, decode), and its output elements
+    that differ (None: not projected, `note` says why) of `total`, the largest distance in ULPs."""
+
+    kernels: tuple[str, str]
+    differ: int | None = None
+    total: int = 0
+    max_ulp: int = 0
+    note: str = ""
+    max_row_ulp: float = 0.0
+
+    def describe(self) -> str:
+        kp, kd = (FP8_LINEAR_KERNELS[k] for k in self.kernels)
+        how = f"prefill: {kp}" + (f"; decode: {kd}" if kd != kp else ", the decode's too")
+        if self.differ is None:
+            return f"o_proj not compared ({self.note}) [{how}]"
+        if self.differ:
+            return (f"after o_proj {self.differ} of {self.total} elements differ (max {self.max_ulp} ULP, "
+                    f"{self.max_row_ulp:.3g} ULP of the row's largest |value|) [{how}]")
+        return f"identical after o_proj [{how}]"
 
 
 @dataclass(frozen=True)
 class DenseVerdict:
-    """One token: its layer output's elements that differ between prefill and decode, the largest distance in
-    ULPs, where the two part, and what of either side is not modelled (then the verdict is a model's, not a
-    prediction of the device)."""
+    """One token: its layer output's elements (before ``o_proj``) that differ between prefill and decode, the
+    largest distance in ULPs, where the two part, ``o_proj``'s verdict, and what of either side is not modelled
+    (then the verdict is a model's, not a prediction of the device)."""
 
     token: int
     out_differ: int
@@ -37,17 +75,24 @@ class DenseVerdict:
     prefill: str  # how the prefill computed it
     unmodelled: tuple[str, ...] = ()
     max_row_ulp: float = 0.0
+    o_proj: OProjVerdict | None = None
 
     @property
     def identical(self) -> bool:
-        return self.out_differ == 0
+        """The same bits before ``o_proj``, and after it where it was projected."""
+        return self.out_differ == 0 and not (self.o_proj and self.o_proj.differ)
 
     def describe(self) -> str:
-        head = ("bits identical" if self.identical else
-                f"{self.out_differ} of {self.out_total} output elements differ (max {self.max_ulp} ULP, "
-                f"{self.max_row_ulp:.3g} ULP of the row's largest |value|): {self.parts}")
+        if self.out_differ:
+            head = (f"{self.out_differ} of {self.out_total} output elements differ (max {self.max_ulp} ULP, "
+                    f"{self.max_row_ulp:.3g} ULP of the row's largest |value|): {self.parts}")
+        elif self.o_proj and self.o_proj.differ:
+            head = f"bits identical before o_proj; {self.parts}"
+        else:
+            head = "bits identical"
+        o = f"; {self.o_proj.describe()}" if self.o_proj else ""
         tail = "".join(f"; not device-checked: {u}" for u in self.unmodelled)
-        return f"{head} [prefill: {self.prefill}]{tail}"
+        return f"{head} [prefill: {self.prefill}]{o}{tail}"
 
 
 @dataclass
@@ -135,6 +180,25 @@ def _parts(pre: LayerStep, i: int, dec: LayerStep, mode: LayerMode) -> str:
     return f"W_UV's product ({mode.bmm} bmm)"
 
 
+def o_proj_verdict(x: LayerInputs, mode: str | LayerMode, prefill_tokens: int, decode_tokens: int, po: np.ndarray,
+                   do: np.ndarray) -> OProjVerdict:
+    """o_proj of one token's two rows before it (h, 128) BF16: each side's step (the prefill's chunk of
+    `prefill_tokens`, the decode's launch of `decode_tokens`) picks the kernel; equal rows through one kernel give
+    equal outputs (each row is its own chain), equal rows through two kernels are projected (with `x`'s weight)."""
+    md = _mode(mode)
+    kernels = (md.linear_kernel(prefill_tokens), md.linear_kernel(decode_tokens))
+    if po.tobytes() != do.tobytes():
+        return OProjVerdict(kernels, note="its inputs already differ")
+    if kernels[0] == kernels[1]:
+        return OProjVerdict(kernels, 0, 0 if x.w_o is None else x.w_o.shape[0])
+    if x.w_o is None:
+        return OProjVerdict(kernels, note="these inputs hold no o_proj weight")
+    a, b = (o_proj(po[None], x, k)[0] for k in kernels)
+    return OProjVerdict(kernels, int((a.view(np.uint16) != b.view(np.uint16)).sum()), a.size,
+                        int(ulp_distance(a, b).max(initial=0)), "", float(np.nanmax(row_ulp_distance(a, b),
+                                                                                       initial=0.0)))
+
+
 def dense_prefill_vs_decode(x: LayerInputs, mode: str | LayerMode, *, tokens: list[int] | None = None,
                             budget: int = 8192, decode_batch: int = 1) -> DenseReport:
     """The request of `x` prefilled as `mode`'s engine schedules it alone (``budget``: vLLM's
@@ -157,11 +221,13 @@ def dense_prefill_vs_decode(x: LayerInputs, mode: str | LayerMode, *, tokens: li
         dec = absorbed_chunk(x, [t] * decode_batch, md, causal_step=False)
         po, do = step.out[i], dec.out[0]
         differ = int((po.view(np.uint16) != do.view(np.uint16)).sum())
-        parts = "" if differ == 0 else _parts(step, i, dec, md)
+        ov = o_proj_verdict(x, md, c.tokens, decode_batch, po, do)
+        parts = _parts(step, i, dec, md) if differ else (
+            f"o_proj's kernel: a step of {c.tokens} tokens against one of {decode_batch}" if ov.differ else "")
         verdicts.append(DenseVerdict(t, differ, po.size, int(ulp_distance(po, do).max(initial=0)), parts,
                                      f"{c.path}, chunk {c.context}..{c.context + c.tokens - 1}",
                                      tuple(dict.fromkeys(step.unmodelled + dec.unmodelled)),
-                                     float(np.nanmax(row_ulp_distance(po, do), initial=0.0))))
+                                     float(np.nanmax(row_ulp_distance(po, do), initial=0.0)), ov))
         for side, st, r in (("prefill", step, i), ("decode", dec, 0)):
             sides[side]["out"].append(st.out[r])
             sides[side]["splits"].append(st.splits[r])

@@ -30,6 +30,7 @@ __all__ = ["FP8_GROUP", "fp8_gemm_nt", "per_token_group_quant_fp8", "sglang_per_
 #: the quantization group and DeepGEMM's K block
 FP8_GROUP = 128
 _EPS = np.float32(1e-10)
+_BF16_NAN = np.uint16(0x7FFF)  # every NaN the epilogue's conversion writes (captured)
 
 
 def per_token_group_quant_fp8(x: npt.ArrayLike, *, ue8m0: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -99,4 +100,5 @@ def fp8_gemm_nt(a: npt.ArrayLike, a_scales: npt.ArrayLike, b: npt.ArrayLike, b_s
         part = mc.matmul(mc.operand(A[:, k]), mc.operand(np.ascontiguousarray(B[:, k].T)))  # a cleared accumulator
         scale = mc.f(sa[:, j][:, None] * sb[col_block, j][None, :])
         acc = mc.mul_add(scale, part, acc)
-    return mc.cast(acc, "bf16")
+    out = mc.cast(acc, "bf16")
+    return np.where(np.isnan(acc), _BF16_NAN, out.view(np.uint16)).view(out.dtype)  # cvt.rn.bf16x2.f32's NaN

@@ -33,20 +33,15 @@ import numpy.typing as npt
 
 from ...formats import get_format
 from ...machines import get_machine
-from .deepgemm import (
-    FP8_GROUP,
-    fp8_gemm_nt,
-    per_token_group_quant_fp8,
-    sglang_per_token_group_quant_fp8,
-)
+from .deepgemm import FP8_GROUP
 from .fa3.mla import fa3_mla
 from .fa3.sgl import sgl_fa3_mla
+from .fp8_linear import fp8_block_linear, fp8_linear_kernel, vllm_graph_tokens
 from .projections import CUBLAS_CHECKED, w_uk, w_uv
 from .sglang.mha_prefill import sglang_mla_prefill
 from .vllm.mla_prefill import vllm_mla_prefill
 
 __all__ = [
-    "DEEPGEMM_MIN_TOKENS",
     "KV_LORA",
     "LAYER_MODES",
     "QK_NOPE",
@@ -60,12 +55,10 @@ __all__ = [
     "dequant_kv_b",
     "kv_b_proj",
     "mha_chunk",
+    "o_proj",
 ]
 
 QK_NOPE, QK_ROPE, V_HEAD, KV_LORA = 128, 64, 128, 512
-#: vLLM runs kv_b_proj through DeepGEMM from this many tokens; below, FlashInfer's sm90 block-scale GEMM (not
-#: modelled)
-DEEPGEMM_MIN_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -90,6 +83,13 @@ class LayerMode:
         if self.engine == "vllm" and decode_tokens <= self.cuda_graph_max:
             return self.cuda_graph_splits
         return 0
+
+    def linear_kernel(self, tokens: int, *, graph: bool = True) -> str:
+        """The kernel path of an FP8 block linear over a step of `tokens` tokens (:mod:`.fp8_linear`); graph: the
+        projection runs in the step's CUDA graph (``o_proj``: vLLM pads the step to its capture size), not eagerly
+        inside the attention op (``kv_b_proj``)."""
+        rows = vllm_graph_tokens(tokens, self.cuda_graph_max) if graph and self.engine == "vllm" else tokens
+        return fp8_linear_kernel(self.engine, self.deterministic, rows)
 
 
 LAYER_MODES: dict[str, LayerMode] = {mode.name: mode for mode in (
@@ -119,7 +119,8 @@ class LayerInputs:
     """One request's inputs to an MLA layer's attention, T tokens and h heads: q_nope (T, h, 128) and q_pe (T, h,
     64), the latent rows c_kv (T, 512) (after the RMSNorm) and k_pe (T, 64) (RoPE applied), all BF16; kv_b_proj's
     weight (h 256, 512) E4M3 (head i's k_nope rows, then its v rows) and its 128 x 128 block scales (2h, 4) FP32;
-    the softmax scale."""
+    the softmax scale; optionally ``o_proj``'s weight (hidden, h 128) E4M3 and its block scales (ceil(hidden / 128),
+    h) FP32."""
 
     q_nope: np.ndarray
     q_pe: np.ndarray
@@ -128,6 +129,8 @@ class LayerInputs:
     kv_b: np.ndarray
     kv_b_scale: np.ndarray
     scale: float
+    w_o: np.ndarray | None = None
+    w_o_scale: np.ndarray | None = None
     weights: tuple[np.ndarray, np.ndarray] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +147,17 @@ class LayerInputs:
             raise ValueError(f"kv_b_scale: expected float32 ({2 * h}, {KV_LORA // FP8_GROUP}), got {s.dtype} {s.shape}")
         if not (np.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"scale: expected a positive finite softmax scale, got {self.scale}")
+        if (self.w_o is None) != (self.w_o_scale is None):
+            raise ValueError("w_o, w_o_scale: give both or neither")
+        if self.w_o is not None:
+            wo, so = np.asarray(self.w_o), np.asarray(self.w_o_scale)
+            if wo.dtype.kind not in "fV" or get_format(wo.dtype).name != "e4m3" or wo.ndim != 2 or (
+                    wo.shape[1] != h * V_HEAD or wo.shape[0] % 64):
+                raise ValueError(f"w_o: expected E4M3 (hidden, {h * V_HEAD}), hidden a multiple of 64, got {wo.dtype} "
+                                 f"{wo.shape}")
+            if so.dtype != np.float32 or so.shape != (-(-wo.shape[0] // FP8_GROUP), h):
+                raise ValueError(f"w_o_scale: expected float32 ({-(-wo.shape[0] // FP8_GROUP)}, {h}), got {so.dtype} "
+                                 f"{so.shape}")
         object.__setattr__(self, "weights", absorbed_weights(w, s))
 
     @property
@@ -168,15 +182,20 @@ def absorbed_weights(kv_b: np.ndarray, kv_b_scale: np.ndarray) -> tuple[np.ndarr
     return np.ascontiguousarray(kv[:, :QK_NOPE]), np.ascontiguousarray(kv[:, QK_NOPE:].transpose(0, 2, 1))
 
 
-def kv_b_proj(c_kv: np.ndarray, kv_b: np.ndarray, kv_b_scale: np.ndarray, *, engine: str = "vllm") -> tuple[
+def kv_b_proj(c_kv: np.ndarray, kv_b: np.ndarray, kv_b_scale: np.ndarray, *, kernel: str = "deepgemm-ue8m0") -> tuple[
         np.ndarray, np.ndarray]:
-    """kv_b_proj of latent rows (n, 512): the engine's per-token-group quantizer (vLLM's with UE8M0 scales, its
-    default on Hopper; SGLang's with FP32 ones), then DeepGEMM's ``fp8_gemm_nt``; returns k_nope (n, h, 128) and v
-    (n, h, 128), BF16."""
-    a, sa = (per_token_group_quant_fp8(c_kv, ue8m0=True) if engine == "vllm" else
-             sglang_per_token_group_quant_fp8(c_kv))
-    kv = fp8_gemm_nt(a, sa, kv_b, kv_b_scale).reshape(c_kv.shape[0], -1, QK_NOPE + V_HEAD)
+    """kv_b_proj of latent rows (n, 512) in one launch through `kernel` (:mod:`.fp8_linear`: vLLM's DeepGEMM path by
+    default); returns k_nope (n, h, 128) and v (n, h, 128), BF16."""
+    kv = fp8_block_linear(c_kv, kv_b, kv_b_scale, kernel=kernel).reshape(c_kv.shape[0], -1, QK_NOPE + V_HEAD)
     return kv[..., :QK_NOPE], kv[..., QK_NOPE:]
+
+
+def o_proj(attn: np.ndarray, x: LayerInputs, kernel: str) -> np.ndarray:
+    """``o_proj`` of layer outputs (n, h, 128) BF16 through `kernel`: (n, hidden) BF16 (this tensor-parallel rank's
+    part of the sum, before the all-reduce)."""
+    if x.w_o is None:
+        raise ValueError("x: these inputs hold no o_proj weight (w_o)")
+    return fp8_block_linear(np.ascontiguousarray(attn).reshape(attn.shape[0], -1), x.w_o, x.w_o_scale, kernel=kernel)
 
 
 @dataclass
@@ -197,17 +216,18 @@ def mha_chunk(x: LayerInputs, start: int, n: int, mode: LayerMode, *, workspace:
     """Tokens [start, start + n) of the request prefilled in the MHA form, its tokens before `start` the context
     (vLLM: a context chunk a `workspace` of rows, merged; SGLang: one shot)."""
     h = x.heads
-    rows = slice(0, start + n)
-    k_nope, v = kv_b_proj(x.c_kv[rows], x.kv_b, x.kv_b_scale, engine=mode.engine)
-    k = np.concatenate([k_nope, np.broadcast_to(x.k_pe[rows, None], (start + n, h, QK_ROPE))], axis=-1)
+    # kv_b_proj in the attention op, eagerly: the new tokens in one launch, each context chunk in one of its own
+    calls = [(start, start + n)] + [(lo, min(lo + workspace, start)) for lo in range(0, start, workspace)]
+    if mode.engine == "sglang":
+        calls = [(0, start + n)]  # one shot: the prefix and the new tokens in one launch
+    parts = {lo: kv_b_proj(x.c_kv[lo:hi], x.kv_b, x.kv_b_scale, kernel=mode.linear_kernel(hi - lo, graph=False))
+             for lo, hi in calls}
+    k_nope, v = (np.concatenate([parts[lo][j] for lo in sorted(parts)]) for j in (0, 1))
+    k = np.concatenate([k_nope, np.broadcast_to(x.k_pe[:start + n, None], (start + n, h, QK_ROPE))], axis=-1)
     q = np.concatenate([x.q_nope[start:start + n], x.q_pe[start:start + n]], axis=-1)
     new = slice(start, start + n)
     unmodelled = []
     if mode.engine == "vllm":
-        calls = [n] + ([min(start - lo, workspace) for lo in range(0, start, workspace)] if start else [])
-        if min(calls) < DEEPGEMM_MIN_TOKENS:
-            unmodelled.append(f"kv_b_proj of {min(calls)} rows: vLLM runs FlashInfer's sm90 block-scale GEMM below "
-                              f"{DEEPGEMM_MIN_TOKENS} tokens, not modelled (DeepGEMM's arithmetic taken)")
         res = vllm_mla_prefill(q, k[new], v[new], k[:start], v[:start], [n], [start], workspace=workspace,
                                scale=x.scale, num_splits=1 if mode.deterministic else 0)
     else:
