@@ -25,7 +25,7 @@ from ...formats import get_format
 from ...machines import Machine, get_machine
 from ..quantizers import E4M3_MAX
 
-__all__ = ["FP8_GROUP", "fp8_gemm_nt", "per_token_group_quant_fp8", "sglang_per_token_group_quant_fp8"]
+__all__ = ["FP8_GROUP", "bf16_groups", "fp8_gemm_nt", "per_token_group_quant_fp8", "sglang_per_token_group_quant_fp8"]
 
 #: the quantization group and DeepGEMM's K block
 FP8_GROUP = 128
@@ -53,6 +53,15 @@ def per_token_group_quant_fp8(x: npt.ArrayLike, *, ue8m0: bool = True) -> tuple[
     return get_machine("ieee32").cast(q.reshape(M, K), "e4m3"), y_s
 
 
+def bf16_groups(x: npt.ArrayLike) -> np.ndarray:
+    """Activations x (M, K) BF16, K a multiple of 128, as FP32 groups (M, K / 128, 128); a ValueError names x."""
+    xa = np.asarray(x)
+    fmt = get_format(xa.dtype).name if xa.dtype.kind in "fV" else None
+    if xa.ndim != 2 or fmt != "bf16" or xa.shape[1] % FP8_GROUP:
+        raise ValueError(f"x: expected (tokens, K) BF16, K a multiple of {FP8_GROUP}, got {xa.dtype} {xa.shape}")
+    return xa.astype(np.float32).reshape(xa.shape[0], -1, FP8_GROUP)
+
+
 def sglang_per_token_group_quant_fp8(x: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """SGLang 0.5.23's quantizer of kv_b_proj's activations on Hopper (FP32 scales), every byte and scale of its
     kernel compiled with SGLang's JIT flags (``tests/data/sglang_quant_h200.npz``): its JIT kernel
@@ -60,12 +69,8 @@ def sglang_per_token_group_quant_fp8(x: npt.ArrayLike) -> tuple[np.ndarray, np.n
     ``--use_fast_math``) takes ``amax = max(max |x|, 1e-10)``, stores ``y_s = amax fl(1 /
     448)`` (a multiply) and quantizes ``e4m3(satfinite(x q))`` with ``q = 448 / amax`` an approximate division
     (``div.approx.ftz``: 448 times MUFU.RCP of amax). x (M, K) BF16 -> q (M, K) E4M3 and y_s (M, K / 128) FP32."""
-    xa = np.asarray(x)
-    fmt = get_format(xa.dtype).name if xa.dtype.kind in "fV" else None
-    if xa.ndim != 2 or fmt != "bf16" or xa.shape[1] % FP8_GROUP:
-        raise ValueError(f"x: expected (tokens, K) BF16, K a multiple of {FP8_GROUP}, got {xa.dtype} {xa.shape}")
-    M, K = xa.shape
-    xg = xa.astype(np.float32).reshape(M, K // FP8_GROUP, FP8_GROUP)
+    xg = bf16_groups(x)
+    M, K = xg.shape[0], xg.shape[1] * FP8_GROUP
     with np.errstate(over="ignore", invalid="ignore"):
         amax = np.maximum(_EPS, np.abs(xg).max(axis=-1))
         y_s = (amax * (np.float32(1) / np.float32(E4M3_MAX))).astype(np.float32)

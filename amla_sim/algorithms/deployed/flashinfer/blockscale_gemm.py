@@ -24,10 +24,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ....arith.elementwise import rcp_approx
-from ....formats import flush_subnormals, get_format
+from ....formats import flush_subnormals
 from ....machines import get_machine
 from ...quantizers import E4M3_MAX
-from ..deepgemm import FP8_GROUP, fp8_gemm_nt
+from ..deepgemm import FP8_GROUP, bf16_groups, fp8_gemm_nt
 
 __all__ = ["FI_GEMM_SWAP_AB_MAX_M", "fp8_blockscale_gemm_sm90", "trtllm_quant_1x128"]
 
@@ -38,12 +38,8 @@ FI_GEMM_SWAP_AB_MAX_M = 32
 def trtllm_quant_1x128(x: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """TensorRT-LLM's ``scale_1x128_kernel`` as FlashInfer builds it: x (M, K) BF16 (K a multiple of 128) -> q (M, K)
     E4M3 and the scales (M, K / 128) FP32 that the GEMM multiplies back."""
-    xa = np.asarray(x)
-    fmt = get_format(xa.dtype).name if xa.dtype.kind in "fV" else None
-    if xa.ndim != 2 or fmt != "bf16" or xa.shape[1] % FP8_GROUP:
-        raise ValueError(f"x: expected (tokens, K) BF16, K a multiple of {FP8_GROUP}, got {xa.dtype} {xa.shape}")
-    M, K = xa.shape
-    xg = xa.astype(np.float32).reshape(M, K // FP8_GROUP, FP8_GROUP)
+    xg = bf16_groups(x)
+    M, K = xg.shape[0], xg.shape[1] * FP8_GROUP
     with np.errstate(over="ignore", invalid="ignore"):
         amax = np.fmax.reduce(np.abs(xg), axis=-1)  # __hmax: a NaN loses to a number
         s = np.where(amax != 0, np.float32(E4M3_MAX) * rcp_approx(amax), np.float32(1)).astype(np.float32)
