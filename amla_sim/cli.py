@@ -1098,10 +1098,12 @@ def _cmd_route(args: argparse.Namespace) -> int:
           + (", deterministic" if args.deterministic else "") + f", KV cache {args.kv_dtype}")
     for c in chunks:
         print(f"  step {c.step}  request {c.request}  tokens {c.context}..{c.context + c.tokens - 1}  {c.path}\n"
-              f"      kernel: {c.kernels}\n      why: {c.why}")
+              f"      kernel: {c.kernels}\n      why: {c.why}\n      projections: {c.linear}")
     for i in range(len(requests)):
         if i in changed:
+            lin = "projections" in changed[i]  # the projections' kernel only where the batchmates change it
             solo = "; ".join(f"{c.context}..{c.context + c.tokens - 1} {c.path}"
+                             + (f", projections: {c.linear}" if lin else "")
                              for c in alone(args.engine, requests, i, **settings))
             print(f"  request {i}: its batchmates change {changed[i]} (alone: {solo})")
         elif len(requests) > 1:

@@ -64,6 +64,29 @@ def test_batchmates_that_move_a_request_are_named():
     assert batchmates_change("vllm", parse_requests("600,700")) == {}
 
 
+@pytest.mark.parametrize(("engine", "requests", "settings", "expected"), [
+    ("vllm", "20,10", {}, {0: "the projections' kernel", 1: "the projections' kernel"}),
+    ("vllm", "20,4", {}, {}),  # a step of 24 rows: FlashInfer's GEMM with and without the batchmate
+    ("vllm", "20,10", {"deterministic": True}, {}),  # DeepGEMM at every size
+    ("sglang", "20,10", {}, {}),
+    # request 1 alone: steps of 30 (DeepGEMM) to its end; behind request 0 a last step of 10 and a decode (FlashInfer)
+    ("vllm", "20,600", {"budget": 30}, {0: "the projections' kernel", 1: "its chunks and the projections' kernel"}),
+])
+def test_a_batchmate_that_moves_the_projections_is_named(engine, requests, settings, expected):
+    """vLLM's default mode runs a step's FP8 block linears through FlashInfer's GEMM below 32 rows of its CUDA graph
+    and DeepGEMM from 32: two short prompts together cross it (20 + 10 rows, padded to 32), 20 + 4 (24) do not."""
+    assert batchmates_change(engine, parse_requests(requests), **settings) == expected
+
+
+def test_a_steps_decodes_count_in_its_projections():
+    """A prefilled request's decode shares vLLM's step: its token counts in the rows the projections run."""
+    steps = route("vllm", [Prompt(10), Prompt(40)], budget=20)
+    assert [(c.step, c.request, c.tokens) for c in steps] == [(0, 0, 10), (0, 1, 10), (1, 1, 19), (2, 1, 11)]
+    assert [c.linear.split(": ")[1] for c in steps] == [
+        "a step of 20 tokens (24 in its CUDA graph)", "a step of 20 tokens (24 in its CUDA graph)",
+        "a step of 20 tokens (24 in its CUDA graph)", "a step of 12 tokens (16 in its CUDA graph)"]
+
+
 @pytest.mark.parametrize(("argv", "match"), [
     (["--requests", "1,x"], "requests: expected N or C"),
     (["--requests", "0"], "requests"),

@@ -117,6 +117,9 @@ class DenseReport:
                                                                " (some pieces not device-checked: see below)")]
         lines += [f"  prefill chunk: tokens {c.context}..{c.context + c.tokens - 1}, {c.path} ({c.why})"
                   for c in self.chunks]
+        if any(v.o_proj and len(set(v.o_proj.kernels)) > 1 for v in self.tokens):
+            lines.append("  the layer's inputs are taken as equal; the projections that make q and the latents run "
+                         "the two kernels o_proj runs, so in this mode they differ too")
         lines += [f"  token {v.token}: {v.describe()}" for v in self.tokens]
         return "\n".join(lines)
 

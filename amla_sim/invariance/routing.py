@@ -25,8 +25,13 @@ batch's total length is at most 128K (``MHA_ONE_SHOT``, ``get_max_chunk_capacity
 batch of at most ``chunked_prefill_size`` new tokens in arrival order, the last request cut to what is left and
 continued first in the next extend batch; decodes run in batches of their own.
 
+Each step also names the kernel of its FP8 block linears (the q and kv projections and ``o_proj``,
+:mod:`~amla_sim.algorithms.deployed.fp8_linear`): in vLLM's default mode FlashInfer's GEMM for a step whose CUDA
+graph has fewer than 32 rows (a step of at most 512 tokens is padded to the graph's capture size), DeepGEMM
+otherwise, so a batchmate can move a request's projections from one kernel to the other.
+
 Modelled: the token budget and arrival order (no preemption, no ``max_num_seqs`` limit, no speculative decoding, no
-encoder inputs, no piecewise CUDA graphs); a prefix-cache hit as given by the caller.
+encoder inputs), vLLM's default CUDA graph sizes; a prefix-cache hit as given by the caller.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .._validate import check_int
+from ..algorithms.deployed.fp8_linear import FP8_LINEAR_KERNELS, fp8_linear_kernel, vllm_graph_tokens
 
 __all__ = ["Prompt", "Chunk", "SERVING_ENGINES", "route", "route_vllm", "route_sglang", "parse_requests", "alone",
            "batchmates_change",
@@ -68,6 +74,7 @@ class Chunk:
     path: str
     kernels: str
     why: str
+    linear: str = ""  # the step's FP8 block linears (the q and kv projections, o_proj): the kernel its rows take
 
 
 def parse_requests(text: str) -> list[Prompt]:
@@ -100,9 +107,10 @@ def _check(requests: list[Prompt]) -> list[Prompt]:
     return list(requests)
 
 
-def _schedule(requests: list[Prompt], budget: int, *, mixed: bool) -> list[list[tuple[int, int, int]]]:
-    """Each step's prefill chunks (request, context, tokens) until every prompt is prefilled. `mixed`: decodes share
-    the step's budget (vLLM: running requests first, one token each once prefilled); SGLang runs them apart."""
+def _schedule(requests: list[Prompt], budget: int, *, mixed: bool) -> list[tuple[list[tuple[int, int, int]], int]]:
+    """Each step's prefill chunks (request, context, tokens) and its decode tokens, until every prompt is
+    prefilled. `mixed`: decodes share the step's budget (vLLM: running requests first, one token each once
+    prefilled); SGLang runs them apart."""
     if -(-sum(r.new for r in requests) // budget) > MAX_STEPS:
         raise ValueError(f"requests, budget: {sum(r.new for r in requests)} new tokens at {budget} a step take more "
                          f"than {MAX_STEPS} steps; ask for a larger budget or fewer tokens")
@@ -110,7 +118,7 @@ def _schedule(requests: list[Prompt], budget: int, *, mixed: bool) -> list[list[
     order: list[int] = []  # vLLM's running queue: scheduling order
     steps = []
     while any(d < r.new for d, r in zip(done, requests)):
-        left, chunks = budget, []
+        left, chunks, decodes = budget, [], 0
         running = set(order)
         queue = order + [i for i in range(len(requests)) if i not in running] if mixed else list(range(len(requests)))
         if not mixed:  # SGLang: the request being chunked continues first, then the waiting ones
@@ -120,7 +128,8 @@ def _schedule(requests: list[Prompt], budget: int, *, mixed: bool) -> list[list[
                 break
             remaining = requests[i].new - done[i]
             if remaining == 0:
-                left -= 1 if mixed else 0  # a decode step of a prefilled request
+                if mixed:  # a decode step of a prefilled request
+                    left, decodes = left - 1, decodes + 1
                 continue
             take = min(remaining, left)
             chunks.append((i, requests[i].cached + done[i], take))
@@ -133,8 +142,15 @@ def _schedule(requests: list[Prompt], budget: int, *, mixed: bool) -> list[list[
                              f"step, so a prefill never starts (the route does not model requests finishing)")
         if len(steps) == MAX_STEPS:
             raise ValueError(f"budget: the batch takes more than {MAX_STEPS} steps at {budget} tokens a step")
-        steps.append(chunks)
+        steps.append((chunks, decodes))
     return steps
+
+
+def _linear(engine: str, deterministic: bool, rows: int) -> str:
+    """The kernel of a step's FP8 block linears over `rows` tokens, and the rows its launch has."""
+    launch = vllm_graph_tokens(rows) if engine == "vllm" else rows
+    pad = f" ({launch} in its CUDA graph)" if launch != rows else ""
+    return f"{FP8_LINEAR_KERNELS[fp8_linear_kernel(engine, deterministic, launch)]}: a step of {rows} tokens{pad}"
 
 
 def route_vllm(requests: list[Prompt], *, budget: int = 8192, deterministic: bool = False,
@@ -147,18 +163,19 @@ def route_vllm(requests: list[Prompt], *, budget: int = 8192, deterministic: boo
     splits = "num_splits 1" if deterministic else "splits: from the batch"
     mha_fmt = "E4M3" if fp8_prefill else "BF16"
     out = []
-    for step, chunks in enumerate(_schedule(requests, budget, mixed=True)):
+    for step, (chunks, decodes) in enumerate(_schedule(requests, budget, mixed=True)):
+        linear = _linear("vllm", deterministic, sum(n for *_, n in chunks) + decodes)
         for i, ctx, n in chunks:
             if n <= VLLM_DECODE_THRESHOLD:
                 out.append(Chunk(step, i, ctx, n, "absorbed",
                                  f"fa3-mla: s_q {n} causal over {ctx + n} latent keys ({splits})",
-                                 f"{n} new tokens <= {VLLM_DECODE_THRESHOLD} (reorder_batch_threshold)"))
+                                 f"{n} new tokens <= {VLLM_DECODE_THRESHOLD} (reorder_batch_threshold)", linear))
                 continue
             calls = f"fa3-prefill {mha_fmt}: {n} new tokens causal"
             if ctx:
                 calls += f" + {ctx} of context (workspace chunks) + merge_attn_states"
             calls += f" ({splits})"
-            out.append(Chunk(step, i, ctx, n, "mha", calls, f"{n} new tokens > {VLLM_DECODE_THRESHOLD}"))
+            out.append(Chunk(step, i, ctx, n, "mha", calls, f"{n} new tokens > {VLLM_DECODE_THRESHOLD}", linear))
     return out
 
 
@@ -171,7 +188,8 @@ def route_sglang(requests: list[Prompt], *, budget: int = 8192, deterministic: b
     check_int(budget, "budget", lo=1)
     fmt = "E4M3" if fp8_cache else "BF16"
     out = []
-    for step, chunks in enumerate(_schedule(requests, budget, mixed=False)):
+    for step, (chunks, _) in enumerate(_schedule(requests, budget, mixed=False)):
+        linear = _linear("sglang", deterministic, sum(n for *_, n in chunks))
         prefix = sum(ctx for _, ctx, _ in chunks)
         total = sum(ctx + n for _, ctx, n in chunks)
         for i, ctx, n in chunks:
@@ -193,7 +211,7 @@ def route_sglang(requests: list[Prompt], *, budget: int = 8192, deterministic: b
                 kernels = (f"fa3-prefill {fmt} (SGLang's build): {n} new tokens causal + {ctx} of prefix "
                            "(chunks) + merge_state_v2")
                 why += f"; the batch's {total} tokens > {SGLANG_ONE_SHOT_CAPACITY}: prefix chunks"
-            out.append(Chunk(step, i, ctx, n, path, kernels, why))
+            out.append(Chunk(step, i, ctx, n, path, kernels, why, linear))
     return out
 
 
@@ -216,9 +234,17 @@ def batchmates_change(engine: str, requests: list[Prompt], **settings: object) -
     out = {}
     for i in range(len(requests)):
         mine = [(c.context, c.tokens, c.path) for c in together if c.request == i]
-        solo = [(c.context, c.tokens, c.path) for c in alone(engine, requests, i, **settings)]
+        solo_chunks = alone(engine, requests, i, **settings)
+        solo = [(c.context, c.tokens, c.path) for c in solo_chunks]
+        said = []
         if mine != solo:
             what = "its chunks" if [m[:2] for m in mine] != [s[:2] for s in solo] else "a chunk's path"
             paths = {p for *_, p in mine} ^ {p for *_, p in solo}
-            out[i] = what + (" and the kernel" if paths or what == "a chunk's path" else "")
+            said.append(what + (" and the kernel" if paths or what == "a chunk's path" else ""))
+        kinds = [{c.linear.split(": a step")[0] for c in chunks} for chunks in
+                 ([c for c in together if c.request == i], solo_chunks)]
+        if kinds[0] != kinds[1]:
+            said.append("the projections' kernel")
+        if said:
+            out[i] = " and ".join(said)
     return out
