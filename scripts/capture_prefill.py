@@ -17,6 +17,8 @@ VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's whee
   ``tests/data/scales_fa3_prefill.npz`` is this file cut to one head a call by
   ``scripts/trim_capture.py IN OUT 0,1,...,25 --keep-heads 1``;
 - OUTDIR/fa3_prefill_hd128_{dev}.npz: :data:`HD128_CASES`, head dim 128 through the same library;
+- OUTDIR/fa3_prefill_hdx_{dev}.npz: :data:`HDX_CASES`, head dims 64, 96 and 256; fa3_prefill_hdx_seed{N}_{dev}.npz
+  the same at fresh seeds (seed + N), held out;
 - OUTDIR/fa3_prefill_e4m3_seed{N}_{dev}.npz: :data:`E4M3_CASES` at fresh seeds (seed + N), held out;
 - with SGL_CHECKOUT (sgl-project/sgl-flash-attn cb303cf, CUTLASS 57e3cfb at csrc/cutlass), SGLang's build as SGLang
   calls it (``num_splits`` 1 always): OUTDIR/fa3_prefill_sglang_{dev}.npz, the case table and :data:`E4M3_CASES`
@@ -80,6 +82,25 @@ HD128_CASES = [
 EDGE_SCALES = (0.0, -0.0417, -0.1352, 1e-40, -3e-39, 1e-45)
 
 
+def _hdx(d, H, Hk, ql, kl, causal, fmt, seed, ns):
+    return {**_hd128(H, Hk, ql, kl, causal, fmt, seed, ns), "scale": d ** -0.5, "head_dim": d}
+
+
+#: head dims 64, 96 and 256 (q, k and v) through the same library: 192-row tiles (64, 96), one warpgroup (64), 80-key
+#: blocks (256), grouped heads, splits, FP8
+HDX_CASES = [
+    _hdx(64, 16, 4, (700, 300), (700, 300), True, "bf16", 341, 0),
+    _hdx(64, 8, 8, (20,), (3000,), False, "bf16", 342, 0),  # one warpgroup, split
+    _hdx(64, 16, 16, (300, 200), (2000, 0), False, "e4m3", 343, 0),
+    _hdx(96, 16, 16, (500,), (500,), True, "bf16", 344, 0),
+    _hdx(96, 8, 2, (300, 200), (2000, 0), False, "fp16", 345, 0),
+    _hdx(256, 8, 8, (600, 100), (600, 100), True, "bf16", 346, 0),  # Gemma-class
+    _hdx(256, 8, 4, (40,), (4000,), False, "bf16", 347, 0),
+    _hdx(256, 8, 8, (257, 300), (257, 300), True, "e4m3", 348, 0),
+    _hdx(64, 8, 8, (200,), (1500,), False, "bf16", 349, 1),
+]
+
+
 def _edges() -> list[dict]:
     base = KERNELS["fa3-prefill"].scale_template()
     cases = [{**base, "seed": 950 + j, "scale": s} for j, s in enumerate(EDGE_SCALES)]
@@ -140,7 +161,8 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    only = set(_option(args, "--only", "table,seed,e4m3,e4m3-seed,edges,scales,hd128,chain,sglang").split(","))
+    jobs_all = "table,seed,e4m3,e4m3-seed,edges,scales,hd128,hdx,hdx-seed,chain,sglang"
+    only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]
     bundle = args[2] if len(args) > 2 else None
@@ -154,6 +176,9 @@ def main() -> None:
              {"cases": [{**c, "seed": c["seed"] + seed} for c in E4M3_CASES]}),
             ("edges", f"edges_fa3_prefill_{tag}.npz", {"cases": _edges()}),
             ("hd128", f"fa3_prefill_hd128_{tag}.npz", {"cases": HD128_CASES}),
+            ("hdx", f"fa3_prefill_hdx_{tag}.npz", {"cases": HDX_CASES}),
+            ("hdx-seed", f"fa3_prefill_hdx_seed{seed}_{tag}.npz",
+             {"cases": [{**c, "seed": c["seed"] + seed} for c in HDX_CASES]}),
             ("scales", "scales_fa3_prefill.npz", {"scales": 20})]
     if sgl:
         jobs.append(("sglang", f"fa3_prefill_sglang_{tag}.npz",

@@ -395,6 +395,39 @@ def test_head_dim_128s_tiles_matter(case, key, tile, monkeypatch):
     assert np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]) < 1
 
 
+HDX = DATA / "fa3_prefill_hdx_h200.npz"
+
+
+def test_head_dims_64_96_and_256_are_predicted_in_every_bit(fastest_engine):
+    """The same library at q, k and v 64, 96 and 256 wide (``scripts/capture_prefill.py --only hdx``): 192-row tiles,
+    one warpgroup's 64-row tile, grouped heads, FP16 and FP8, splits of up to 25 from the heuristic and
+    ``num_splits`` 1."""
+    meta, _ = _load(HDX)
+    cases = meta["cases"]
+    assert {c["head_dim"] for c in cases} == {64, 96, 256} and {c["format"] for c in cases} == {"bf16", "fp16", "e4m3"}
+    assert all(c["repeat_identical"] for c in cases) and any(c["heads_k"] < c["heads"] for c in cases)
+    report = replay(HDX)
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+
+
+@pytest.mark.parametrize(("case", "key", "tile"), [
+    (0, (64, 64, 2, True, False), (128, 128)),  # 192 rows an m-block (three MMA warpgroups), not 128
+    (5, (256, 256, 2, True, False), (128, 128)),  # 80-key blocks, not 128
+    (3, (96, 96, 2, True, False), (192, 128)),  # 144-key blocks, not 128
+], ids=["hd64-192-rows", "hd256-80-keys", "hd96-144-keys"])
+def test_the_other_head_dims_tiles_matter(case, key, tile, monkeypatch):
+    meta, arrays = _load(HDX)
+    c = meta["cases"][case]
+    monkeypatch.setattr(prefill, "PREFILL_TILES", {**prefill.PREFILL_TILES, key: tile})
+    keep, qpk = c["keep_heads"], c["heads"] // c["heads_k"]
+    q, k, v = prefill_inputs(c)
+    res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], cu_seqlens(c["qlens"]),
+                      cu_seqlens(c["seqlens"]), scale=c["scale"], causal=c["causal"], num_splits=c["num_splits"],
+                      launch_heads=c["heads"])
+    assert np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]) < 1
+
+
 def test_the_invariance_study_gives_the_devices_launches(fastest_engine):
     """``amla-sim invariance --kernel fa3-prefill``: its request (seed 305, 128 queries over 1,500 keys, 16 heads) is
     cases 4 and 5 of the capture; alone it is cut in six splits, beside a request of 3,000 keys in three, and the

@@ -26,8 +26,10 @@ from ..resources import run_bytes
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, run_twice, stage
 
-__all__ = ["PREFILL_CASES", "FA3_PREFILL", "prefill_inputs", "draw_heads"]
+__all__ = ["PREFILL_CASES", "FA3_PREFILL", "HEAD_DIMS", "prefill_inputs", "draw_heads"]
 
+#: q's head dims the case table takes (v: 128 with 192, else the same)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 _DS = 0.1352337788608801  # DeepSeek-V3's softmax scale: 192^-0.5 mscale^2 (YaRN)
 _K2 = 192 ** -0.5  # Kimi-K2's (no YaRN on its prefill scale)
 #: query heads whose out and LSE a capture keeps
@@ -60,17 +62,22 @@ def draw_heads(dist: str, tokens: int, heads: int, width: int, seed: int, fmt: s
                        fmt=fmt)[0][0]
 
 
+def _dv(d: int) -> int:
+    """v's head dim for q's: 128 for the MLA prefill's 192, else d."""
+    return 128 if d == 192 else d
+
+
 def prefill_inputs(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q (T, h, d), k (T_k, h_k, d), v (T_k, h_k, 128) from a recipe (checked against its CRC), d its ``head_dim``
-    (192, the MLA prefill's, unless given); T_k is at least 1 (a call of no key still passes a row) unless the
-    recipe's ``k_rows`` is 0."""
+    """q (T, h, d), k (T_k, h_k, d), v (T_k, h_k, dv) from a recipe (checked against its CRC), d its ``head_dim``
+    (192, the MLA prefill's, unless given; dv 128 there, d elsewhere); T_k is at least 1 (a call of no key still
+    passes a row) unless the recipe's ``k_rows`` is 0."""
     H, Hk, dist, seed = case["heads"], case["heads_k"], case["dist"], case["seed"]
     fmt = "bf16" if case["format"] == "e4m3" else case["format"]  # E4M3: BF16 draws, cast on the device
     T, Tk = sum(case["qlens"]), max(1, sum(case["seqlens"]))
     rows = 0 if case.get("k_rows") == 0 else Tk  # a call whose k and v hold no row at all
     d = case.get("head_dim", 192)
     got = (draw_heads(dist, T, H, d, seed, fmt), draw_heads(dist, Tk, Hk, d, seed + 1000, fmt)[:rows],
-           draw_heads(dist, Tk, Hk, 128, seed + 2000, fmt)[:rows])
+           draw_heads(dist, Tk, Hk, _dv(d), seed + 2000, fmt)[:rows])
     if "input_crc" in case and input_crc(*got) != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
     return got
@@ -102,8 +109,9 @@ class _Fa3Prefill(DeployedKernel):
         keep = check_int(case["keep_heads"], "keep_heads", lo=1, hi=H)
         if keep % (H // Hk):
             raise ValueError(f"keep_heads: whole groups of {H // Hk} heads, got {keep}")
-        if case.get("head_dim", 192) not in (192, 128):
-            raise ValueError(f"head_dim: 192 (the MLA prefill's) or 128, got {case['head_dim']!r}")
+        if case.get("head_dim", 192) not in HEAD_DIMS:
+            raise ValueError(f"head_dim: one of {HEAD_DIMS} (192, the MLA prefill's, with v 128), got "
+                             f"{case['head_dim']!r}")
         if case["causal"] not in (True, False):
             raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
         if case.get("k_rows", 1) != 1 and (case["k_rows"] != 0 or max(case["seqlens"]) > 0):
@@ -119,13 +127,13 @@ class _Fa3Prefill(DeployedKernel):
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         T, H = sum(case["qlens"]), case["keep_heads"]
-        return {"out": ((T, H, 128), np.uint16, True), "lse": ((H, T), np.uint32, True),
+        return {"out": ((T, H, _dv(case.get("head_dim", 192))), np.uint16, True), "lse": ((H, T), np.uint32, True),
                 "splits": ((case["batch"],), np.int32, False)}
 
     def _schedule(self, case: dict) -> tuple[int, list[int], bool]:
         ql, kl = case["qlens"], case["seqlens"]
-        return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=case.get("head_dim", 192),
-                                dv=128,
+        d = case.get("head_dim", 192)
+        return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=d, dv=_dv(d),
                                 num_splits=case["num_splits"], causal=case["causal"] and max(ql) > 1,
                                 max_seqlen_q=max(ql), max_seqlen_k=max(kl),
                                 element_size=1 if case["format"] == "e4m3" else 2, build=case.get("build", "vllm"))
@@ -185,7 +193,7 @@ class _Fa3Prefill(DeployedKernel):
 FA3_PREFILL = _Fa3Prefill(
     name="fa3-prefill",
     summary=f"FlashAttention-3's MHA-form MLA prefill (vllm-project/flash-attention {FA3_COMMIT}; vLLM's new-token "
-            "and context-chunk calls, q/k 192 and v 128), BF16, FP16 and FP8 E4M3",
+            "and context-chunk calls, q/k 192 and v 128; head dims 64, 96, 128 and 256), BF16, FP16 and FP8 E4M3",
     version_key="fa3_commit", version=FA3_COMMIT, source_flag="--fa3-dir",
     source_help="--build vllm: vLLM 0.33.0's unpacked wheel (vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so); --build "
                 "sglang: a sgl-project/sgl-flash-attn checkout (cb303cf) with CUTLASS 57e3cfb at csrc/cutlass",

@@ -1,6 +1,6 @@
 """FlashAttention-3's standard forward as the MLA prefill calls it (the "MHA form": q = k = [k_nope, k_pe], 192
-wide, v 128 wide, one head of K and V per query head), and at head dim 128 (every Llama- or Qwen-class model on
-Hopper), written against a machine.
+wide, v 128 wide, one head of K and V per query head), and at head dims 64, 96, 128 and 256 (every Llama- or
+Qwen-class model on Hopper is 128), written against a machine.
 
 vLLM 0.33 runs every MLA prefill chunk of more than 512 new tokens through it (one causal call over the new
 tokens, one non-causal call returning the LSE per context chunk); SGLang 0.5.23 its MHA-path extends.
@@ -50,7 +50,8 @@ __all__ = ["fa3_prefill", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "PREFILL_BUILD
 #: ``tile_size_fwd_sm90`` (tile_size.h) in vLLM's fork, 617264c: (d, dv, element size in bytes, causal, one MMA
 #: warpgroup) -> (kBlockM, kBlockN). Head dims 192 / 128 (:47-48, 16-bit; :73-74, FP8 with the two-level
 #: accumulation); 128 / 128 (:42-46 and :56-62, every Llama- or Qwen-class model on Hopper), one warpgroup of 64 rows
-#: when the launch's longest query run times the heads a KV head is at most 64 (``use_one_mma_wg``).
+#: when the launch's longest query run times the heads a KV head is at most 64 (``use_one_mma_wg``); 64 / 64
+#: (:21-30, three MMA warpgroups of 192 rows), 96 / 96 (:36) and 256 / 256 (:50), with their FP8 tiles (:58, :67-74).
 PREFILL_TILES = {
     (192, 128, 2, False, False): (128, 128), (192, 128, 2, True, False): (128, 128),
     (192, 128, 1, False, False): (128, 96), (192, 128, 1, True, False): (128, 96),
@@ -58,6 +59,14 @@ PREFILL_TILES = {
     (128, 128, 2, False, True): (64, 176), (128, 128, 2, True, True): (64, 128),
     (128, 128, 1, False, False): (128, 192), (128, 128, 1, True, False): (128, 192),
     (128, 128, 1, False, True): (64, 96), (128, 128, 1, True, True): (64, 96),
+    (64, 64, 2, False, False): (192, 192), (64, 64, 2, True, False): (192, 128),
+    (64, 64, 2, False, True): (64, 192), (64, 64, 2, True, True): (64, 192),
+    (64, 64, 1, False, False): (192, 128), (64, 64, 1, True, False): (192, 128),
+    (64, 64, 1, False, True): (64, 128), (64, 64, 1, True, True): (64, 128),
+    (96, 96, 2, False, False): (192, 144), (96, 96, 2, True, False): (192, 144),
+    (96, 96, 1, False, False): (128, 128), (96, 96, 1, True, False): (128, 128),
+    (256, 256, 2, False, False): (128, 80), (256, 256, 2, True, False): (128, 80),
+    (256, 256, 1, False, False): (128, 128), (256, 256, 1, True, False): (128, 128),
 }
 #: FP8 without the two-level accumulation (tile_size.h:85-86 under FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION;
 #: sgl-flash-attn cb303cf tile_size.h:64-65, which never had it): (d, dv) -> (kBlockM, kBlockN)
