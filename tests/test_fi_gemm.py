@@ -179,6 +179,9 @@ def test_o_proj_after_the_layer_is_the_devices(o_capture, i):
     (lambda: fp8_block_linear(np.zeros((1, 128), ml_dtypes.bfloat16), np.zeros((64, 128), ml_dtypes.float8_e4m3fn),
                               np.ones((1, 1), np.float32), kernel="cutlass"), "^kernel:"),
     (lambda: fp8_linear_kernel("trtllm", False, 4), "^engine:"),
+    (lambda: fp8_linear_kernel("vllm", False, 0), "^rows"),
+    (lambda: vllm_graph_tokens(0), "^tokens"),
+    (lambda: vllm_graph_tokens(5, graph_max=500), "^graph_max:"),
     (lambda: layer_request(4, heads=2, hidden=100), "^hidden:"),
     (lambda: o_proj(np.zeros((1, 2, 128), ml_dtypes.bfloat16), layer_request(4, heads=2, hidden=None), "flashinfer"),
      "^x:"),
@@ -186,6 +189,11 @@ def test_o_proj_after_the_layer_is_the_devices(o_capture, i):
 def test_bad_input_is_refused_by_name(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_mode_flag_that_is_no_bool_is_refused_by_name():
+    with pytest.raises(TypeError, match="^deterministic:"):
+        fp8_linear_kernel("vllm", "yes", 4)
 
 
 def test_o_proj_weights_are_checked_by_name():

@@ -75,6 +75,7 @@ class Chunk:
     kernels: str
     why: str
     linear: str = ""  # the step's FP8 block linears (the q and kv projections, o_proj): the kernel its rows take
+    linear_kernel: str = ""  # that kernel's key in FP8_LINEAR_KERNELS
 
 
 def parse_requests(text: str) -> list[Prompt]:
@@ -146,11 +147,13 @@ def _schedule(requests: list[Prompt], budget: int, *, mixed: bool) -> list[tuple
     return steps
 
 
-def _linear(engine: str, deterministic: bool, rows: int) -> str:
-    """The kernel of a step's FP8 block linears over `rows` tokens, and the rows its launch has."""
+def _linear(engine: str, deterministic: bool, rows: int) -> dict[str, str]:
+    """The kernel of a step's FP8 block linears over `rows` tokens (a :class:`Chunk`'s ``linear`` and
+    ``linear_kernel``), said with the rows its launch has."""
     launch = vllm_graph_tokens(rows) if engine == "vllm" else rows
     pad = f" ({launch} in its CUDA graph)" if launch != rows else ""
-    return f"{FP8_LINEAR_KERNELS[fp8_linear_kernel(engine, deterministic, launch)]}: a step of {rows} tokens{pad}"
+    key = fp8_linear_kernel(engine, deterministic, launch)
+    return {"linear": f"{FP8_LINEAR_KERNELS[key]}: a step of {rows} tokens{pad}", "linear_kernel": key}
 
 
 def route_vllm(requests: list[Prompt], *, budget: int = 8192, deterministic: bool = False,
@@ -169,13 +172,13 @@ def route_vllm(requests: list[Prompt], *, budget: int = 8192, deterministic: boo
             if n <= VLLM_DECODE_THRESHOLD:
                 out.append(Chunk(step, i, ctx, n, "absorbed",
                                  f"fa3-mla: s_q {n} causal over {ctx + n} latent keys ({splits})",
-                                 f"{n} new tokens <= {VLLM_DECODE_THRESHOLD} (reorder_batch_threshold)", linear))
+                                 f"{n} new tokens <= {VLLM_DECODE_THRESHOLD} (reorder_batch_threshold)", **linear))
                 continue
             calls = f"fa3-prefill {mha_fmt}: {n} new tokens causal"
             if ctx:
                 calls += f" + {ctx} of context (workspace chunks) + merge_attn_states"
             calls += f" ({splits})"
-            out.append(Chunk(step, i, ctx, n, "mha", calls, f"{n} new tokens > {VLLM_DECODE_THRESHOLD}", linear))
+            out.append(Chunk(step, i, ctx, n, "mha", calls, f"{n} new tokens > {VLLM_DECODE_THRESHOLD}", **linear))
     return out
 
 
@@ -211,7 +214,7 @@ def route_sglang(requests: list[Prompt], *, budget: int = 8192, deterministic: b
                 kernels = (f"fa3-prefill {fmt} (SGLang's build): {n} new tokens causal + {ctx} of prefix "
                            "(chunks) + merge_state_v2")
                 why += f"; the batch's {total} tokens > {SGLANG_ONE_SHOT_CAPACITY}: prefix chunks"
-            out.append(Chunk(step, i, ctx, n, path, kernels, why, linear))
+            out.append(Chunk(step, i, ctx, n, path, kernels, why, **linear))
     return out
 
 
@@ -225,6 +228,15 @@ def route(engine: str, requests: list[Prompt], **settings: object) -> list[Chunk
 def alone(engine: str, requests: list[Prompt], i: int, **settings: object) -> list[Chunk]:
     """Prompt `i`'s route with no batchmate (its chunks renumbered as request `i`)."""
     return [replace(c, request=i) for c in route(engine, [requests[i]], **settings)]
+
+
+def _kernel_runs(chunks: list[Chunk]) -> list[tuple[int, str]]:
+    """The projections' kernel along a request's tokens: (first token, kernel) where it changes."""
+    runs: list[tuple[int, str]] = []
+    for c in sorted(chunks, key=lambda c: c.context):
+        if not runs or runs[-1][1] != c.linear_kernel:
+            runs.append((c.context, c.linear_kernel))
+    return runs
 
 
 def batchmates_change(engine: str, requests: list[Prompt], **settings: object) -> dict[int, str]:
@@ -241,9 +253,7 @@ def batchmates_change(engine: str, requests: list[Prompt], **settings: object) -
             what = "its chunks" if [m[:2] for m in mine] != [s[:2] for s in solo] else "a chunk's path"
             paths = {p for *_, p in mine} ^ {p for *_, p in solo}
             said.append(what + (" and the kernel" if paths or what == "a chunk's path" else ""))
-        kinds = [{c.linear.split(": a step")[0] for c in chunks} for chunks in
-                 ([c for c in together if c.request == i], solo_chunks)]
-        if kinds[0] != kinds[1]:
+        if _kernel_runs([c for c in together if c.request == i]) != _kernel_runs(solo_chunks):
             said.append("the projections' kernel")
         if said:
             out[i] = " and ".join(said)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from ...arith.convert import canonical_nan, cvt_e4m3_satfinite
 from ...arith.elementwise import rcp_approx
 from ...arith.logarithm import log2f
 from ...formats import get_format
@@ -30,7 +31,6 @@ __all__ = ["FP8_GROUP", "bf16_groups", "fp8_gemm_nt", "per_token_group_quant_fp8
 #: the quantization group and DeepGEMM's K block
 FP8_GROUP = 128
 _EPS = np.float32(1e-10)
-_BF16_NAN = np.uint16(0x7FFF)  # every NaN the epilogue's conversion writes (captured)
 
 
 def per_token_group_quant_fp8(x: npt.ArrayLike, *, ue8m0: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -75,8 +75,8 @@ def sglang_per_token_group_quant_fp8(x: npt.ArrayLike) -> tuple[np.ndarray, np.n
         amax = np.maximum(_EPS, np.abs(xg).max(axis=-1))
         y_s = (amax * (np.float32(1) / np.float32(E4M3_MAX))).astype(np.float32)
         q = (np.float32(E4M3_MAX) * rcp_approx(amax)).astype(np.float32)
-        scaled = np.clip((xg * q[..., None]).astype(np.float32), -E4M3_MAX, E4M3_MAX)  # satfinite
-    return get_machine("ieee32").cast(scaled.reshape(M, K), "e4m3"), y_s
+        scaled = (xg * q[..., None]).astype(np.float32)
+    return cvt_e4m3_satfinite(scaled.reshape(M, K)), y_s
 
 
 def fp8_gemm_nt(a: npt.ArrayLike, a_scales: npt.ArrayLike, b: npt.ArrayLike, b_scales: npt.ArrayLike, *,
@@ -105,5 +105,4 @@ def fp8_gemm_nt(a: npt.ArrayLike, a_scales: npt.ArrayLike, b: npt.ArrayLike, b_s
         part = mc.matmul(mc.operand(A[:, k]), mc.operand(np.ascontiguousarray(B[:, k].T)))  # a cleared accumulator
         scale = mc.f(sa[:, j][:, None] * sb[col_block, j][None, :])
         acc = mc.mul_add(scale, part, acc)
-    out = mc.cast(acc, "bf16")
-    return np.where(np.isnan(acc), _BF16_NAN, out.view(np.uint16)).view(out.dtype)  # cvt.rn.bf16x2.f32's NaN
+    return canonical_nan(mc.cast(acc, "bf16"))  # the epilogue's cvt: NaN 0x7FFF (captured)

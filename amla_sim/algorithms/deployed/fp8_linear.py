@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from ..._validate import check_int
 from .deepgemm import fp8_gemm_nt, per_token_group_quant_fp8, sglang_per_token_group_quant_fp8
 from .flashinfer.blockscale_gemm import FI_GEMM_SWAP_AB_MAX_M, fp8_blockscale_gemm_sm90
 
@@ -41,6 +42,9 @@ def vllm_graph_tokens(tokens: int, graph_max: int = 512) -> int:
     """The rows of a vLLM step of `tokens` tokens as its CUDA graph runs them: the smallest capture size at least
     `tokens` (``[1, 2, 4] + range(8, 256, 8) + range(256, graph_max + 1, 16)``, `graph_max` a multiple of 16), or
     `tokens` above `graph_max` (eager)."""
+    check_int(tokens, "tokens", lo=1)
+    if check_int(graph_max, "graph_max", lo=16) % 16:
+        raise ValueError(f"graph_max: a multiple of 16, got {graph_max}")
     if tokens > graph_max:
         return tokens
     if tokens <= 4:
@@ -51,6 +55,9 @@ def vllm_graph_tokens(tokens: int, graph_max: int = 512) -> int:
 
 def fp8_linear_kernel(engine: str, deterministic: bool, rows: int) -> str:
     """The kernel path (a key of :data:`FP8_LINEAR_KERNELS`) of a launch of `rows` rows."""
+    check_int(rows, "rows", lo=1)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     if engine == "sglang":
         return "deepgemm-fp32"
     if engine != "vllm":

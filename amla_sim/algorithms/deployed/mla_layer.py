@@ -216,10 +216,12 @@ def mha_chunk(x: LayerInputs, start: int, n: int, mode: LayerMode, *, workspace:
     """Tokens [start, start + n) of the request prefilled in the MHA form, its tokens before `start` the context
     (vLLM: a context chunk a `workspace` of rows, merged; SGLang: one shot)."""
     h = x.heads
-    # kv_b_proj in the attention op, eagerly: the new tokens in one launch, each context chunk in one of its own
-    calls = [(start, start + n)] + [(lo, min(lo + workspace, start)) for lo in range(0, start, workspace)]
-    if mode.engine == "sglang":
-        calls = [(0, start + n)]  # one shot: the prefix and the new tokens in one launch
+    # kv_b_proj in the attention op, eagerly. vLLM: the new tokens in one launch, each context chunk in one of its
+    # own; SGLang: the prefix and the new tokens in one
+    if mode.engine == "vllm":
+        calls = [(start, start + n)] + [(lo, min(lo + workspace, start)) for lo in range(0, start, workspace)]
+    else:
+        calls = [(0, start + n)]
     parts = {lo: kv_b_proj(x.c_kv[lo:hi], x.kv_b, x.kv_b_scale, kernel=mode.linear_kernel(hi - lo, graph=False))
              for lo, hi in calls}
     k_nope, v = (np.concatenate([parts[lo][j] for lo in sorted(parts)]) for j in (0, 1))

@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from ....arith.convert import cvt_e4m3_satfinite
 from ....arith.elementwise import rcp_approx
 from ....formats import flush_subnormals
-from ....machines import get_machine
 from ...quantizers import E4M3_MAX
 from ..deepgemm import FP8_GROUP, bf16_groups, fp8_gemm_nt
 
@@ -45,8 +45,7 @@ def trtllm_quant_1x128(x: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         s = np.where(amax != 0, np.float32(E4M3_MAX) * rcp_approx(amax), np.float32(1)).astype(np.float32)
         scale = rcp_approx(s)
         q = (flush_subnormals(xg, keep_sign=True) * s[..., None]).astype(np.float32)
-        q = np.where(np.isnan(q), np.float32(np.nan), np.clip(q, -E4M3_MAX, E4M3_MAX))  # satfinite; NaN: 0x7F
-    return get_machine("ieee32").cast(q.reshape(M, K), "e4m3"), scale
+    return cvt_e4m3_satfinite(q.reshape(M, K)), scale
 
 
 def fp8_blockscale_gemm_sm90(x: npt.ArrayLike, weight: npt.ArrayLike, weight_scale: npt.ArrayLike) -> np.ndarray:

@@ -53,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...._validate import quiet_fp
+from ....arith.convert import CANONICAL_NAN
 from ....formats import as_native, is_float_dtype, round_to
 from ..._common import D_K, D_V
 
@@ -73,7 +74,7 @@ _BIAS = 127
 Device = Literal["cuda", "cpu"]
 _DEVICES = ("cuda", "cpu")
 _INF_SCALE_BYTE = {"cuda": 255, "cpu": 0}  # uint8(inf): through int16 (saturates) on a GPU; x86's cvtt gives 0
-_NAN_BF16 = {"cuda": 0x7FFF, "cpu": 0x7FC0}  # the NaN each device's FP32 -> BF16 cast writes
+_NAN_BF16 = {"cuda": CANONICAL_NAN["bf16"], "cpu": 0x7FC0}  # the NaN each device's FP32 -> BF16 cast writes
 
 
 def _device(device: str) -> str:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ....formats import as_native, is_float_dtype, round_to
-from ...quantizers import E4M3_MAX
+from ....arith.convert import cvt_e4m3_satfinite
+from ....formats import as_native, is_float_dtype
 from ..scalars import api_float
 
 __all__ = ["quantize_query_fp8", "quantize_cache_fp8"]
@@ -45,15 +45,7 @@ def quantize_query_fp8(q: npt.ArrayLike, q_scale: float = 1.0) -> np.ndarray:
     inv = np.float32(np.float64(1.0) / np.float64(s))  # one rounding of the exact quotient
     x = _float32(q, "q")
     with np.errstate(all="ignore"):
-        x = x * inv
-        x = np.where(np.isnan(x), x, np.clip(x, -E4M3_MAX, E4M3_MAX)).astype(np.float32)
-        return _canonical_nan(round_to(x, "e4m3"))
-
-
-def _canonical_nan(x8: np.ndarray) -> np.ndarray:
-    """Every NaN as 0x7F (the GPU drops a NaN's sign)."""
-    bits = x8.view(np.uint8)
-    return np.where((bits & 0x7F) == 0x7F, np.uint8(0x7F), bits).view(x8.dtype)
+        return cvt_e4m3_satfinite(x * inv)
 
 
 def quantize_cache_fp8(kv: npt.ArrayLike, k_scale: float = 1.0) -> np.ndarray:
@@ -62,5 +54,4 @@ def quantize_cache_fp8(kv: npt.ArrayLike, k_scale: float = 1.0) -> np.ndarray:
     s = api_float(k_scale, "k_scale")
     x = _float32(kv, "kv")
     with np.errstate(all="ignore"):
-        x = (x / s).astype(np.float32)
-        return _canonical_nan(round_to(x, "e4m3", overflow="satfinite"))
+        return cvt_e4m3_satfinite(x / s)
