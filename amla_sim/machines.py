@@ -178,6 +178,11 @@ class Machine:
         """``a * b + c``: one FMA where the compiler contracts it, two roundings elsewhere."""
         return self.fma.mul_add(self.f(a), self.f(b), self.f(c))
 
+    def ftz(self, x: npt.ArrayLike) -> np.ndarray:
+        """`x` as the machine's FP32 instructions read it: a subnormal is a zero of its sign on a build that
+        flushes them (``--use_fast_math``), `x` itself elsewhere."""
+        return self.fma.read(self.f(x))
+
     def rowsum(self, x: npt.ArrayLike, *, layout: tuple[int, int, int] | None = None) -> np.ndarray:
         """Sum along the last axis in the reduction unit's order; layout: the schedule's (vec, lanes, warps)."""
         return self.reduction.rowsum(self.f(x), layout=layout)
@@ -224,7 +229,7 @@ MACHINES: dict[str, Machine] = {
         exponential=ExpUnit("sm90"),  # exp2f under --use_fast_math: ex2.approx.ftz
         division=DivUnit("sm90"),  # '/' under fast math: x * MUFU.RCP(y), the same bits as div.full for normal y
         logarithm=LogUnit(ln=None, lg2="sm90"),  # log2f under --use_fast_math: lg2.approx.ftz
-        fma=FMAUnit(contract=True),
+        fma=FMAUnit(contract=True, ftz=True),  # --use_fast_math implies -ftz=true
         source="CUDA C++ built with nvcc --use_fast_math for sm_90a (FlashMLA): wgmma as the sm90 row (FP8 with "
                "its accumulator fused), MUFU exp2, log2 and reciprocal, FMA contraction; 100% of FlashMLA's out and "
                "LSE bits (tests/data/flashmla_decode.npz), of vLLM's dense FP8 decode's "

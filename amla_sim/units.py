@@ -25,7 +25,7 @@ from .arith import logarithm as _log
 from .arith import mma as _mma
 from .arith.memory import GlobalMemory
 from .arith.reductions import row_sum
-from .formats import Format, round_to
+from .formats import Format, flush_subnormals, round_to
 
 __all__ = ["MatrixUnit", "ExpUnit", "DivUnit", "LogUnit", "FMAUnit", "ReduceUnit", "CastUnit", "MemoryUnit"]
 
@@ -155,9 +155,18 @@ class LogUnit:
 @dataclass(frozen=True)
 class FMAUnit:
     """``a * b + c``. contract: the compiler fuses it into one FMA (one rounding); otherwise a product and a sum,
-    each rounded in the working type (on FP64, the golden machine's mathematics)."""
+    each rounded in the working type (on FP64, the golden machine's mathematics). ftz: the build flushes FP32
+    subnormals (``-ftz=true``, which ``--use_fast_math`` implies): an instruction reads a subnormal operand as a
+    zero of its sign (:meth:`read`). The models apply it to the constants a kernel derives from its scalars, the
+    only FP32 values of theirs that are ever subnormal where it matters (a score times a subnormal softmax
+    scale)."""
 
     contract: bool = False
+    ftz: bool = False
+
+    def read(self, x: np.ndarray) -> np.ndarray:
+        """`x` as the unit's instructions read it: subnormals as signed zeros under ftz, `x` itself otherwise."""
+        return flush_subnormals(x, keep_sign=True) if self.ftz and x.dtype == np.float32 else x
 
     def mul_add(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         if not self.contract:  # both paths broadcast the operands together

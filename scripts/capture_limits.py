@@ -8,8 +8,14 @@ SGLang's Triton decode.
 
 With ``flashinfer``: FlashInfer's MLA on requests shorter than their causal step and on the same scale edges.
 
+With ``tiny``: the subnormal softmax scales at FP32's normal boundary (:data:`TINY_SCALES`: those whose product with
+log2 e is normal where a host derives it in double, and one whose product is not) through every kernel that takes a
+scale, FlashMLA's dense decode in vLLM's and SGLang's builds with negative subnormal scales over splits of odd and
+even block counts, and FlashInfer's MLA; OUTDIR/tiny_{kernel}.npz.
+
 Run on a CUDA machine:  python scripts/capture_limits.py OUTDIR VLLM_ROOT VLLM_TRITON_FILE
-                        [edges SGLANG_FILE ETAP_DIR | flashinfer FLASHINFER_CHECKOUT]
+                        [edges SGLANG_FILE ETAP_DIR | flashinfer FLASHINFER_CHECKOUT
+                         | tiny SGLANG_FILE ETAP_DIR SGL_FLASH_MLA_ROOT FLASHINFER_CHECKOUT]
 
 VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so``, ``vllm/_flashmla_C.abi3.so`` and
 ``vllm/_flashmla_extension_C.abi3.so`` (vLLM 0.33.0's wheel, unpacked); VLLM_TRITON_FILE is vLLM 0.33.0's
@@ -80,8 +86,8 @@ def _scaled(kernel: str) -> list[dict]:
     return [{**KERNELS[kernel].scale_template(), "seed": 950 + j, "scale": s} for j, s in enumerate(EDGE_SCALES)]
 
 
-def _dense(b, sq, H, lens, dist, seed):
-    return {"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "dist": dist, "seed": seed, "scale": _192}
+def _dense(b, sq, H, lens, dist, seed, scale=_192):
+    return {"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "dist": dist, "seed": seed, "scale": scale}
 
 
 def _sglang(b, H, lens, splits, seed):
@@ -104,6 +110,33 @@ EDGES = {
 }
 
 
+#: subnormal scales at FP32's normal boundary (2^-126 = 1.18e-38): times log2 e in double (FA3's and FlashMLA's hosts)
+#: 1e-38 to 8.2e-39 give a normal constant, 8.1e-39 a subnormal one; negative ones move FlashMLA's running max
+TINY_SCALES = (1e-38, -1e-38, 9e-39, 8.2e-39, 8.1e-39, -3e-39)
+
+
+def _tiny(kernel: str, seed: int = 1100) -> list[dict]:
+    return [{**KERNELS[kernel].scale_template(), "seed": seed + j, "scale": s} for j, s in enumerate(TINY_SCALES)]
+
+
+#: FlashMLA's dense decode at negative subnormal scales over splits of odd and even block counts
+_ODD = [_dense(4, 1, 64, (600, 64, 129, 1000), "normal:1", 1110, -3e-39),
+        _dense(3, 2, 16, (65, 700, 191), "normal:1", 1111, -1e-38),
+        _dense(2, 1, 128, (3000, 1), "flashmla", 1112, -2e-39),
+        _dense(3, 1, 16, (100, 2000, 333), "normal:1", 1113, 9e-39)]
+
+#: kernel -> (build, source key, cases) of the tiny run
+TINY = {
+    **{k: ("vllm", "vllm", _tiny(k)) for k in ("fa3-mla", "fa3-mla-sparse", "flashmla-dense-fp8")},
+    "flashmla": ("vllm", "vllm", _tiny("flashmla") + _ODD),
+    "flashmla-sglang": ("sglang", "sgl-flash-mla", _tiny("flashmla") + _ODD),
+    "flashmla-etap": ("upstream", "etap", _tiny("flashmla-etap")),
+    "vllm-triton-mla": ("upstream", "triton", _tiny("vllm-triton-mla")),
+    "sglang-triton": ("upstream", "sglang", _tiny("sglang-triton")),
+    "flashinfer-mla": ("upstream", "flashinfer", _tiny("flashinfer-mla")),
+}
+
+
 def _fi(b, sq, H, lens, seed, scale=_192):
     return {"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "kv_format": "bf16", "dist": "normal:1",
             "seed": seed, "scale": scale, "page_size": 1, "causal": sq > 1, "keep": b}
@@ -119,19 +152,22 @@ FLASHINFER = {"flashinfer-mla": ("upstream", "flashinfer", [
 
 def main() -> None:
     out, sources = sys.argv[1], {"vllm": sys.argv[2], "triton": sys.argv[3]}
-    edges = len(sys.argv) > 4 and sys.argv[4] == "edges"
-    flashinfer = len(sys.argv) > 4 and sys.argv[4] == "flashinfer"
-    if edges:
+    mode = sys.argv[4] if len(sys.argv) > 4 else "limits"
+    if mode in ("edges", "tiny"):
         sources.update(sglang=sys.argv[5], etap=sys.argv[6])
-    if flashinfer:
+    if mode == "tiny":
+        sources.update({"sgl-flash-mla": sys.argv[7], "flashinfer": sys.argv[8]})
+    if mode == "flashinfer":
         sources.update(flashinfer=sys.argv[5])
     os.makedirs(out, exist_ok=True)
     failed = []
-    for name, (build, source, cases) in (EDGES if edges else FLASHINFER if flashinfer else CASES).items():
-        kernel = name.removesuffix("-empty")
+    table = {"edges": EDGES, "flashinfer": FLASHINFER, "tiny": TINY, "limits": CASES}[mode]
+    for name, (build, source, cases) in table.items():
+        kernel = name.removesuffix("-empty").removesuffix("-sglang")
         t0 = time.time()
         try:
-            capture(kernel, os.path.join(out, f"{'limits' if name in CASES else 'edges'}_{name.replace('-', '_')}.npz"),
+            prefix = "limits" if mode == "limits" else "tiny" if mode == "tiny" else "edges"
+            capture(kernel, os.path.join(out, f"{prefix}_{name.replace('-', '_')}.npz"),
                     source=sources[source], build=build if KERNELS[kernel].builds or build == "upstream" else
                     "upstream", cases=cases)
             print(f"{name}: {len(cases)} cases, {time.time() - t0:.1f} s", flush=True)

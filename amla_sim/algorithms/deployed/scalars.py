@@ -6,7 +6,8 @@ Every kernel modelled here takes its softmax scale, descales and cache scales as
 the interface's, not the arithmetic's). :func:`api_float` is that rounding, and the one place a scalar is refused:
 a descale or cache scale that does not round to a positive normal FP32 number never reaches a kernel model. A
 softmax scale is taken as the kernels take it (:func:`api_scale`): any finite number, 0, negative and subnormal
-ones included (no kernel checks them; what each computes with them is its arithmetic, captured).
+ones included (no kernel checks them; what each computes with them is its arithmetic, captured: a fast-math build's
+instructions read a subnormal constant as 0, wherever the constant is formed, on the host or on the device).
 
 The kernels then derive their constants in two ways, both kept here so no model derives one by hand:
 
@@ -63,32 +64,28 @@ def api_float(x: object, name: str) -> np.float32:
     return f
 
 
-def api_scale(x: object, name: str = "scale", *, subnormal: bool = False) -> np.float32:
+def api_scale(x: object, name: str = "scale") -> np.float32:
     """A softmax scale as a kernel's ``float`` parameter holds it: rounded to FP32 once. Any real number whose FP32
-    value is finite and normal, or 0, is taken, negative ones included: no kernel checks them. Refused, naming
-    `name`: NaN and infinities (FA3 and FlashInfer raise on them; what the others compute, NaN throughout, is not
-    captured) and, unless `subnormal` (a kernel whose subnormal scales are captured), a subnormal FP32 value (the
-    fast-math kernels' flushes of it are not modelled)."""
+    value is finite is taken, 0, negative and subnormal ones included: no kernel checks them (a fast-math kernel's
+    instructions read a subnormal one as 0, :meth:`~amla_sim.machines.Machine.ftz`). Refused, naming `name`: NaN
+    and infinities (FA3 and FlashInfer raise on them; what the others compute, NaN throughout, is not captured)."""
     with np.errstate(over="ignore"):
         f = np.float32(_real(x, name, "a finite float32 number"))
     if not np.isfinite(f):
         raise ValueError(f"{name}: expected a finite float32 number, got {x!r} (NaN and infinities are not "
                          "modelled; FA3 and FlashInfer refuse them)")
-    if not subnormal and f != 0 and abs(f) < _FP32_TINY:
-        raise ValueError(f"{name}: {x!r} is a subnormal float32; this kernel's arithmetic with it is not modelled "
-                         "(0 and normal scales are)")
     return f
 
 
 def softmax_scale(scale: float | None, default: float = DEFAULT_SCALE, *, double: bool = False,
-                  positive: bool = False, subnormal: bool = False) -> np.float32 | np.float64:
+                  positive: bool = False) -> np.float32 | np.float64:
     """The API's ``float softmax_scale`` (None: `default`, 576^-0.5 unless the kernel's interface says
-    otherwise), taken as :func:`api_scale` takes it (`subnormal`: subnormal ones too; `positive`: as
-    :func:`api_float`, a positive normal number only, for a kernel whose other scales are not captured). double:
-    the API takes a ``double`` (a torch op's ``float``, as vLLM's and SGLang's FlashMLA ops do): the caller's
-    number itself, as float64, checked as a float would be."""
+    otherwise), taken as :func:`api_scale` takes it (`positive`: as :func:`api_float`, a positive normal number
+    only, for a kernel whose other scales are not captured). double: the API takes a ``double`` (a torch op's
+    ``float``, as vLLM's and SGLang's FlashMLA ops do): the caller's number itself, as float64, checked as a float
+    would be."""
     value = default if scale is None else scale
-    f = api_float(value, "scale") if positive else api_scale(value, "scale", subnormal=subnormal)
+    f = api_float(value, "scale") if positive else api_scale(value, "scale")
     return np.float64(value) if double else f
 
 

@@ -65,8 +65,9 @@ class _Units:
         self.dt = mc.dtype
         self.fmt = fmt
         self.ln2 = ln2(mc)
-        self.c = scale_log2(mc, scale)
-        self.c_ln2 = mc.f(self.c * self.ln2)  # softmax_scale_log2 * float(M_LN2)
+        # flash_api.cpp: the host's float(softmax_scale * M_LOG2E), read by the kernel's FTZ instructions
+        self.c = mc.ftz(scale_log2(mc, scale))
+        self.c_ln2 = mc.ftz(mc.f(self.c * self.ln2))  # softmax_scale_log2 * float(M_LN2), on the device
 
     def logf(self, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
         """``__logf(x)``, or ``__logf(x) + plus`` with the multiply by ln 2 contracted into the add."""

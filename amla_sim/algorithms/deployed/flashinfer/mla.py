@@ -81,8 +81,9 @@ class _Units:
 
 
 def _scale_log2(mc: Machine, scale: np.float32) -> np.ndarray:
-    """``sm_scale_log2 = params.sm_scale * math::log2e`` (mla.cuh:44): an FP32 product of the float scale."""
-    return scale_log2_f32(mc, scale)
+    """``sm_scale_log2 = params.sm_scale * math::log2e`` (mla.cuh:44): an FP32 product of the float scale on the
+    device, where the FTZ multiply reads a subnormal scale as 0 (and flushes a subnormal product)."""
+    return mc.ftz(scale_log2_f32(mc, mc.ftz(scale)))
 
 
 @quiet_fp
@@ -138,7 +139,7 @@ def flashinfer_mla(
         raise TypeError(f"kv: the kernel takes a cache of q's format ({fmt.upper()}) or E4M3 with a BF16 q, got "
                         f"{kv_fmt.upper()}")
     scales = _kv_scales(kv_fmt, kva.shape, ckv_scale, kpe_scale, ckv_scale_arr)
-    sm = softmax_scale(scale)  # 0 and negative scales captured; subnormal ones not modelled
+    sm = softmax_scale(scale)
     for name, v in (("causal", causal), ("return_lse_base_on_e", return_lse_base_on_e), ("trace", trace)):
         if not isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{name}: expected True or False, got {v!r}")

@@ -114,7 +114,7 @@ def flashmla(
     b, s_q, H, _ = qa.shape
     fmt = get_format(qa.dtype).name
     u = _Units(mc, fmt)
-    c = scale_log2(mc, sm)  # dense_decode.h:139, params.scale_softmax_log2 = float(softmax_scale * M_LOG2E)
+    c = mc.ftz(scale_log2(mc, sm))  # dense_decode.h:139, params.scale_softmax_log2 = float(softmax_scale * M_LOG2E)
     parts = num_sm_parts(s_q=s_q, heads_q=H, num_sms=num_sms)
     max_splits = combine_width(parts, num_sms)
     plan = request_splits(lens, parts) if splits is None else check_splits(splits, lens, max_splits)
@@ -242,8 +242,10 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
             S1, V1 = S1s[i], V1s[i]
             m, s1, P1 = softmax(S1)
             sum1 = u.lane_sums(P1)
-        else:  # an odd block count: warpgroup 1 only rescales
-            s1, sum1 = np.ones(R, dt), np.zeros((R, 4), dt)
+        else:  # an odd block count: warpgroup 1's block lies past the split, every score -1e33 (433-434); it
+            # adds nothing to the sums but moves the max where -1e33 c exceeds it (a negative scale, 440-447)
+            m_new = np.maximum(m, mc.f(u.c(_MAX_INIT) * c))
+            s1, sum1, m = mc.exp2(m - m_new), np.zeros((R, 4), dt), m_new
         c1 = mc.f(s1 * s0)
         OR = mc.f(OR * c1[:, None])
         l1 = mc.mul_add(l1, c1[:, None], sum1)

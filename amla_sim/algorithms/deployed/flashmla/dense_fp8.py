@@ -113,10 +113,13 @@ def flashmla_dense_fp8(
 
 def _constants(mc: Machine, scale: float, dq: float, dk: float) -> tuple[np.ndarray, np.ndarray]:
     """``scale_softmax = scale * descale_q * descale_k`` and ``scale_softmax_log2 = float(scale * M_LOG2E) *
-    descale_q * descale_k``, each product rounded to float in that order (``flash_fwd_splitkv_mla_kernel``)."""
-    sm = mc.f(mc.f(mc.f(scale) * mc.f(dq)) * mc.f(dk))
-    c = mc.f(mc.f(scale_log2(mc, scale) * mc.f(dq)) * mc.f(dk))
-    return sm, c
+    descale_q * descale_k``, each product rounded to float in that order by the kernel's FTZ multiplies
+    (``flash_fwd_mla_kernel.h:566-572``), which read a subnormal operand as 0 and flush a subnormal product."""
+
+    def mul(a: np.ndarray, b: float) -> np.ndarray:
+        return mc.ftz(mc.f(mc.ftz(a) * mc.ftz(b)))
+
+    return mul(mul(mc.f(scale), dq), dk), mul(mul(scale_log2(mc, scale), dq), dk)
 
 
 def _split(mc: Machine, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, c: np.ndarray,

@@ -109,8 +109,8 @@ def check_causal(causal: bool | None, s_q: int) -> bool:
 
 def _scales(mc: Machine, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """The API's ``float softmax_scale`` and ``params.scale_softmax_log2 = float(softmax_scale * M_LOG2E)``, the
-    product taken in double from the float."""
-    return mc.f(scale), scale_log2(mc, scale)
+    product taken in double from the float, each as the kernel's FTZ instructions read it."""
+    return mc.ftz(scale), mc.ftz(scale_log2(mc, scale))
 
 
 def _thread_sum(mc: Machine, part: np.ndarray, s: np.ndarray | None, P: np.ndarray) -> np.ndarray:

@@ -99,7 +99,7 @@ def _check(q, kv_cache, indices, topk_length, attn_sink, scale, num_sms, double=
         sink = np.asarray(attn_sink)
         if sink.dtype != np.float32 or sink.shape != (H,) or np.isnan(sink).any():
             raise ValueError(f"attn_sink: expected float32 ({H},) without NaN, got {sink.dtype} {sink.shape}")
-    sm = softmax_scale(scale, default=lay.d ** -0.5, double=double, subnormal=True)  # FlashMLA's default: d_qk^-0.5
+    sm = softmax_scale(scale, default=lay.d ** -0.5, double=double)  # FlashMLA's default: d_qk^-0.5
     check_int(num_sms, "num_sms", lo=1)
     return qa, c, lay, idx.astype(np.int64), lengths, topk_length is not None, sink, sm
 

@@ -126,7 +126,7 @@ def _check(q, kv, indices, topk_length, attn_sink, scale, double=False):
         sink = np.asarray(attn_sink)
         if sink.dtype != np.float32 or sink.shape != (h_q,) or np.isnan(sink).any():
             raise ValueError(f"attn_sink: expected float32 ({h_q},) without NaN, got {sink.dtype} {sink.shape}")
-    sm = softmax_scale(scale, default=d_qk ** -0.5, double=double, subnormal=True)
+    sm = softmax_scale(scale, default=d_qk ** -0.5, double=double)
     return qa, kva, idx.astype(np.int64)[:, 0], lengths, has_len, sink, sm
 
 

@@ -101,7 +101,7 @@ def splitkv_decode(
     mc.require(kernel="sglang-triton", natural_log=True, suggest="sm90-triton")
     qa, kva, lens, splits, max_splits = _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h,
                                                min_block_kv, page_size, logit_cap, num_warps, num_stages)
-    sm, vs = softmax_scale(scale, subnormal=True), api_float(v_scale, "v_scale")
+    sm, vs = softmax_scale(scale), api_float(v_scale, "v_scale")
     ranges = split_ranges(lens, splits, max_splits, min_block_kv)
     Q = mc.cast(qa, "bf16")[:, 0]  # (b, H, 576)
     K = mc.cast(kva, "bf16")

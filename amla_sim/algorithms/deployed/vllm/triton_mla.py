@@ -101,7 +101,7 @@ def vllm_triton_mla(
     if qa.shape[2] == 1:  # kv_group_num 1: decode_attention_fwd_normal (triton_decode_attention.py:781)
         raise ValueError("q: with one query head vLLM's op takes its MHA kernel (decode_attention_fwd_normal), "
                          "which is not modelled; the model is the grouped kernel of 2 heads or more")
-    sm, ks = softmax_scale(scale, subnormal=True), api_float(k_scale, "k_scale")
+    sm, ks = softmax_scale(scale), api_float(k_scale, "k_scale")
     check_int(sms, "sms", lo=1)
     check_int(page_size, "page_size", lo=1)
     for name, v in (("batch_invariant", batch_invariant), ("causal", causal)):
