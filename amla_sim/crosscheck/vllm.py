@@ -164,7 +164,8 @@ class _VllmTriton(DeployedKernel):
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         rows, H = case["batch"] * case.get("sq", 1), case["heads"]
-        return {"out": ((rows, H, D_V), np.uint16, True), "lse": ((rows, H), np.uint16, True)}
+        return {"out": ((rows, H, D_V), np.uint16, True), "lse": ((rows, H), np.uint16, True),
+                "mid": ((rows, H, case["num_kv_splits"], D_V + 1), np.uint32, False)}
 
     def label(self, case: dict) -> str:
         cache = "FP8 cache" if case["kv_cache"] == "fp8" else "BF16 cache"
@@ -174,10 +175,14 @@ class _VllmTriton(DeployedKernel):
         q, kv = fp8_inputs(case)
         res = vllm_triton_mla(q, kv, seqlens=np.array(case["seqlens"]), scale=case["scale"],
                               k_scale=case["k_scale"] if case["kv_cache"] == "fp8" else 1.0,
-                              num_kv_splits=case["num_kv_splits"], page_size=case["page_size"])
+                              num_kv_splits=case["num_kv_splits"], page_size=case["page_size"], trace=True)
         rows, H = case["batch"] * case.get("sq", 1), case["heads"]
-        return [stage("lse", arrays[f"c{i}_lse"], res.lse.reshape(rows, H), ml_dtypes.bfloat16),
-                stage("out", arrays[f"c{i}_out"], res.out.reshape(rows, H, D_V), ml_dtypes.bfloat16)]
+        stages = []
+        if f"c{i}_mid" in arrays:  # stage 1's buffer: each split's output, its LSE in column 512
+            mid = np.concatenate([res.trace["mid"][0], res.trace["split_lse"][0][..., None]], axis=-1)
+            stages.append(stage("mid", arrays[f"c{i}_mid"], mid.astype(np.float32), np.float32))
+        return stages + [stage("lse", arrays[f"c{i}_lse"], res.lse.reshape(rows, H), ml_dtypes.bfloat16),
+                         stage("out", arrays[f"c{i}_out"], res.out.reshape(rows, H, D_V), ml_dtypes.bfloat16)]
 
     def load(self, source: str | None) -> Any:
         from ..gpu.adapters.vllm import load_vllm_triton
@@ -198,7 +203,8 @@ class _VllmTriton(DeployedKernel):
         meta = {**recipe, "input_crc": input_crc(q_in, got.get("kv8", kv_in)), "repeat_identical": same}
         if "kv8" in got:
             meta["quant_identical"] = input_crc(kv_in) == input_crc(got["kv8"])
-        return {k: got[k] for k in ("out", "lse")}, meta
+        keep = ("out", "lse", "mid") if recipe["heads"] == 1 else ("out", "lse")  # mid: the MHA kernel's cases
+        return {k: got[k] for k in keep}, meta
 
 
 #: vLLM's dense FP8 FlashMLA decode as the cross-check drives it.

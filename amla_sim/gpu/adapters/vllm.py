@@ -125,7 +125,8 @@ def run_vllm_triton(mod, q_bits: np.ndarray, kv_bits: np.ndarray, recipe: dict, 
     """One case as ``TritonMLAImpl.forward_mqa`` runs it: q (b, s_q, h, 576) BF16 bits as b s_q rows, the cache
     (BF16, or quantized to E4M3 as vLLM writes it with the recipe's ``k_scale``) in shuffled pages of the recipe's
     size, causal rows' extents, `num_kv_splits` splits, ``k_scale`` as both scales. Returns out and lse (uint16
-    BF16 bits; (b s_q, h, 512) and (b s_q, h)) and, for an FP8 cache, its bytes."""
+    BF16 bits; (b s_q, h, 512) and (b s_q, h)), stage 1's buffer ``mid`` (uint32 FP32 bits, (b s_q, h, splits,
+    513): each split's partial output and LSE, NaN where a split is empty) and, for an FP8 cache, its bytes."""
     import torch
 
     b, s_q, h, _ = q_bits.shape
@@ -141,13 +142,14 @@ def run_vllm_triton(mod, q_bits: np.ndarray, kv_bits: np.ndarray, recipe: dict, 
         sl = (sl.unsqueeze(1) + off).flatten().clamp(min=0)
     o = torch.zeros(b * s_q, h, 512, dtype=q.dtype, device="cuda")
     lse = torch.zeros(b * s_q, h, dtype=q.dtype, device="cuda")
-    logits = torch.empty(b * s_q, h, num_kv_splits, 513, dtype=torch.float32, device="cuda")
+    # vLLM allocates it empty; NaN marks the splits stage 1 never writes (stage 2 reads only the others)
+    logits = torch.full((b * s_q, h, num_kv_splits, 513), float("nan"), dtype=torch.float32, device="cuda")
     ks = torch.tensor(recipe["k_scale"] if fp8 else 1.0, dtype=torch.float32, device="cuda")
     c = cache.unsqueeze(2)
     mod.decode_attention_fwd(q, c, c[..., :512], o, lse, table, sl, logits, num_kv_splits, recipe["scale"], page,
                              k_scale=ks, v_scale=ks, is_mla=True)
     torch.cuda.synchronize()
-    res = {"out": _bits(o), "lse": _bits(lse)}
+    res = {"out": _bits(o), "lse": _bits(lse), "mid": _bits(logits)}
     if fp8:
         res["kv8"] = _bits(kv)
     return res

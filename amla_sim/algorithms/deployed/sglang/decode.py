@@ -6,7 +6,9 @@ Upstream: sgl-project/sglang 0.5.23 (the wheel), ``sglang/kernels/ops/attention/
 The split/merge decode of :mod:`amla_sim.algorithms.deployed.splitkv` with SGLang's parameters: the request's L
 tokens are cut into splits of ``cdiv(cdiv(L, num_kv_splits), MIN_BLOCK_KV) * MIN_BLOCK_KV`` tokens (per request,
 the count from :mod:`amla_sim.algorithms.deployed.sglang.scheduler`), one query a request, and stage 2's output
-``bf16(acc / l * v_scale)``.
+``bf16(acc / l * v_scale)``. With one query head (a KV head's group of one) SGLang takes its MHA kernel,
+``decode_attention_fwd_normal`` (:mod:`amla_sim.algorithms.deployed.splitkv_mha`: BF16 products summed in FP32;
+its own 64-key blocks and 4 warps, whatever `block_n`, `block_h` and `num_warps` say), and the same stage 2.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ....resources import check_fits
 from ..._common import check_kernel_inputs
 from ..scalars import api_float, softmax_scale
 from ..splitkv import SplitKVResult, split_ranges, stage1, stage2
+from ..splitkv_mha import stage1_mha
 
 __all__ = ["splitkv_decode", "SGLANG_VERSION"]
 
@@ -31,9 +34,6 @@ SGLANG_VERSION = "0.5.23"
 def _check(q, kv, seqlens, num_kv_splits, max_kv_splits, block_n, block_h, min_block_kv, page_size, logit_cap,
            num_warps, num_stages):
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, one_query=True, empty=True)  # no key: 0 / 0, as the kernel
-    if qa.shape[2] == 1:  # kv_group_num 1 (decode_attention.py:1269)
-        raise ValueError("q: with one query head SGLang's decode takes its MHA kernel (decode_attention_fwd_normal), "
-                         "which is not modelled; the model is the grouped kernel of 2 heads or more")
     b = qa.shape[0]
     splits = np.broadcast_to(np.asarray(num_kv_splits), (b,)) if np.ndim(num_kv_splits) == 0 else \
         np.asarray(num_kv_splits)
@@ -106,7 +106,10 @@ def splitkv_decode(
     Q = mc.cast(qa, "bf16")[:, 0]  # (b, H, 576)
     K = mc.cast(kva, "bf16")
     tr: dict[str, list[np.ndarray]] = {}
-    mid, lse = stage1(mc, Q, K, ranges, mc.f(sm), block_n, num_warps, tr if trace else None)
+    if Q.shape[1] == 1:  # kv_group_num 1: decode_attention_fwd_normal, the MHA kernel (decode_attention.py:1269)
+        mid, lse = stage1_mha(mc, Q, K, ranges, mc.f(sm), bf16_sum=False)
+    else:
+        mid, lse = stage1(mc, Q, K, ranges, mc.f(sm), block_n, num_warps, tr if trace else None)
     out, _ = stage2(mc, mid, lse, ranges, mc.f(vs))
     hazards = Counter()
     if np.isnan(out).any():

@@ -14,7 +14,9 @@ triton_mla.py`` (``forward_mqa``, ``_compute_num_kv_splits``). What vLLM's diffe
 - an FP8 (E4M3) cache is dequantized in stage 1, ``bf16(fl32(x) * k_scale)`` for K and K_rope alike, and V is that
   dequantized K (vLLM passes ``k_scale`` as ``v_scale`` too; stage 2 does not scale); the upcast operands take the
   tensor cores in another k order (:data:`FP8_CACHE_K_ORDER`), so both dots group their products differently;
-- stage 2 writes the output and the LSE ``m + tl.log(l)`` in q's format (BF16).
+- stage 2 writes the output and the LSE ``m + tl.log(l)`` in q's format (BF16);
+- with one query head (a KV head's group of one) the op takes its MHA kernel, ``decode_attention_fwd_normal``
+  (:mod:`amla_sim.algorithms.deployed.splitkv_mha`: q times K summed in BF16), and the same stage 2.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ....schedules import Schedule
 from ..._common import D_K, AttentionResult, check_kernel_inputs, check_kernel_layout
 from ..scalars import api_float, softmax_scale
 from ..splitkv import split_ranges, stage1, stage2
+from ..splitkv_mha import stage1_mha
 from .fp8 import quantize_cache_fp8
 
 __all__ = ["vllm_triton_mla", "vllm_triton_mla_decode", "vllm_num_kv_splits", "VLLM_VERSION", "FP8_CACHE_K_ORDER"]
@@ -98,9 +101,6 @@ def vllm_triton_mla(
     mc = get_machine(machine)
     mc.require(kernel="vllm-triton-mla", natural_log=True, suggest="sm90-triton")
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, kv_formats=("bf16", "e4m3"), empty=True)
-    if qa.shape[2] == 1:  # kv_group_num 1: decode_attention_fwd_normal (triton_decode_attention.py:781)
-        raise ValueError("q: with one query head vLLM's op takes its MHA kernel (decode_attention_fwd_normal), "
-                         "which is not modelled; the model is the grouped kernel of 2 heads or more")
     sm, ks = softmax_scale(scale), api_float(k_scale, "k_scale")
     check_int(sms, "sms", lo=1)
     check_int(page_size, "page_size", lo=1)
@@ -118,7 +118,10 @@ def vllm_triton_mla(
     K = np.repeat(K, s_q, axis=0) if s_q > 1 else K
     tr: dict[str, list[np.ndarray]] = {}
     k_order = np.array(FP8_CACHE_K_ORDER) if get_format(kva.dtype).name == "e4m3" else None
-    mid, lse_s = stage1(mc, Q, K, ranges, mc.f(sm), BLOCK_N, NUM_WARPS, None, k_order=k_order)
+    if H == 1:  # kv_group_num 1: decode_attention_fwd_normal, the MHA kernel (triton_decode_attention.py:781)
+        mid, lse_s = stage1_mha(mc, Q, K, ranges, mc.f(sm), bf16_sum=True, cache=get_format(kva.dtype).name)
+    else:
+        mid, lse_s = stage1(mc, Q, K, ranges, mc.f(sm), BLOCK_N, NUM_WARPS, None, k_order=k_order)
     out, lse = stage2(mc, mid, lse_s, ranges, mc.f(1.0))
     if trace:
         tr = {"splits": [ranges], "mid": [mid], "split_lse": [lse_s]}
