@@ -19,6 +19,8 @@ VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's whee
 - OUTDIR/fa3_prefill_hd128_{dev}.npz: :data:`HD128_CASES`, head dim 128 through the same library;
 - OUTDIR/fa3_prefill_hdx_{dev}.npz: :data:`HDX_CASES`, head dims 64, 96 and 256; fa3_prefill_hdx_seed{N}_{dev}.npz
   the same at fresh seeds (seed + N), held out;
+- OUTDIR/fa3_prefill_pad_{dev}.npz: :data:`PAD_CASES`, head dims between the compiled ones and the 192 / 192
+  kernel; fa3_prefill_pad_seed{N}_{dev}.npz the same at fresh seeds (seed + N), held out;
 - OUTDIR/fa3_prefill_e4m3_seed{N}_{dev}.npz: :data:`E4M3_CASES` at fresh seeds (seed + N), held out;
 - with SGL_CHECKOUT (sgl-project/sgl-flash-attn cb303cf, CUTLASS 57e3cfb at csrc/cutlass), SGLang's build as SGLang
   calls it (``num_splits`` 1 always): OUTDIR/fa3_prefill_sglang_{dev}.npz, the case table and :data:`E4M3_CASES`
@@ -110,6 +112,28 @@ def _tiny() -> list[dict]:
     return [{**base, "seed": 1100 + j, "scale": s} for j, s in enumerate(TINY_SCALES)]
 
 
+def _pad(d, dv, H, Hk, ql, kl, causal, fmt, seed, ns):
+    return {**_hd128(H, Hk, ql, kl, causal, fmt, seed, ns), "scale": d ** -0.5, "head_dim": d, "head_dim_v": dv}
+
+
+#: head dims between the compiled ones (FA3 runs the next compiled kernel, the columns past the call's read as
+#: zero): 48, 80, 120, 200, a v narrower than q at 64 and 144, the 192 / 192 kernel (160, 176, 192), FP8 among them;
+#: 120 at 20 query rows, where 128 would take one warpgroup's tile
+PAD_CASES = [
+    _pad(80, 80, 16, 4, (700, 300), (700, 300), True, "bf16", 361, 0),
+    _pad(120, 120, 8, 8, (20,), (3000,), False, "bf16", 362, 0),
+    _pad(144, 112, 16, 16, (300, 200), (2000, 0), False, "fp16", 363, 0),
+    _pad(160, 160, 8, 8, (500,), (500,), True, "bf16", 364, 0),
+    _pad(192, 192, 8, 2, (300, 200), (2000, 0), False, "bf16", 365, 0),
+    _pad(200, 200, 8, 8, (257, 300), (257, 300), True, "bf16", 366, 0),
+    _pad(48, 48, 16, 16, (300,), (1500,), False, "bf16", 367, 0),
+    _pad(64, 32, 8, 8, (40,), (4000,), False, "bf16", 368, 0),
+    _pad(112, 112, 16, 16, (300, 200), (2000, 0), False, "e4m3", 369, 0),
+    _pad(160, 128, 8, 8, (600,), (600,), True, "e4m3", 370, 0),
+    _pad(176, 176, 8, 8, (300,), (1200,), False, "e4m3", 371, 0),
+]
+
+
 def _edges() -> list[dict]:
     base = KERNELS["fa3-prefill"].scale_template()
     cases = [{**base, "seed": 950 + j, "scale": s} for j, s in enumerate(EDGE_SCALES)]
@@ -170,7 +194,7 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,scales,hd128,hdx,hdx-seed,chain,sglang"
+    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
     only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]
@@ -189,6 +213,9 @@ def main() -> None:
             ("hdx", f"fa3_prefill_hdx_{tag}.npz", {"cases": HDX_CASES}),
             ("hdx-seed", f"fa3_prefill_hdx_seed{seed}_{tag}.npz",
              {"cases": [{**c, "seed": c["seed"] + seed} for c in HDX_CASES]}),
+            ("pad", f"fa3_prefill_pad_{tag}.npz", {"cases": PAD_CASES}),
+            ("pad-seed", f"fa3_prefill_pad_seed{seed}_{tag}.npz",
+             {"cases": [{**c, "seed": c["seed"] + seed} for c in PAD_CASES]}),
             ("scales", "scales_fa3_prefill.npz", {"scales": 20})]
     if sgl:
         jobs.append(("sglang", f"fa3_prefill_sglang_{tag}.npz",

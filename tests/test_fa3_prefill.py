@@ -226,7 +226,10 @@ _Q, _K, _V = np.zeros((4, 2, 192), _BF), np.zeros((4, 2, 192), _BF), np.zeros((4
 @pytest.mark.parametrize(("args", "kw", "match"), [
     ((_Q.astype(np.float32), _K, _V, [0, 4], [0, 4]), {}, "q: FA3 takes BF16, FP16 or FP8 E4M3"),
     ((_Q, _K.astype(np.float16), _V, [0, 4], [0, 4]), {}, "k, v: the same format"),
-    ((_Q, _K, _V[..., :64], [0, 4], [0, 4]), {}, r"v: head dims \(192, 64\) \(q's, v's\) are not modelled"),
+    ((_Q, _K, _V[..., :64], [0, 4], [0, 4]), {}, "v: head dim 64 with q's 192: FA3 takes another V head dim only"),
+    ((_Q[..., :64], _K[..., :64], _V.repeat(2, -1), [0, 4], [0, 4]), {},
+     r"v: head dims \(64, 256\) \(q's, v's\) run FA3's \(64, 256\) kernel, which is not modelled"),
+    ((_Q[..., :100], _K[..., :100], _V[..., :100], [0, 4], [0, 4]), {}, "q: head_size should be a multiple of 8"),
     ((_Q, _K[:, :1].repeat(3, 1)[:, :3], _V[:, :1].repeat(3, 1), [0, 4], [0, 4]), {}, "k: its heads"),
     ((_Q, _K, _V, [0, 5], [0, 4]), {}, "cu_seqlens_q: offsets must rise"),
     ((_Q, _K, _V, [0, 2, 4], [0, 4]), {}, "cu_seqlens_k: 2 offsets for 2 requests"),
@@ -543,3 +546,66 @@ def test_fp8_arguments_are_refused_by_name(kw, match):
     z = np.zeros((4, 2, 192), ml_dtypes.float8_e4m3fn)
     with pytest.raises(ValueError, match=match):
         fa3_prefill(z, z, z[..., :128], [0, 4], [0, 4], **kw)
+
+
+PAD = DATA / "fa3_prefill_pad_h200.npz"
+
+
+def test_head_dims_between_the_compiled_ones_are_predicted_in_every_bit(fastest_engine):
+    """Head dims FA3 runs on the next compiled kernel, their columns past the call's read as zero
+    (``scripts/capture_prefill.py --only pad``): 48, 80, 120 and 200, v narrower than q at 64 and 144, the 192 / 192
+    kernel at 160, 176 and 192; BF16, FP16 and FP8. The same at fresh seeds (+ 1000) gave every bit too."""
+    meta, _ = _load(PAD)
+    dims = {(c["head_dim"], c["head_dim_v"]) for c in meta["cases"]}
+    assert {(80, 80), (120, 120), (144, 112), (160, 160), (192, 192), (64, 32), (176, 176)} <= dims
+    assert {c["format"] for c in meta["cases"]} == {"bf16", "fp16", "e4m3"}
+    report = replay(PAD)
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+
+
+@pytest.mark.parametrize(("d", "dv", "size", "kernel"), [
+    (48, 48, 2, (64, 64)), (64, 32, 2, (64, 64)), (80, 80, 2, (96, 96)), (120, 120, 2, (128, 128)),
+    (136, 104, 2, (192, 128)), (144, 128, 1, (192, 128)), (160, 160, 2, (192, 192)), (176, 176, 1, (192, 192)),
+    (200, 200, 2, (256, 256)), (64, 200, 2, (64, 256)), (64, 264, 2, (64, 512)),
+])
+def test_a_call_runs_on_the_kernel_fa3_picks(d, dv, size, kernel):
+    """flash_api.cpp's dispatch: each head dim up to the next compiled one, v to its own step where it differs."""
+    assert prefill.kernel_dims(d, dv, size) == kernel
+
+
+@pytest.mark.parametrize(("d", "dv", "size", "match"), [
+    (100, 100, 2, "q: head_size should be a multiple of 8"), (120, 120, 1, "q: head_size should be a multiple of 16"),
+    (264, 264, 2, "q: FlashAttention forward only supports head dimension at most 256"),
+    (96, 64, 2, "v: head dim 64 with q's 96"), (192, 96, 2, "v: head dim 96 with q's 192"),
+    (64, 520, 2, "v: head dim 520 with q's 64"),
+])
+def test_head_dims_fa3_refuses_are_refused_by_name(d, dv, size, match):
+    with pytest.raises(ValueError, match=match):
+        prefill.kernel_dims(d, dv, size)
+
+
+def _pad_case(case: int, **kw) -> float:
+    """The share of case `case`'s output bits of the pad capture that the model gives."""
+    meta, arrays = _load(PAD)
+    c = meta["cases"][case]
+    keep, qpk = c["keep_heads"], c["heads"] // c["heads_k"]
+    q, k, v = prefill_inputs(c)
+    res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], cu_seqlens(c["qlens"]),
+                      cu_seqlens(c["seqlens"]), scale=c["scale"], causal=c["causal"], num_splits=c["num_splits"],
+                      launch_heads=c["heads"], **kw)
+    return float(np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]))
+
+
+def test_the_padded_kernels_choices_matter(monkeypatch):
+    """One warpgroup's tile is FA3's choice for the call's head dim, not the kernel's: at d = 120 and 20 query rows
+    the 128 kernel's one-warpgroup tile gives other bits; the 192 / 192 kernel's 96-key blocks, not 192 / 128's
+    128."""
+    one_wg = prefill.use_one_mma_wg
+    monkeypatch.setattr(prefill, "use_one_mma_wg", lambda d, mq, qpk: one_wg(prefill.kernel_dims(d, d)[0], mq, qpk))
+    assert _pad_case(1) < 1
+    monkeypatch.setattr(prefill, "use_one_mma_wg", one_wg)
+    tiles = {k: prefill.PREFILL_TILES[(192, 128) + k[2:]] if k[:2] == (192, 192) else t
+             for k, t in prefill.PREFILL_TILES.items()}
+    monkeypatch.setattr(prefill, "PREFILL_TILES", tiles)
+    assert _pad_case(3) < 1

@@ -91,8 +91,12 @@ PROBES = {
     ("fa3-prefill", "a request of no key (k with rows)"): (lambda: fa3_prefill(*_prefill((64, 0))), None),
     ("fa3-prefill", "a k of no row"): (lambda: fa3_prefill(*_prefill((0, 0), rows=0)), None),
     ("fa3-prefill", "`num_splits` over 256"): (lambda: fa3_prefill(*_prefill(), num_splits=257), "num_splits"),
-    ("fa3-prefill", "head dims other than 64, 96, 128 and 256 (q, k and v alike) and 192 / 128 (q and k / v)"):
-        (lambda: fa3_prefill(*_prefill(d=80, dv=80)), "q"),
+    ("fa3-prefill", "head dims between the compiled ones: any multiple of 8 (16 for FP8) up to 256, v as wide as q, "
+                    "narrower at q <= 64, or 104 to 128 at q of 136 to 192"):
+        (lambda: (fa3_prefill(*_prefill(d=80, dv=80)), fa3_prefill(*_prefill(d=160, dv=112))), None),
+    ("fa3-prefill", "a v wider than q at q <= 64"): (lambda: fa3_prefill(*_prefill(d=64, dv=256)), "v"),
+    ("fa3-prefill", "a head dim not a multiple of 8 (16 for FP8) or over 256, another v than those"):
+        (lambda: fa3_prefill(*_prefill(d=100, dv=100)), "q"),
     ("fa3-prefill", "q, k, v in FP8 E4M3"):
         (lambda: fa3_prefill(*(x.astype(ml_dtypes.float8_e4m3fn) for x in _prefill()[:3]), *_prefill()[3:]), None),
     ("fa3-prefill", "q, k, v in FP8 E5M2"):

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms.deployed.fa3 import FA3_COMMIT
-from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, prefill_schedule
+from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, kernel_dims, prefill_schedule
 from ..experiments.inputs import make_inputs
 from ..resources import run_bytes
 from .files import CaptureError, input_crc
@@ -28,7 +28,7 @@ from .kernel import DeployedKernel, Stage, run_twice, stage
 
 __all__ = ["PREFILL_CASES", "FA3_PREFILL", "HEAD_DIMS", "prefill_inputs", "draw_heads"]
 
-#: q's head dims the case table takes (v: 128 with 192, else the same)
+#: the compiled head dims (q's) a recipe's ``head_dim`` runs on: any multiple of 8 up to 256 rounds up to one of them
 HEAD_DIMS = (64, 96, 128, 192, 256)
 _DS = 0.1352337788608801  # DeepSeek-V3's softmax scale: 192^-0.5 mscale^2 (YaRN)
 _K2 = 192 ** -0.5  # Kimi-K2's (no YaRN on its prefill scale)
@@ -62,9 +62,11 @@ def draw_heads(dist: str, tokens: int, heads: int, width: int, seed: int, fmt: s
                        fmt=fmt)[0][0]
 
 
-def _dv(d: int) -> int:
-    """v's head dim for q's: 128 for the MLA prefill's 192, else d."""
-    return 128 if d == 192 else d
+def _dims(case: dict) -> tuple[int, int]:
+    """A recipe's head dims (q's, v's): its ``head_dim`` (192, the MLA prefill's, unless given) and ``head_dim_v``
+    (128 for 192 unless given, else q's)."""
+    d = case.get("head_dim", 192)
+    return d, case.get("head_dim_v", 128 if d == 192 else d)
 
 
 def prefill_inputs(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -75,9 +77,9 @@ def prefill_inputs(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     fmt = "bf16" if case["format"] == "e4m3" else case["format"]  # E4M3: BF16 draws, cast on the device
     T, Tk = sum(case["qlens"]), max(1, sum(case["seqlens"]))
     rows = 0 if case.get("k_rows") == 0 else Tk  # a call whose k and v hold no row at all
-    d = case.get("head_dim", 192)
+    d, dv = _dims(case)
     got = (draw_heads(dist, T, H, d, seed, fmt), draw_heads(dist, Tk, Hk, d, seed + 1000, fmt)[:rows],
-           draw_heads(dist, Tk, Hk, _dv(d), seed + 2000, fmt)[:rows])
+           draw_heads(dist, Tk, Hk, dv, seed + 2000, fmt)[:rows])
     if "input_crc" in case and input_crc(*got) != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
     return got
@@ -109,9 +111,10 @@ class _Fa3Prefill(DeployedKernel):
         keep = check_int(case["keep_heads"], "keep_heads", lo=1, hi=H)
         if keep % (H // Hk):
             raise ValueError(f"keep_heads: whole groups of {H // Hk} heads, got {keep}")
-        if case.get("head_dim", 192) not in HEAD_DIMS:
-            raise ValueError(f"head_dim: one of {HEAD_DIMS} (192, the MLA prefill's, with v 128), got "
-                             f"{case['head_dim']!r}")
+        d, dv = _dims(case)
+        check_int(d, "head_dim", lo=1)
+        check_int(dv, "head_dim_v", lo=1)
+        kernel_dims(d, dv, 1 if case["format"] == "e4m3" else 2, "head_dim")
         if case["causal"] not in (True, False):
             raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
         if case.get("k_rows", 1) != 1 and (case["k_rows"] != 0 or max(case["seqlens"]) > 0):
@@ -127,13 +130,13 @@ class _Fa3Prefill(DeployedKernel):
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         T, H = sum(case["qlens"]), case["keep_heads"]
-        return {"out": ((T, H, _dv(case.get("head_dim", 192))), np.uint16, True), "lse": ((H, T), np.uint32, True),
+        return {"out": ((T, H, _dims(case)[1]), np.uint16, True), "lse": ((H, T), np.uint32, True),
                 "splits": ((case["batch"],), np.int32, False)}
 
     def _schedule(self, case: dict) -> tuple[int, list[int], bool]:
         ql, kl = case["qlens"], case["seqlens"]
-        d = case.get("head_dim", 192)
-        return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=d, dv=_dv(d),
+        d, dv = _dims(case)
+        return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=d, dv=dv,
                                 num_splits=case["num_splits"], causal=case["causal"] and max(ql) > 1,
                                 max_seqlen_q=max(ql), max_seqlen_k=max(kl),
                                 element_size=1 if case["format"] == "e4m3" else 2, build=case.get("build", "vllm"))
@@ -144,7 +147,8 @@ class _Fa3Prefill(DeployedKernel):
 
     def label(self, case: dict) -> str:
         kind = "causal" if case["causal"] else "context chunk"
-        dims = f" d={case['head_dim']}" if "head_dim" in case else ""
+        d, dv = _dims(case)
+        dims = "" if "head_dim" not in case else f" d={d}" if dv == d else f" d={d}/{dv}"
         return (f" {case['format']}{dims} {kind} h_k={case['heads_k']} qlens={case['qlens']} "
                 f"num_splits={case['num_splits']} (heads 0-{case['keep_heads'] - 1} kept)")
 

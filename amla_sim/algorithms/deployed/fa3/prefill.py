@@ -44,14 +44,15 @@ from ..scalars import softmax_scale
 from .mla import _check_launch, _combine, _split_lse, _Units
 from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits
 
-__all__ = ["fa3_prefill", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "PREFILL_BUILDS", "prefill_schedule",
+__all__ = ["fa3_prefill", "kernel_dims", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "PREFILL_BUILDS", "prefill_schedule",
            "prefill_tile", "use_one_mma_wg", "cu_seqlens"]
 
 #: ``tile_size_fwd_sm90`` (tile_size.h) in vLLM's fork, 617264c: (d, dv, element size in bytes, causal, one MMA
 #: warpgroup) -> (kBlockM, kBlockN). Head dims 192 / 128 (:47-48, 16-bit; :73-74, FP8 with the two-level
 #: accumulation); 128 / 128 (:42-46 and :56-62, every Llama- or Qwen-class model on Hopper), one warpgroup of 64 rows
 #: when the launch's longest query run times the heads a KV head is at most 64 (``use_one_mma_wg``); 64 / 64
-#: (:21-30, three MMA warpgroups of 192 rows), 96 / 96 (:36) and 256 / 256 (:50), with their FP8 tiles (:58, :67-74).
+#: (:21-30, three MMA warpgroups of 192 rows), 96 / 96 (:36), 192 / 192 (:47) and 256 / 256 (:50), with their FP8 tiles
+#: (:58, :67-74). A call's head dims run on the kernel :func:`kernel_dims` names, its columns past them read as zero.
 PREFILL_TILES = {
     (192, 128, 2, False, False): (128, 128), (192, 128, 2, True, False): (128, 128),
     (192, 128, 1, False, False): (128, 96), (192, 128, 1, True, False): (128, 96),
@@ -67,16 +68,42 @@ PREFILL_TILES = {
     (96, 96, 1, False, False): (128, 128), (96, 96, 1, True, False): (128, 128),
     (256, 256, 2, False, False): (128, 80), (256, 256, 2, True, False): (128, 80),
     (256, 256, 1, False, False): (128, 128), (256, 256, 1, True, False): (128, 128),
+    (192, 192, 2, False, False): (128, 96), (192, 192, 2, True, False): (128, 96),
+    (192, 192, 1, False, False): (128, 96), (192, 192, 1, True, False): (128, 96),
 }
 #: FP8 without the two-level accumulation (tile_size.h:85-86 under FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION;
 #: sgl-flash-attn cb303cf tile_size.h:64-65, which never had it): (d, dv) -> (kBlockM, kBlockN)
-ONE_LEVEL_FP8_TILES = {(192, 128): (128, 160)}
+ONE_LEVEL_FP8_TILES = {(192, 128): (128, 160), (192, 192): (128, 160)}
 #: the builds the model follows: vLLM's fork (its wheel's ``_vllm_fa3_C``) and SGLang's (sgl-flash-attn, compiled
 #: into ``sglang-kernel``); they differ in FP8 only: the fork accumulates FP8 ``P V`` in two levels
 PREFILL_BUILDS = ("vllm", "sglang")
 _FORMATS = ("bf16", "fp16", "e4m3")
 #: FP8's softmax: ``P = exp2(S c - (M c - 8))``, in [0, 256] (softmax.h:64-79, ``Max_offset`` 8)
 FP8_MAX_OFFSET = 8
+
+
+def kernel_dims(d: int, dv: int, element_size: int = 2, name: str = "q") -> tuple[int, int]:
+    """The compiled head dims that run a call of head dims `d` (q and k) and `dv` (v), as ``mha_fwd`` picks them
+    (flash_api.cpp:925-956, the dispatch of :319-353): each rounded up to 64, 96, 128, 192 or 256 (v to its own
+    step when it differs from d). A ValueError naming `name` (or ``v``) where upstream raises: a head dim that is not
+    a multiple of 8 (16 for FP8), over 256, or a v of another width than d outside d in (128, 192] with v in (96,
+    128] and d <= 64 with v <= 512."""
+    align = 16 if element_size == 1 else 8
+    for what, n in ((name, d), ("v", dv)):
+        if n < 1 or n % align:
+            raise ValueError(f"{what}: head_size should be a multiple of {align} (mha_fwd), got {n}")
+    if d > 256:
+        raise ValueError(f"{name}: FlashAttention forward only supports head dimension at most 256, got {d}")
+    if dv != d and not (128 < d <= 192 and 96 < dv <= 128 or d <= 64 and dv <= 512):
+        raise ValueError(f"v: head dim {dv} with q's {d}: FA3 takes another V head dim only for q in (128, 192] "
+                         f"and v in (96, 128], or q <= 64 and v <= 512")
+    steps = (64, 96, 128, 192, 256)
+    d_r = next(x for x in steps if d <= x)
+    if d_r == 64 and dv > 64:
+        return 64, 512 if dv > 256 else 256
+    if d_r == 192:
+        return 192, 128 if dv <= 128 else 192
+    return d_r, d_r
 
 
 def cu_seqlens(lens: list[int]) -> np.ndarray:
@@ -94,8 +121,9 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
     prepare kernel) and pack-GQA (on when split, or when the heads are grouped, or in vLLM's build when d = dv).
     build: whose tiles (FP8's differ)."""
     qpk = heads // heads_k
-    one_wg = use_one_mma_wg(d, max_seqlen_q, qpk)
-    block_m, block_n = prefill_tile(d, dv, element_size, build, causal=causal, one_wg=one_wg)
+    one_wg = use_one_mma_wg(d, max_seqlen_q, qpk)  # the call's d, not the kernel's
+    dk, dvk = kernel_dims(d, dv, element_size)
+    block_m, block_n = prefill_tile(dk, dvk, element_size, build, causal=causal, one_wg=one_wg)
     b = len(qlens)
     if num_splits > 0:
         bound = num_splits
@@ -105,8 +133,8 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
                                      max_seqlen_k * (d + dv) * element_size, causal)
     if b > MAX_SPLIT_BATCH:
         bound = 1
-    # get_pack_gqa: varlen with grouped heads packs; a split always does; vLLM's PACKGQA_ONLY when d = dv
-    pack = bound > 1 or qpk > 1 or (build == "vllm" and d == dv)
+    # get_pack_gqa: varlen with grouped heads packs; a split always does; vLLM's PACKGQA_ONLY on a square kernel
+    pack = bound > 1 or qpk > 1 or (build == "vllm" and dk == dvk)
     rows = qpk if pack else 1
     splits = varlen_splits([-(-(n * rows) // block_m) for n in qlens], [-(-n // block_n) for n in klens],
                            num_head=heads_k if pack else heads, bound=bound, num_sms=num_sms)
@@ -176,9 +204,10 @@ def fa3_prefill(
         raise TypeError(f"causal: expected True or False, got {causal!r}")
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
                   varlen_q=True, softcap=0.0, window_size=(-1, -1))
-    _check_build(build, d, dv)
     fmt = get_format(qa.dtype).name
     fp8 = fmt == "e4m3"
+    dk, dvk = kernel_dims(d, dv, 1 if fp8 else 2)
+    _check_build(build, dk, dvk)
     if fp8:
         mc.require(kernel="fa3-prefill (E4M3)", e4m3_products=True, suggest="sm90-cuda")
     descales = [_check_descale(x, name, (len(qlens), Hk)) if fp8 else None
@@ -199,14 +228,24 @@ def fa3_prefill(
         counts = _check_splits(splits, len(qlens))
         pack = pack or max(counts) > 1
     if not no_k:
-        tile = prefill_tile(d, dv, size, build, causal=bool(causal) and mq > 1, one_wg=use_one_mma_wg(d, mq, H // Hk))
-        _requests(u, (qa, ka, va), cq, ck, out, lse, causal=bool(causal), counts=counts, tile=tile,
+        tile = prefill_tile(dk, dvk, size, build, causal=bool(causal) and mq > 1, one_wg=use_one_mma_wg(d, mq, H // Hk))
+        qkv = [_padded(x, n) for x, n in ((qa, dk), (ka, dk), (va, dvk))]  # columns past the call's read as zero
+        wide = np.zeros((T, H, dvk), mc.dtype)
+        _requests(u, qkv, cq, ck, wide, lse, causal=bool(causal), counts=counts, tile=tile,
                   descales=descales if fp8 else None, two_level=build == "vllm")
+        out = wide[..., :dv]
     hazards = Counter()
     if np.isnan(out).any():
         hazards["nan_outputs"] += int(np.isnan(out).sum())
     tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
     return AttentionResult(mc.cast(out, out_fmt), lse, tr, hazards)
+
+
+def _padded(x: np.ndarray, n: int) -> np.ndarray:
+    """`x` (rows, heads, d) with zero columns up to n: what the kernel's loads of a head dim under its own read."""
+    if x.shape[-1] == n:
+        return x
+    return np.concatenate([x, np.zeros(x.shape[:-1] + (n - x.shape[-1],), x.dtype)], axis=-1)
 
 
 def _requests(u: _Units, qkv: tuple[np.ndarray, np.ndarray, np.ndarray], cq: np.ndarray, ck: np.ndarray,
@@ -419,12 +458,11 @@ def _check_inputs(q, k, v, cu_q, cu_k):
         raise ValueError(f"k, v: k (T_k, h_k, {qa.shape[2]}) and v (T_k, h_k, dv), got {ka.shape} and {va.shape}")
     if qa.shape[1] % ka.shape[1]:
         raise ValueError(f"k: its heads ({ka.shape[1]}) must divide q's ({qa.shape[1]})")
-    dims = (qa.shape[2], va.shape[2])
+    dims = kernel_dims(qa.shape[2], va.shape[2], 1 if get_format(qa.dtype).name == "e4m3" else 2)
     modelled = sorted({key[:2] for key in PREFILL_TILES})
-    if dims not in modelled:  # vLLM's build compiles head dims 64 to 256: computed there, not modelled here
-        name = "v" if qa.shape[2] in {d for d, _ in modelled} else "q"
-        raise ValueError(f"{name}: head dims {dims} (q's, v's) are not modelled (vLLM's FA3 computes them); the model "
-                         f"covers {', '.join(map(str, modelled))}, the MLA prefill's")
+    if dims not in modelled:  # FA3's kernels of a wider v at q <= 64 (64 / 256, 64 / 512): computed, not modelled
+        raise ValueError(f"v: head dims {(qa.shape[2], va.shape[2])} (q's, v's) run FA3's {dims} kernel, which is not "
+                         f"modelled; the model covers calls on {', '.join(map(str, modelled))}")
     cus = []
     for name, cu, total in (("cu_seqlens_q", cu_q, qa.shape[0]), ("cu_seqlens_k", cu_k, ka.shape[0])):
         c = np.asarray(cu)
