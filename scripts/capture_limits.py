@@ -13,9 +13,13 @@ log2 e is normal where a host derives it in double, and one whose product is not
 scale, FlashMLA's dense decode in vLLM's and SGLang's builds with negative subnormal scales over splits of odd and
 even block counts, and FlashInfer's MLA; OUTDIR/tiny_{kernel}.npz.
 
+With ``descales``: the descales and cache scales of the FP8 kernels (:data:`EDGE_FACTORS`: 0, negative, infinite,
+NaN, subnormal) and SGLang's ``v_scale``; OUTDIR/descale_{kernel}.npz.
+
 Run on a CUDA machine:  python scripts/capture_limits.py OUTDIR VLLM_ROOT VLLM_TRITON_FILE
                         [edges SGLANG_FILE ETAP_DIR | flashinfer FLASHINFER_CHECKOUT
-                         | tiny SGLANG_FILE ETAP_DIR SGL_FLASH_MLA_ROOT FLASHINFER_CHECKOUT]
+                         | tiny SGLANG_FILE ETAP_DIR SGL_FLASH_MLA_ROOT FLASHINFER_CHECKOUT
+                         | descales SGLANG_FILE FLASHINFER_CHECKOUT]
 
 VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so``, ``vllm/_flashmla_C.abi3.so`` and
 ``vllm/_flashmla_extension_C.abi3.so`` (vLLM 0.33.0's wheel, unpacked); VLLM_TRITON_FILE is vLLM 0.33.0's
@@ -137,6 +141,36 @@ TINY = {
 }
 
 
+#: descales and cache scales no kernel checks: 0, negative, infinite, NaN and subnormal, one scale at a time (the
+#: query's and the cache's with vLLM's quantizers, which read them too)
+EDGE_FACTORS = (0.0, -0.05, float("inf"), float("nan"), 1e-40)
+
+
+#: FlashInfer's wrapper refuses a cache scale that is not finite and positive as a double: the edges it takes are a
+#: subnormal one, one below FP32 (0 as the kernel's float), one above it (an infinity there), and 2^-120 and 2^-100,
+#: normal, whose products with the cache's values reach FP32's subnormal range
+FI_FACTORS = (1e-40, 1e-300, 1e39, 2.0 ** -120, 2.0 ** -100)
+
+
+def _factors(kernel: str, key: str, seed: int, factors=EDGE_FACTORS, **base) -> list[dict]:
+    return [{**KERNELS[kernel].scale_template(), "scale": _DS, **base, "seed": seed + j, key: f}
+            for j, f in enumerate(factors)]
+
+
+#: kernel -> (build, source key, cases) of the descales run
+DESCALES = {
+    "flashmla-dense-fp8": ("vllm", "vllm", _factors("flashmla-dense-fp8", "q_scale", 1300)
+                           + _factors("flashmla-dense-fp8", "k_scale", 1310)),
+    "vllm-triton-mla": ("upstream", "triton", _factors("vllm-triton-mla", "k_scale", 1320)),
+    "sglang-triton": ("upstream", "sglang", _factors("sglang-triton", "v_scale", 1330)),
+    "flashinfer-mla": ("upstream", "flashinfer",
+                       _factors("flashinfer-mla", "ckv_scale", 1340, FI_FACTORS, kv_format="e4m3", kpe_scale=1.0)
+                       + _factors("flashinfer-mla", "kpe_scale", 1350, FI_FACTORS, kv_format="e4m3", ckv_scale=1.0)),
+    "flashinfer-mla-sparse": ("upstream", "flashinfer",
+                              _factors("flashinfer-mla-sparse", "k_scale", 1360, FI_FACTORS)),
+}
+
+
 def _fi(b, sq, H, lens, seed, scale=_192):
     return {"batch": b, "sq": sq, "heads": H, "seqlens": list(lens), "kv_format": "bf16", "dist": "normal:1",
             "seed": seed, "scale": scale, "page_size": 1, "causal": sq > 1, "keep": b}
@@ -157,16 +191,18 @@ def main() -> None:
         sources.update(sglang=sys.argv[5], etap=sys.argv[6])
     if mode == "tiny":
         sources.update({"sgl-flash-mla": sys.argv[7], "flashinfer": sys.argv[8]})
+    if mode == "descales":
+        sources.update(sglang=sys.argv[5], flashinfer=sys.argv[6])
     if mode == "flashinfer":
         sources.update(flashinfer=sys.argv[5])
     os.makedirs(out, exist_ok=True)
     failed = []
-    table = {"edges": EDGES, "flashinfer": FLASHINFER, "tiny": TINY, "limits": CASES}[mode]
+    table = {"edges": EDGES, "flashinfer": FLASHINFER, "tiny": TINY, "descales": DESCALES, "limits": CASES}[mode]
     for name, (build, source, cases) in table.items():
         kernel = name.removesuffix("-empty").removesuffix("-sglang")
         t0 = time.time()
         try:
-            prefix = "limits" if mode == "limits" else "tiny" if mode == "tiny" else "edges"
+            prefix = {"limits": "limits", "tiny": "tiny", "descales": "descale"}.get(mode, "edges")
             capture(kernel, os.path.join(out, f"{prefix}_{name.replace('-', '_')}.npz"),
                     source=sources[source], build=build if KERNELS[kernel].builds or build == "upstream" else
                     "upstream", cases=cases)

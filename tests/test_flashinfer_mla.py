@@ -287,6 +287,7 @@ def test_padded_rows_move_the_cluster_size_only():
     cluster size's mean and nowhere else."""
     p = flashinfer_mla_plan([300], heads=128, q_lens=1, empty_requests=10**12)
     assert p.cluster_size == 1 and flashinfer_mla_plan([300], heads=128, q_lens=1).cluster_size == 2
+    flashinfer_mla(_BF16_Q, _BF16_KV)  # the machine's tables loaded once, before the measure (run alone, too)
     assert _peak_bytes(lambda: flashinfer_mla(_BF16_Q, _BF16_KV, pad_rows=10**12)) < 8 << 20
     check = scheduler.check_num_sms
     assert check(389936, 1) == 389936 and check(132, 2) == 66
@@ -415,9 +416,12 @@ def test_bad_input_names_the_argument(kwargs, name):
     ({"ckv_scale": 0.5, "kpe_scale": 0.5, "ckv_scale_arr": np.ones((1, 64, 4), np.float32)}, "ckv_scale"),
     ({"kpe_scale": 0.5, "ckv_scale_arr": np.ones((1, 64, 2), np.float32)}, "ckv_scale_arr"),
     ({"kpe_scale": 0.5, "ckv_scale_arr": np.ones((1, 64, 4))}, "ckv_scale_arr"),
-    ({"ckv_scale": 0.0, "kpe_scale": 0.5}, "ckv_scale"), ({"ckv_scale": 0.5, "kpe_scale": np.inf}, "kpe_scale"),
-    *(({"kpe_scale": 0.5, "ckv_scale_arr": np.full((1, 64, 4), v, np.float32)}, "ckv_scale_arr: expected positive")
-      for v in (0.0, -0.5, 1e-40, np.nan)),  # the array refuses what the scalar does
+    ({"ckv_scale": 0.0, "kpe_scale": 0.5}, "ckv_scale: must be a finite positive value"),
+    ({"ckv_scale": 0.5, "kpe_scale": np.inf}, "kpe_scale: must be a finite positive value"),
+    ({"ckv_scale": -1e-300, "kpe_scale": 0.5}, "ckv_scale: must be a finite positive value"),
+    ({"ckv_scale": 1e-40, "kpe_scale": 0.5}, "ckv_scale: a latent scale of 1e-40, under 2\\^-100, is not modelled"),
+    ({"kpe_scale": 0.5, "ckv_scale_arr": np.full((1, 64, 4), 2.0 ** -110, np.float32)},
+     "ckv_scale_arr: a latent scale"),  # the wrapper takes the array as it is, the model not under 2^-100
 ])
 def test_fp8_scales_are_checked(kwargs, name):
     q, kv = make_inputs("normal:1", heads=16, context=64)

@@ -20,7 +20,7 @@ from amla_sim.algorithms.deployed.flashinfer.scheduler import flashinfer_mla_pla
 from amla_sim.algorithms.deployed.flashmla.fp8_cache import quantize_kv_cache
 from amla_sim.algorithms.deployed.vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
 from amla_sim.crosscheck.deployed import replay_deployed
-from amla_sim.crosscheck.files import read_capture
+from amla_sim.crosscheck.files import CaptureError, read_capture
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.units import FMAUnit
 
@@ -65,6 +65,11 @@ def _prefill(klens=(64, 0), d=192, dv=128, rows=None, fmt="bf16"):
     k = make_inputs("normal:1", heads=4, sq=max(n, 1), context=1, d_k=d, d_v=min(d, dv), seed=3, fmt=fmt)[0][0][:n]
     v = make_inputs("normal:1", heads=4, sq=max(n, 1), context=1, d_k=dv, d_v=dv, seed=4, fmt=fmt)[0][0][:n]
     return q, k, v, np.cumsum([0, *ql]), np.cumsum([0, *klens])
+
+
+def _fi8():
+    q, kv = _inputs(sq=1)
+    return q, kv.astype(ml_dtypes.float8_e4m3fn)
 
 
 def _every_computes(scale: float) -> None:
@@ -135,8 +140,18 @@ PROBES = {
     ("sglang-triton", "one query head"): (lambda: splitkv_decode(*_inputs(sq=1, heads=1)), None),
     ("sglang-triton", "a request of no key"): (lambda: splitkv_decode(*_inputs(sq=1), seqlens=[0, 64]), None),
     ("sglang-triton", "`logit_cap` of 0 or below"): (lambda: splitkv_decode(*_inputs(sq=1), logit_cap=-1.0), None),
-    ("every FP8 kernel", "a descale or `k_scale` of 0, below 0 or not finite"):
-        (lambda: flashmla_dense_fp8(*_fp8(), descale_q=0.0), "descale_q"),
+    ("flashmla-dense-fp8, vllm-triton-mla, sglang-triton",
+     "a descale, cache scale or `v_scale` of 0, below 0, subnormal, infinite or NaN"):
+        (lambda: [(flashmla_dense_fp8(*_fp8(), descale_q=f), vllm_triton_mla(*_inputs(), k_scale=f),
+                   splitkv_decode(*_inputs(sq=1), v_scale=f)) for f in (0.0, -0.05, 1e-40, np.inf, np.nan)], None),
+    ("flashinfer-mla, flashinfer-mla-sparse", "a cache scale that is not finite and positive (as a double)"):
+        (lambda: flashinfer_mla(*_fi8(), ckv_scale=-1.0, kpe_scale=1.0), "ckv_scale"),
+    ("flashinfer-mla, flashinfer-mla-sparse", "a latent cache scale under 2^-100 that is not 0 as a float"):
+        (lambda: flashinfer_mla(*_fi8(), ckv_scale=2.0 ** -110, kpe_scale=1.0), "ckv_scale"),
+    ("fa3-prefill", "an FP8 descale of 0, below 0 or not finite"):
+        (lambda: fa3_prefill(*(x.astype(ml_dtypes.float8_e4m3fn) for x in _prefill()[:3]), *_prefill()[3:],
+                             q_descale=np.zeros((2, 4), np.float32), k_descale=np.full((2, 4), np.nan, np.float32)),
+         None),
 }
 
 
@@ -173,7 +188,8 @@ EDGES = {"edges_fa3_mla_h200.npz": 6, "edges_fa3_mla_sparse_h200.npz": 6, "edges
          "tiny_fa3_mla_h200.npz": 6, "tiny_fa3_mla_sparse_h200.npz": 6, "tiny_fa3_prefill_h200.npz": 6,
          "tiny_flashinfer_mla_h200.npz": 6, "tiny_flashmla_dense_fp8_h200.npz": 6, "tiny_flashmla_etap_h200.npz": 6,
          "tiny_flashmla_h200.npz": 10, "tiny_flashmla_sglang_h200.npz": 10, "tiny_vllm_triton_mla_h200.npz": 6,
-         "tiny_sglang_triton_h200.npz": 6}
+         "tiny_sglang_triton_h200.npz": 6, "descale_flashmla_dense_fp8_h200.npz": 10,
+         "descale_vllm_triton_mla_h200.npz": 5, "descale_sglang_triton_h200.npz": 5}
 
 
 @pytest.mark.parametrize("name", sorted(EDGES))
@@ -264,3 +280,35 @@ def test_flashmla_s_block_of_nothing_moves_the_max_at_a_negative_scale(name, cas
     for i in cases:
         zero = {**meta, "cases": [dict(c, scale=-0.0) if j == i else c for j, c in enumerate(meta["cases"])]}
         assert not replay_deployed(name, zero, arrays, cases=[i]).bit_exact, i
+
+
+@pytest.mark.parametrize("name", ["descale_flashmla_dense_fp8_h200.npz", "descale_vllm_triton_mla_h200.npz"])
+def test_vllms_quantizers_at_the_scale_edges_give_the_devices_bytes(name):
+    """The query's and the cache's bytes vLLM's quantizers wrote on the device with scales of 0, -0.05, an
+    infinity, NaN and 1e-40 are the model's (the recipe's CRC is of the device's bytes; the replay rebuilds them)."""
+    meta, arrays = read_capture(DATA / name, what=name)
+    assert all(c["quant_identical"] for c in meta["cases"])
+    assert {str(c.get("q_scale", 1.0)) for c in meta["cases"]} | {str(c["k_scale"]) for c in meta["cases"]} >= {
+        "0.0", "-0.05", "inf", "nan", "1e-40"}
+
+
+@pytest.mark.parametrize("name, refused", [("descale_flashinfer_mla_h200.npz", (0, 3)),
+                                           ("descale_flashinfer_mla_sparse_h200.npz", (0, 3))])
+def test_flashinfers_cache_scales_replay_or_are_refused(name, refused):
+    """FlashInfer's cache scales at the edges its wrapper takes: 1e-300 (0 as a float), 1e39 (an infinity as a
+    float) and 2^-100 replay in every bit; 1e-40 and 2^-120, whose subnormal partial outputs its fast-math arithmetic
+    flushes, are refused by name, and the model's unflushed bits are not the device's."""
+    meta, arrays = read_capture(DATA / name, what=name)
+    taken = [i for i in range(len(meta["cases"])) if i not in refused]
+    report = replay_deployed(name, meta, arrays, cases=taken)
+    assert report.bit_exact, report.format()
+    for i in refused:
+        with pytest.raises(CaptureError, match=f"case {i}: (ckv|k)_scale: a latent scale"):
+            replay_deployed(name, meta, arrays, cases=[i])
+        monkey = {**meta, "cases": [dict(c) for c in meta["cases"]]}
+        flashinfer = importlib.import_module("amla_sim.algorithms.deployed.flashinfer.mla")
+        tiny, flashinfer._TINY_CKV = flashinfer._TINY_CKV, np.float32(0)
+        try:
+            assert not replay_deployed(name, monkey, arrays, cases=[i]).bit_exact
+        finally:
+            flashinfer._TINY_CKV = tiny

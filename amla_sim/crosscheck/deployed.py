@@ -23,7 +23,7 @@ from .._validate import check_int
 from ..comparison import ComparisonReport, compare
 from .fa3 import FA3_MLA, FA3_MLA_SPARSE, SGL_FA3_MLA, SGL_FA3_MLA_SPARSE
 from .fa3_prefill import FA3_PREFILL
-from .files import CaptureError, split_cases
+from .files import CaptureError, decode_recipe, encode_recipe, split_cases
 from .flashinfer import FLASHINFER_MLA, FLASHINFER_MLA_SPARSE
 from .flashmla import FLASHMLA, FLASHMLA_ETAP, FLASHMLA_SPARSE_FP8, FLASHMLA_SPARSE_PREFILL
 from .kernel import DeployedKernel, check_recipe
@@ -68,6 +68,8 @@ def replay_deployed(path: str | Path, meta: dict, arrays: dict[str, np.ndarray],
     Before any work, every case's recipe and every array of the capture are checked: an array that belongs to no
     case of the meta, or that is no array of its case, is refused by name; so is a capture of no case."""
     spec = kernel_of(meta, path)
+    if isinstance(meta.get("cases"), list):
+        meta = {**meta, "cases": [decode_recipe(c) for c in meta["cases"]]}
     by_case = split_cases(path, meta, arrays)
     held = {}
     for i, case in enumerate(meta["cases"]):
@@ -226,5 +228,6 @@ def capture(kernel: str, path: str | Path, *, source: str | None = None, seed: i
         arrays.update({f"c{i}_{k}": v for k, v in got.items()})
         recipes.append(recipe)
     meta = {"kernel": spec.name, spec.version_key: spec.version, **spec.launch,
-            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": recipes}
+            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cases": [encode_recipe(r) for r in recipes]}
     atomic_savez(path, meta=np.array(json.dumps(meta)), **arrays)

@@ -5,9 +5,11 @@ size, a JSON object for ``meta``). Inputs are mostly not stored: a capture names
 and their CRC (:func:`input_crc`), or a shared inputs file and its SHA-256 (:func:`inputs_digest`), so that a
 replay proves it rebuilt the very inputs the device saw.
 
-A capture of cases holds, per case ``i`` of ``meta["cases"]``, the arrays ``c{i}_{name}``; :func:`split_cases`
-and :func:`case_arrays` hand them out by case and refuse, by name, every array that belongs to no case, so that
-nothing a file holds is left out of a replay unsaid.
+A recipe's scalars are JSON numbers; a scale that is not finite (a descale of NaN or an infinity, which the kernels
+take) is written as the string ``"inf"``, ``"-inf"`` or ``"nan"`` (:func:`encode_recipe`, :func:`decode_recipe`), so
+the meta stays standard JSON. A capture of cases holds, per case ``i`` of ``meta["cases"]``, the arrays
+``c{i}_{name}``; :func:`split_cases` and :func:`case_arrays` hand them out by case and refuse, by name, every array
+that belongs to no case, so that nothing a file holds is left out of a replay unsaid.
 """
 
 from __future__ import annotations
@@ -26,7 +28,27 @@ import numpy.typing as npt
 from .._validate import DataError
 
 __all__ = ["CaptureError", "MAX_CAPTURE_BYTES", "read_capture", "split_cases", "case_arrays", "input_crc",
-           "inputs_digest"]
+           "inputs_digest", "encode_recipe", "decode_recipe"]
+
+#: a recipe's non-finite scalars as the meta writes them
+_NONFINITE = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
+
+
+def encode_recipe(recipe: dict) -> dict:
+    """`recipe` with each non-finite float value written as ``"inf"``, ``"-inf"`` or ``"nan"``."""
+    def enc(v: object) -> object:
+        if isinstance(v, float) and not np.isfinite(v):
+            return "nan" if v != v else "inf" if v > 0 else "-inf"
+        return v
+    return {k: enc(v) for k, v in recipe.items()}
+
+
+def decode_recipe(recipe: object) -> object:
+    """A recipe as :func:`encode_recipe` wrote it, its ``"inf"``, ``"-inf"`` and ``"nan"`` values floats again (anything
+    that is not a dict is returned as it is, for the format checks to refuse)."""
+    if not isinstance(recipe, dict):
+        return recipe
+    return {k: _NONFINITE[v] if isinstance(v, str) and v in _NONFINITE else v for k, v in recipe.items()}
 
 
 class CaptureError(DataError):

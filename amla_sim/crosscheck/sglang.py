@@ -13,6 +13,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms._common import D_V
+from ..algorithms.deployed.scalars import api_float
 from ..algorithms.deployed.sglang.decode import SGLANG_VERSION, splitkv_decode
 from ..experiments.inputs import make_inputs
 from .files import input_crc
@@ -47,6 +48,8 @@ class _SGLangDecode(DeployedKernel):
     def check(self, case: dict) -> None:
         splits = [check_int(n, "num_kv_splits", lo=1) for n in case["num_kv_splits"]]
         check_int(case["max_kv_splits"], "max_kv_splits", lo=max(splits, default=1))
+        if "v_scale" in case:
+            api_float(case["v_scale"], "v_scale")
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         b, H, top = case["batch"], case["heads"], case["max_kv_splits"]
@@ -59,7 +62,8 @@ class _SGLangDecode(DeployedKernel):
     def stages(self, case: dict, i: int, arrays: dict[str, np.ndarray]) -> list[Stage]:
         q, kv = case_inputs(case)
         res = splitkv_decode(q, kv, seqlens=np.array(case["seqlens"]), num_kv_splits=np.array(case["num_kv_splits"]),
-                             max_kv_splits=case["max_kv_splits"], scale=case.get("scale"))
+                             max_kv_splits=case["max_kv_splits"], scale=case.get("scale"),
+                             v_scale=case.get("v_scale", 1.0))
         stages = []
         if f"c{i}_mid" in arrays:
             stages.append(stage("mid", arrays[f"c{i}_mid"], res.mid, np.float32))
@@ -79,7 +83,8 @@ class _SGLangDecode(DeployedKernel):
         q, kv = make_inputs(recipe["dist"], batch=b, heads=H, context=max(lens), seed=recipe["seed"])
         scale = 576**-0.5 if recipe["scale"] is None else recipe["scale"]
         got = run_sglang(kernel, np.ascontiguousarray(q[:, 0]).view(np.uint16), kv.view(np.uint16), list(lens),
-                         np.array(recipe["num_kv_splits"]), recipe["max_kv_splits"], scale)
+                         np.array(recipe["num_kv_splits"]), recipe["max_kv_splits"], scale,
+                         recipe.get("v_scale", 1.0))
         keep = ("o", "lse", "mid") if i < MID_CASES else ("o", "lse")
         return {k: got[k] for k in keep}, {**recipe, "input_crc": input_crc(q, kv)}
 

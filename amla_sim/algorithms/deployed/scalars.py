@@ -3,11 +3,11 @@
 Every kernel modelled here takes its softmax scale, descales and cache scales as a C++ ``float`` (FlashMLA's
 ``const float softmax_scale``, FA3's ``float const softmax_scale``) or as a Python float that Triton passes as
 ``fp32``: the value the kernel sees is the caller's number rounded to FP32 once, on every machine (the rounding is
-the interface's, not the arithmetic's). :func:`api_float` is that rounding, and the one place a scalar is refused:
-a descale or cache scale that does not round to a positive normal FP32 number never reaches a kernel model. A
-softmax scale is taken as the kernels take it (:func:`api_scale`): any finite number, 0, negative and subnormal
-ones included (no kernel checks them; what each computes with them is its arithmetic, captured: a fast-math build's
-instructions read a subnormal constant as 0, wherever the constant is formed, on the host or on the device).
+the interface's, not the arithmetic's). :func:`api_float` is that rounding: a descale or cache scale is taken
+whatever its value, 0, negative, subnormal, infinite or NaN (no kernel checks them; what each computes with them is
+its arithmetic, captured). A softmax scale is taken as the kernels take it (:func:`api_scale`): any finite number,
+0, negative and subnormal ones included (a fast-math build's instructions read a subnormal constant as 0, wherever
+the constant is formed, on the host or on the device); NaN and infinities are refused.
 
 The kernels then derive their constants in two ways, both kept here so no model derives one by hand:
 
@@ -32,7 +32,6 @@ from .._common import DEFAULT_SCALE
 
 __all__ = ["api_float", "api_scale", "softmax_scale", "scale_log2", "scale_log2_f32"]
 
-_FP32_TINY = float(np.finfo(np.float32).tiny)
 #: log2 e: ``M_LOG2E`` in double, and ``LOG_2_E = 1.44269504f`` (FlashMLA's ``csrc/api/common.h``) or
 #: ``CUDART_L2E_F`` as ``mc.f`` rounds it on FP32 machines (the same float, 0x3FB8AA3B); exact on ``golden``.
 _LOG2E = math.log2(math.e)
@@ -50,18 +49,13 @@ def _real(x: object, name: str, want: str) -> float:
 
 
 def api_float(x: object, name: str) -> np.float32:
-    """`x` as a kernel's ``float`` parameter holds it: rounded to FP32 once. A ValueError names `name` unless `x`
-    is a real number whose FP32 value is positive, finite and normal (a subnormal scale would be flushed by the
-    kernels' ``-ftz`` arithmetic; an overflow or underflow in the conversion changes the softmax altogether)."""
-    v = _real(x, name, "a positive finite float32 number")
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}: expected a positive finite float32 number, got {x!r}")
+    """`x` as a kernel's ``float`` parameter (or one-element FP32 tensor) holds it: rounded to FP32 once, whatever it
+    is: 0, negative, subnormal, infinite or NaN (a number beyond FP32 becomes an infinity, one below it a zero). No
+    kernel checks its descales and cache scales; what each computes with them is its arithmetic, captured. A
+    ValueError names `name` for what is no real number (a bool, a string...)."""
+    v = _real(x, name, "a float32 number")
     with np.errstate(over="ignore", under="ignore"):
-        f = np.float32(v)
-    if not np.isfinite(f) or f < _FP32_TINY:
-        raise ValueError(f"{name}: {x!r} is outside float32's normal range ({_FP32_TINY:.3g} to "
-                         f"{float(np.finfo(np.float32).max):.3g}); the kernel takes a float")
-    return f
+        return np.float32(v)
 
 
 def api_scale(x: object, name: str = "scale") -> np.float32:
@@ -77,15 +71,13 @@ def api_scale(x: object, name: str = "scale") -> np.float32:
     return f
 
 
-def softmax_scale(scale: float | None, default: float = DEFAULT_SCALE, *, double: bool = False,
-                  positive: bool = False) -> np.float32 | np.float64:
+def softmax_scale(scale: float | None, default: float = DEFAULT_SCALE, *,
+                  double: bool = False) -> np.float32 | np.float64:
     """The API's ``float softmax_scale`` (None: `default`, 576^-0.5 unless the kernel's interface says
-    otherwise), taken as :func:`api_scale` takes it (`positive`: as :func:`api_float`, a positive normal number
-    only, for a kernel whose other scales are not captured). double: the API takes a ``double`` (a torch op's
-    ``float``, as vLLM's and SGLang's FlashMLA ops do): the caller's number itself, as float64, checked as a float
-    would be."""
+    otherwise), taken as :func:`api_scale` takes it. double: the API takes a ``double`` (a torch op's ``float``, as
+    vLLM's and SGLang's FlashMLA ops do): the caller's number itself, as float64, checked as a float would be."""
     value = default if scale is None else scale
-    f = api_float(value, "scale") if positive else api_scale(value, "scale")
+    f = api_scale(value, "scale")
     return np.float64(value) if double else f
 
 

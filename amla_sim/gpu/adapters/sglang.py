@@ -61,7 +61,7 @@ def load_sglang(path: str | Path | None = None):
 
 
 def run_sglang(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, num_kv_splits, max_kv_splits: int,
-               scale: float) -> dict[str, np.ndarray]:
+               scale: float, v_scale: float = 1.0) -> dict[str, np.ndarray]:
     """``decode_attention_fwd`` on (b, H, 576) BF16 queries and a (b, S_max, 576) cache of which request i uses
     its first seqlens[i] rows: the output (uint16 bits), stage 1's partial outputs and LSEs (uint32 bits)."""
     import torch
@@ -76,7 +76,7 @@ def run_sglang(mod, q_bits: np.ndarray, kv_bits: np.ndarray, seqlens, num_kv_spl
     lse = torch.full((b, H, max_kv_splits), float("nan"), dtype=torch.float32, device="cuda")
     splits = torch.tensor(np.broadcast_to(num_kv_splits, (b,)), dtype=torch.int32, device="cuda")
     mod.decode_attention_fwd(bits16(torch, q_bits), kbuf, kbuf[..., :512], o, indptr, indices, mid, lse, splits,
-                             max_kv_splits, scale, 1.0, 1.0, has_mla=True)
+                             max_kv_splits, scale, 1.0, v_scale, has_mla=True)
     torch.cuda.synchronize()
     return {"o": o.view(torch.int16).cpu().numpy().view(np.uint16), "lse": lse.cpu().numpy().view(np.uint32),
             "mid": mid.cpu().numpy().view(np.uint32)}

@@ -42,6 +42,7 @@ device (``plan_seqlens``).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -218,12 +219,40 @@ def _kv_scales(kv_fmt: str, shape: tuple[int, ...], ckv_scale: object, kpe_scale
         want = (shape[0], shape[1], D_V // 128)
         if arr.dtype != np.float32 or arr.shape != want:
             raise ValueError(f"ckv_scale_arr: expected float32 of shape {want}, got {arr.dtype} {arr.shape}")
-        bad = ~(np.isfinite(arr) & (arr >= np.finfo(np.float32).tiny))  # as ckv_scale: positive, finite, normal
-        if bad.any():
-            raise ValueError(f"ckv_scale_arr: expected positive finite normal scales (as ckv_scale), got "
-                             f"{arr[bad].flat[0]!r} at {tuple(int(i) for i in np.argwhere(bad)[0])}")
-    ckv = np.float32(1) if ckv_scale is None else api_float(ckv_scale, "ckv_scale")
-    return ckv, api_float(kpe_scale, "kpe_scale"), arr
+    ckv = np.float32(1) if ckv_scale is None else _finite_positive(ckv_scale, "ckv_scale")
+    _modelled_latent(ckv, "ckv_scale")
+    if arr is not None:
+        _modelled_latent(arr, "ckv_scale_arr")
+    return ckv, _finite_positive(kpe_scale, "kpe_scale"), arr
+
+
+def _modelled_latent(values: npt.ArrayLike, name: str) -> None:
+    """A ValueError naming `name` for a latent scale under 2^-100 (but 0): not modelled (:data:`_TINY_CKV`)."""
+    v = np.abs(np.asarray(values, np.float32))
+    tiny = (v > 0) & (v < _TINY_CKV)
+    if tiny.any():
+        raise ValueError(f"{name}: a latent scale of {float(v[tiny].flat[0]):.3g}, under 2^-100, is not modelled (the "
+                         "kernel computes it; its fast-math arithmetic flushes the subnormal partial outputs such a "
+                         "cache makes, which the model keeps)")
+
+
+#: The smallest latent scale modelled: under it V's values, and the outputs, near FP32's subnormal range, which the
+#: kernel's FTZ arithmetic flushes along the way (captured: 1e-40 and 2^-120 give other bits, 2^-100 the model's)
+_TINY_CKV = np.float32(2.0 ** -100)
+
+
+def _finite_positive(x: object, name: str) -> np.float32:
+    """A cache scale as the wrapper takes it: refused unless ``float(x)`` is finite and positive (``_fa_common.py``
+    ``run_from_wrapper``: "must be a finite positive value"; checked on the double, so 1e39 passes and is an
+    infinity as the kernel's float), then rounded to FP32 (:func:`.scalars.api_float`)."""
+    f = api_float(x, name)  # a real number, or a ValueError naming `name`
+    try:
+        v = float(x)
+    except OverflowError:
+        v = math.inf
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name}: must be a finite positive value (FlashInfer's wrapper refuses it), got {x!r}")
+    return f
 
 
 def _keys(u: _Units, kv: np.ndarray, scales: tuple | None, i: int) -> np.ndarray:
@@ -237,19 +266,20 @@ def _keys(u: _Units, kv: np.ndarray, scales: tuple | None, i: int) -> np.ndarray
 def _dequant(mc: Machine, kv: np.ndarray, ckv_scale: np.float32, kpe_scale: np.float32,
              arr: np.ndarray | None) -> np.ndarray:
     """``repack_fp8_kv_to_bf16`` (mla_hopper.cuh:352-439): E4M3 to BF16 exactly (``fast_dequant_f8f16x4``), then
-    ``__hmul2`` by the scale rounded to BF16, one rounding; with the per-token array, an FP32 product rounded to
-    BF16."""
+    ``__hmul2`` by the scale rounded to BF16, one rounding (BF16 arithmetic keeps subnormals); with the per-token
+    array, an FP32 product (fast math's ``FMUL.FTZ``: a subnormal operand or product is a zero) rounded to BF16."""
     x = mc.f(kv)
+
+    def hmul(part: np.ndarray, scale: np.float32) -> np.ndarray:
+        return mc.cast(part * mc.cast(mc.f(scale), "bf16"), "bf16")
+
+    def fmul(part: np.ndarray) -> np.ndarray:
+        return mc.cast(mc.ftz(mc.f(part * mc.ftz(mc.f(np.repeat(arr, 128, axis=1))))), "bf16")
+
+    nope = hmul(x[:, :D_V], ckv_scale) if arr is None else fmul(x[:, :D_V])
     if x.shape[1] == D_V:  # head_dim_kpe 0: the latent only (repack_fp8_kv_to_bf16's KPE part compiled out, :414)
-        if arr is None:
-            return mc.cast(x * mc.cast(mc.f(ckv_scale), "bf16"), "bf16")
-        return mc.cast(mc.f(x * mc.f(np.repeat(arr, 128, axis=1))), "bf16")
-    if arr is None:
-        nope = mc.cast(x[:, :D_V] * mc.cast(mc.f(ckv_scale), "bf16"), "bf16")
-    else:
-        nope = mc.cast(mc.f(x[:, :D_V] * mc.f(np.repeat(arr, 128, axis=1))), "bf16")
-    pe = mc.cast(x[:, D_V:] * mc.cast(mc.f(kpe_scale), "bf16"), "bf16")
-    return np.concatenate([nope, pe], axis=1)
+        return nope
+    return np.concatenate([nope, hmul(x[:, D_V:], kpe_scale)], axis=1)
 
 
 def _tile(u: _Units, plan: FlashInferPlan, tile: TileWork, Q: np.ndarray, K: np.ndarray, seqlen: int, s_q: int,

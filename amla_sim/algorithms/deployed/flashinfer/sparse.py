@@ -23,9 +23,8 @@ from ...._validate import check_int
 from ....formats import get_format
 from ....machines import Machine
 from ..._common import D_V, AttentionResult, _check_storage
-from ..scalars import api_float
 from ..topk import sparse_rows
-from .mla import flashinfer_mla
+from .mla import _finite_positive, _modelled_latent, flashinfer_mla
 
 __all__ = ["flashinfer_mla_sparse", "packed_topk"]
 
@@ -82,7 +81,7 @@ def flashinfer_mla_sparse(
     if k_scale is not None and not e4m3:
         raise ValueError("k_scale: only an E4M3 cache takes a scale (kv_cache is BF16)")
     if k_scale is not None:
-        api_float(k_scale, "k_scale")  # named here: the kernel's own check would name its ckv_scale
+        _modelled_latent(_finite_positive(k_scale, "k_scale"), "k_scale")  # named here, not as ckv_scale
     packed, lens = packed_topk(idx.astype(np.int64))
     keys = sparse_rows(kva, packed, lens)
     scales = {"ckv_scale": 1.0 if k_scale is None else k_scale, "kpe_scale": 1.0} if e4m3 else {}

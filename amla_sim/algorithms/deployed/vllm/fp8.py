@@ -42,10 +42,9 @@ def quantize_query_fp8(q: npt.ArrayLike, q_scale: float = 1.0) -> np.ndarray:
     """The query as vLLM quantizes it for an FP8 attention kernel (``QuantFP8``, static per-tensor): ``x *
     reciprocal(q_scale)`` in FP32, clamped to +-448, rounded to E4M3."""
     s = api_float(q_scale, "q_scale")
-    inv = np.float32(np.float64(1.0) / np.float64(s))  # one rounding of the exact quotient
-    x = _float32(q, "q")
-    with np.errstate(all="ignore"):
-        return cvt_e4m3_satfinite(x * inv)
+    with np.errstate(all="ignore"):  # 1 / 0 is an infinity, as the GPU's reciprocal gives
+        inv = np.float32(np.float64(1.0) / np.float64(s))  # one rounding of the exact quotient
+        return cvt_e4m3_satfinite(_float32(q, "q") * inv)
 
 
 def quantize_cache_fp8(kv: npt.ArrayLike, k_scale: float = 1.0) -> np.ndarray:
