@@ -229,14 +229,9 @@ def fa3_prefill(
         pack = pack or max(counts) > 1
     if not no_k:
         tile = prefill_tile(dk, dvk, size, build, causal=bool(causal) and mq > 1, one_wg=use_one_mma_wg(d, mq, H // Hk))
-        qkv = [_padded(x, n) for x, n in ((qa, dk), (ka, dk), (va, dvk))]  # columns past the call's read as zero
-        wide = np.zeros((T, H, dvk), mc.dtype)
-        _requests(u, qkv, cq, ck, wide, lse, causal=bool(causal), counts=counts, tile=tile,
+        _requests(u, (qa, ka, va), cq, ck, out, lse, causal=bool(causal), counts=counts, tile=tile, dims=(dk, dvk),
                   descales=descales if fp8 else None, two_level=build == "vllm")
-        out = wide[..., :dv]
-    hazards = Counter()
-    if np.isnan(out).any():
-        hazards["nan_outputs"] += int(np.isnan(out).sum())
+    hazards = Counter(nan_outputs=int(np.isnan(out).sum())) if np.isnan(out).any() else Counter()
     tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
     return AttentionResult(mc.cast(out, out_fmt), lse, tr, hazards)
 
@@ -250,19 +245,22 @@ def _padded(x: np.ndarray, n: int) -> np.ndarray:
 
 def _requests(u: _Units, qkv: tuple[np.ndarray, np.ndarray, np.ndarray], cq: np.ndarray, ck: np.ndarray,
               out: np.ndarray, lse: np.ndarray, *, causal: bool, counts: list[int], tile: tuple[int, int],
-              descales: list | None, two_level: bool) -> None:
-    """Each request of the launch into `out` (T, h, dv) and `lse` (h, T); `descales` (a list, entries None or
-    (batch, h_k)) for FP8, None for 16-bit inputs."""
+              dims: tuple[int, int], descales: list | None, two_level: bool) -> None:
+    """Each request of the launch into `out` (T, h, dv) and `lse` (h, T), on the kernel of head dims `dims` (q, k and
+    v zero-padded to them, the call's columns of its output kept); `descales` (a list, entries None or (batch, h_k))
+    for FP8, None for 16-bit inputs."""
     mc, fmt = u.mc, u.fmt
-    Q, K, V = (mc.cast(x, fmt) for x in qkv)
+    Q, K, V = (mc.cast(_padded(x, n), fmt) for x, n in zip(qkv, (dims[0], dims[0], dims[1])))
+    dv = out.shape[-1]
     for i in range(len(cq) - 1):
         if cq[i + 1] == cq[i]:
             continue
         rows, keys = slice(int(cq[i]), int(cq[i + 1])), slice(int(ck[i]), int(ck[i + 1]))
         ru = u if descales is None else _Fp8Units(u, *(None if x is None else x[i] for x in descales),
                                                   two_level=two_level)
-        out[rows], lse[:, rows] = _request(ru, Q[rows], K[keys], V[keys], causal=causal, splits=counts[i],
-                                           block_m=tile[0], block_n=tile[1])
+        wide, lse[:, rows] = _request(ru, Q[rows], K[keys], V[keys], causal=causal, splits=counts[i],
+                                      block_m=tile[0], block_n=tile[1])
+        out[rows] = wide[..., :dv]
 
 
 class _Fp8Units(_Units):
