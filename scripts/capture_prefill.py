@@ -11,6 +11,7 @@ VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's whee
 - OUTDIR/fa3_prefill_seed{N}_{dev}.npz: the same table at fresh seeds (N: 1000, or ``--seed N``), held out;
 - OUTDIR/edges_fa3_prefill_{dev}.npz: :data:`EDGE_CASES`, the softmax scales no kernel checks and a call whose k
   holds no row; OUTDIR/tiny_fa3_prefill_{dev}.npz: :data:`TINY_SCALES`, subnormal ones at FP32's normal boundary;
+  OUTDIR/descale_fa3_prefill_{dev}.npz: FP8 calls with q's and v's descales at :data:`EDGE_FACTORS`;
 - OUTDIR/fa3_prefill_e4m3_{dev}.npz: :data:`E4M3_CASES`, vLLM's FP8 prefill (q, k, v cast to E4M3, no descale);
 - OUTDIR/scales_fa3_prefill.npz: the kernel's scale table (DeepSeek's scales and 20 random ones, as
   ``amla-sim crosscheck --kernel fa3-prefill --build vllm --scales 20`` runs it); the committed
@@ -134,6 +135,16 @@ PAD_CASES = [
 ]
 
 
+#: FP8 descales no kernel checks (``scripts/capture_limits.py``'s :data:`EDGE_FACTORS`), q's and v's, one at a time
+EDGE_FACTORS = (0.0, -0.05, float("inf"), float("nan"), 1e-40)
+
+
+def _descales() -> list[dict]:
+    base = {**KERNELS["fa3-prefill"].scale_template(), "format": "e4m3", "scale": 192 ** -0.5}
+    return [{**base, "seed": 1400 + 10 * i + j, key: f} for i, key in enumerate(("q_descale", "v_descale"))
+            for j, f in enumerate(EDGE_FACTORS)]
+
+
 def _edges() -> list[dict]:
     base = KERNELS["fa3-prefill"].scale_template()
     cases = [{**base, "seed": 950 + j, "scale": s} for j, s in enumerate(EDGE_SCALES)]
@@ -194,7 +205,7 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
+    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,descales,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
     only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]
@@ -209,6 +220,7 @@ def main() -> None:
              {"cases": [{**c, "seed": c["seed"] + seed} for c in E4M3_CASES]}),
             ("edges", f"edges_fa3_prefill_{tag}.npz", {"cases": _edges()}),
             ("tiny", f"tiny_fa3_prefill_{tag}.npz", {"cases": _tiny()}),
+            ("descales", f"descale_fa3_prefill_{tag}.npz", {"cases": _descales()}),
             ("hd128", f"fa3_prefill_hd128_{tag}.npz", {"cases": HD128_CASES}),
             ("hdx", f"fa3_prefill_hdx_{tag}.npz", {"cases": HDX_CASES}),
             ("hdx-seed", f"fa3_prefill_hdx_seed{seed}_{tag}.npz",

@@ -148,7 +148,7 @@ PROBES = {
         (lambda: flashinfer_mla(*_fi8(), ckv_scale=-1.0, kpe_scale=1.0), "ckv_scale"),
     ("flashinfer-mla, flashinfer-mla-sparse", "a latent cache scale under 2^-100 that is not 0 as a float"):
         (lambda: flashinfer_mla(*_fi8(), ckv_scale=2.0 ** -110, kpe_scale=1.0), "ckv_scale"),
-    ("fa3-prefill", "an FP8 descale of 0, below 0 or not finite"):
+    ("fa3-prefill", "an FP8 descale of 0, below 0, subnormal or not finite"):
         (lambda: fa3_prefill(*(x.astype(ml_dtypes.float8_e4m3fn) for x in _prefill()[:3]), *_prefill()[3:],
                              q_descale=np.zeros((2, 4), np.float32), k_descale=np.full((2, 4), np.nan, np.float32)),
          None),
@@ -189,7 +189,8 @@ EDGES = {"edges_fa3_mla_h200.npz": 6, "edges_fa3_mla_sparse_h200.npz": 6, "edges
          "tiny_flashinfer_mla_h200.npz": 6, "tiny_flashmla_dense_fp8_h200.npz": 6, "tiny_flashmla_etap_h200.npz": 6,
          "tiny_flashmla_h200.npz": 10, "tiny_flashmla_sglang_h200.npz": 10, "tiny_vllm_triton_mla_h200.npz": 6,
          "tiny_sglang_triton_h200.npz": 6, "descale_flashmla_dense_fp8_h200.npz": 10,
-         "descale_vllm_triton_mla_h200.npz": 5, "descale_sglang_triton_h200.npz": 5}
+         "descale_vllm_triton_mla_h200.npz": 5, "descale_sglang_triton_h200.npz": 5,
+         "descale_fa3_prefill_h200.npz": 10}
 
 
 @pytest.mark.parametrize("name", sorted(EDGES))
@@ -312,3 +313,13 @@ def test_flashinfers_cache_scales_replay_or_are_refused(name, refused):
             assert not replay_deployed(name, monkey, arrays, cases=[i]).bit_exact
         finally:
             flashinfer._TINY_CKV = tiny
+
+
+def test_fa3s_final_scale_reads_a_subnormal_v_descale_as_zero(monkeypatch):
+    """FA3's FP8 call at v_descale 1e-40: ``finalize``'s FTZ multiply reads it as 0 and every output is +0; unflushed,
+    the model's outputs are the underflowed signed zeros of ``O * tiny``."""
+    name = "descale_fa3_prefill_h200.npz"
+    meta, arrays = read_capture(DATA / name, what=name)
+    assert meta["cases"][9]["v_descale"] == 1e-40 and (arrays["c9_out"] == 0).all()
+    monkeypatch.setattr(FMAUnit, "read", lambda self, x: x)
+    assert not replay_deployed(name, meta, arrays, cases=[9]).bit_exact

@@ -21,6 +21,7 @@ import numpy as np
 from .._validate import check_int
 from ..algorithms.deployed.fa3 import FA3_COMMIT
 from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, kernel_dims, prefill_schedule
+from ..algorithms.deployed.scalars import api_float
 from ..experiments.inputs import make_inputs
 from ..resources import run_bytes
 from .files import CaptureError, input_crc
@@ -117,6 +118,11 @@ class _Fa3Prefill(DeployedKernel):
         kernel_dims(d, dv, 1 if case["format"] == "e4m3" else 2, "head_dim")
         if case["causal"] not in (True, False):
             raise TypeError(f"causal: expected true or false, got {case['causal']!r}")
+        for x in ("q_descale", "k_descale", "v_descale"):
+            if x in case:
+                if case["format"] != "e4m3":
+                    raise ValueError(f"{x}: only an E4M3 call takes descales, got format {case['format']!r}")
+                api_float(case[x], x)
         if case.get("k_rows", 1) != 1 and (case["k_rows"] != 0 or max(case["seqlens"]) > 0):
             raise ValueError(f"k_rows: 0 (k and v of no row, every request of no key) or absent, got "
                              f"{case['k_rows']!r}")
@@ -157,10 +163,12 @@ class _Fa3Prefill(DeployedKernel):
         if case["format"] == "e4m3":  # torch's .to(float8_e4m3fn): nearest even
             q, k, v = (x.astype(ml_dtypes.float8_e4m3fn) for x in (q, k, v))
         keep, qpk = case["keep_heads"], case["heads"] // case["heads_k"]
+        descales = {f"{x}_descale": np.full((case["batch"], keep // qpk), case[f"{x}_descale"], np.float32)
+                    for x in "qkv" if f"{x}_descale" in case}  # one value a call
         res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], cu_seqlens(case["qlens"]),
                           cu_seqlens(case["seqlens"]), scale=case["scale"], causal=case["causal"],
                           num_splits=case["num_splits"], launch_heads=case["heads"], build=case.get("build", "vllm"),
-                          trace=True)
+                          trace=True, **descales)
         out = []
         if f"c{i}_splits" in arrays:
             out.append(("splits", arrays[f"c{i}_splits"], np.array(res.trace["splits"], np.int32)))

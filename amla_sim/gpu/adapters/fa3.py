@@ -431,10 +431,12 @@ def run_sgl_fa3_sparse(fa3, q: np.ndarray, rows: np.ndarray, indices: np.ndarray
             "lse": lse.float().contiguous().cpu().numpy().view(np.uint32), "splits": splits}
 
 
-def fa3_varlen(fa3, q, k, v, qlens, klens, *, scale: float, causal: bool, num_splits: int):
+def fa3_varlen(fa3, q, k, v, qlens, klens, *, scale: float, causal: bool, num_splits: int,
+               descales: dict | None = None):
     """``flash_attn_varlen_func`` with FA3 as vLLM's MLA prefill calls it (``v1/attention/backends/mla/prefill/
     flash_attn.py:463-507``: cu_seqlens, the longest lengths, ``return_softmax_lse``): q, k, v CUDA tensors (T, h,
-    d), per request `qlens` queries and `klens` keys. Returns out (T, h, dv) and lse (h, T), and the two offset
+    d), per request `qlens` queries and `klens` keys; `descales`: FP8's ``q_descale``, ``k_descale``,
+    ``v_descale`` tensors (batch, h_k), where given. Returns out (T, h, dv) and lse (h, T), and the two offset
     tensors."""
     import torch
 
@@ -442,7 +444,8 @@ def fa3_varlen(fa3, q, k, v, qlens, klens, *, scale: float, causal: bool, num_sp
     cu_k = torch.tensor(np.concatenate([[0], np.cumsum(klens)]), dtype=torch.int32, device="cuda")
     args = {**_FWD_UNUSED, "q": q, "k": k, "v": v, "q_v": None, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
             "seqused_k": None, "max_seqlen_q": max(qlens), "max_seqlen_k": max(klens), "page_table": None,
-            "softmax_scale": scale, "is_causal": causal, "scheduler_metadata": None, "num_splits": num_splits}
+            "softmax_scale": scale, "is_causal": causal, "scheduler_metadata": None, "num_splits": num_splits,
+            **(descales or {})}
     if getattr(fa3, "fork", "vllm") == "sglang":  # sgl-flash-attn's mha_fwd has attention chunking (off)
         args["attention_chunk"] = 0
     out, lse, *_ = fa3.fwd(**args)
@@ -452,7 +455,8 @@ def fa3_varlen(fa3, q, k, v, qlens, klens, *, scale: float, causal: bool, num_sp
 def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: dict) -> dict[str, np.ndarray]:
     """One case of FA3's MHA-form prefill on the GPU (:func:`fa3_varlen`): q (T, h, 192), k (T_k, h_k, 192),
     v (T_k, h_k, 128) as bits of the recipe's ``format`` (``e4m3``: BF16 bits cast with ``.to(torch.float8_e4m3fn)``,
-    as vLLM's FP8 prefill casts them, no descale). Returns out (T, h, 128) and lse (h, T) as raw bits, and the split
+    as vLLM's FP8 prefill casts them; the recipe's ``q_descale``, ``k_descale``, ``v_descale`` where it has them).
+    Returns out (T, h, 128) and lse (h, T) as raw bits, and the split
     counts that ``get_scheduler_metadata`` gives for the same call where it splits dynamically."""
     import torch
 
@@ -463,8 +467,11 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
     if fmt == "e4m3":
         qt, kt, vt = (x.to(torch.float8_e4m3fn) for x in (qt, kt, vt))
     qlens, klens = recipe["qlens"], recipe["seqlens"]
+    descales = {f"{x}_descale": torch.full((len(qlens), k.shape[1]), float(recipe[f"{x}_descale"]),
+                                           dtype=torch.float32, device="cuda")
+                for x in "qkv" if f"{x}_descale" in recipe}  # one value a call, as vLLM's per-tensor scales
     out, lse, cu_q, cu_k = fa3_varlen(fa3, qt, kt, vt, qlens, klens, scale=recipe["scale"], causal=recipe["causal"],
-                                      num_splits=recipe["num_splits"])
+                                      num_splits=recipe["num_splits"], descales=descales)
     b, H, Hk, mq = len(qlens), q.shape[1], k.shape[1], max(qlens)
     # SGLang's binding takes the dtype as is_bf16 (its op's signature); a split bound of 1 reads no split count
     sgl = getattr(fa3, "fork", "vllm") == "sglang"

@@ -274,10 +274,10 @@ class _Fp8Units(_Units):
         self.two_level = two_level  # vLLM's fork; off: FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION, SGLang's
         mc = u.mc
         if qd is not None or kd is not None:
-            qk = mc.ftz(mc.f(1 if qd is None else qd) * mc.f(1 if kd is None else kd))  # FMUL.FTZ, each
+            qk = mc.ftz(mc.ftz(1 if qd is None else qd) * mc.ftz(1 if kd is None else kd))  # FMUL.FTZ, each
             self.c = mc.ftz(mc.f(u.c * qk))[:, None]
             self.c_ln2 = mc.ftz(mc.f(self.c * self.ln2))
-        self.final = None if vd is None else mc.f(vd)[:, None]
+        self.final = None if vd is None else mc.ftz(mc.f(vd))[:, None]  # read by FMUL.FTZ (finalize)
 
 
 def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: bool, splits: int, block_m: int,
