@@ -4,12 +4,13 @@ import decimal
 from fractions import Fraction
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from _oracles import to_fp32
+from _oracles import round_fraction, to_fp32
 from amla_sim.arith import elementwise as ew
 from amla_sim.engine import numba_available, use_engine
 from amla_sim.formats import round_to
@@ -54,6 +55,24 @@ def test_fma_and_ieee_division_against_fractions(engine_name, data):
         assert ew.fma(a, b, c) == np.float32(to_fp32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))))
     if b != 0:
         assert ew.div(a, b) == np.float32(to_fp32(Fraction(float(a)) / Fraction(float(b))))
+
+
+@given(data=st.data())
+def test_bf16_fma_against_fractions(data):
+    """``fma.rn.bf16``: the exact a b + c of BF16 values rounded once to BF16 (an independent Fraction rounding)."""
+    a, b, c = (data.draw(float_arrays("bf16", (), min_value=-1e30, max_value=1e30)) for _ in range(3))
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    want = round_fraction(exact, 7, -126, 127)
+    got = ew.fma_bf16(a, b, c)
+    assert got.dtype == ml_dtypes.bfloat16 and np.float32(got).tobytes() == np.float32(want).tobytes()
+
+
+def test_bf16_fma_round_to_odd_case():
+    """(17/16)^2 + 2^-80 = 1 + 33/256 + 2^-80: float64 drops the 2^-80 and leaves the BF16 midpoint 1 + 33/256,
+    which would round to even (1 + 32/256); the exact sum rounds up."""
+    a, c = np.float32(17 / 16), np.float32(2.0**-80)
+    assert round_to(np.float64(a) * np.float64(a) + np.float64(c), "bf16") == np.float32(1 + 32 / 256)
+    assert ew.fma_bf16(a, a, c) == np.float32(1 + 34 / 256)
 
 
 def test_fma_round_to_odd_case(engine):

@@ -323,3 +323,13 @@ def test_invariance_of_fa3():
         invariance("fa3-mla", length=1024, heads=64, batchmates=(1,), mixed=None, split_tokens=256)
     d = kernel_diff("flashmla", "fa3-mla", length=1024, heads=64)
     assert not d.identical and d.differing_steps[:2] == ["schedule", "scores"]  # 16 splits of 64 against 8 of 128
+
+
+@pytest.mark.parametrize("kernel, unit", [("fa3-mla", "request"), ("fa3-mla-sparse", "token"),
+                                          ("fa3-prefill", "request")])
+def test_fas_kernels_take_a_split_count_not_a_size(kernel, unit):
+    """Every FA3 kernel of the study refuses a split size, naming its own batch-invariant plan."""
+    from amla_sim.invariance import get_batch_kernel
+
+    with pytest.raises(ValueError, match=f"^split_tokens: .* one split a {unit} "):
+        get_batch_kernel(kernel).check_split_tokens(256)

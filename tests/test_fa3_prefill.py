@@ -609,3 +609,18 @@ def test_the_padded_kernels_choices_matter(monkeypatch):
              for k, t in prefill.PREFILL_TILES.items()}
     monkeypatch.setattr(prefill, "PREFILL_TILES", tiles)
     assert _pad_case(3) < 1
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    ({"q_descale": 0.5}, "q_descale: only an E4M3 call takes descales"),
+    ({"format": "e4m3", "v_descale": "one"}, "v_descale: expected a float32 number"),
+    ({"format": "e4m3", "k_descale": True}, "k_descale: expected a float32 number"),
+    ({"head_dim": 100}, "head_dim: head_size should be a multiple of 8"),
+    ({"head_dim": 96, "head_dim_v": 64}, "v: head dim 64 with q's 96"),
+])
+def test_a_recipe_the_prefill_does_not_take_is_refused_by_name(edit, match):
+    """A capture's recipe with descales on a 16-bit call, a descale that is no number, or head dims FA3 refuses."""
+    from amla_sim.crosscheck.fa3_prefill import FA3_PREFILL
+
+    with pytest.raises(ValueError, match=f"^{match}"):
+        FA3_PREFILL.check({**FA3_PREFILL.scale_template(), **edit})

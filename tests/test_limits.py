@@ -295,7 +295,7 @@ def test_vllms_quantizers_at_the_scale_edges_give_the_devices_bytes(name):
 
 @pytest.mark.parametrize("name, refused", [("descale_flashinfer_mla_h200.npz", (0, 3)),
                                            ("descale_flashinfer_mla_sparse_h200.npz", (0, 3))])
-def test_flashinfers_cache_scales_replay_or_are_refused(name, refused):
+def test_flashinfers_cache_scales_replay_or_are_refused(name, refused, monkeypatch):
     """FlashInfer's cache scales at the edges its wrapper takes: 1e-300 (0 as a float), 1e39 (an infinity as a
     float) and 2^-100 replay in every bit; 1e-40 and 2^-120, whose subnormal partial outputs its fast-math arithmetic
     flushes, are refused by name, and the model's unflushed bits are not the device's."""
@@ -306,13 +306,10 @@ def test_flashinfers_cache_scales_replay_or_are_refused(name, refused):
     for i in refused:
         with pytest.raises(CaptureError, match=f"case {i}: (ckv|k)_scale: a latent scale"):
             replay_deployed(name, meta, arrays, cases=[i])
-        monkey = {**meta, "cases": [dict(c) for c in meta["cases"]]}
-        flashinfer = importlib.import_module("amla_sim.algorithms.deployed.flashinfer.mla")
-        tiny, flashinfer._TINY_CKV = flashinfer._TINY_CKV, np.float32(0)
-        try:
-            assert not replay_deployed(name, monkey, arrays, cases=[i]).bit_exact
-        finally:
-            flashinfer._TINY_CKV = tiny
+    monkeypatch.setattr(importlib.import_module("amla_sim.algorithms.deployed.flashinfer.mla"), "_TINY_CKV",
+                        np.float32(0))  # taken: the model's bits, not the device's
+    for i in refused:
+        assert not replay_deployed(name, meta, arrays, cases=[i]).bit_exact, i
 
 
 def test_fa3s_final_scale_reads_a_subnormal_v_descale_as_zero(monkeypatch):
@@ -323,3 +320,16 @@ def test_fa3s_final_scale_reads_a_subnormal_v_descale_as_zero(monkeypatch):
     assert meta["cases"][9]["v_descale"] == 1e-40 and (arrays["c9_out"] == 0).all()
     monkeypatch.setattr(FMAUnit, "read", lambda self, x: x)
     assert not replay_deployed(name, meta, arrays, cases=[9]).bit_exact
+
+
+@pytest.mark.parametrize(("kernel", "edit", "match"), [
+    ("sglang-triton", {"v_scale": "one"}, "v_scale: expected a float32 number"),
+    ("flashinfer-mla", {"kv_format": "e4m3", "ckv_scale": -1.0, "kpe_scale": 1.0}, "ckv_scale: must be a finite"),
+    ("flashinfer-mla-sparse", {"k_scale": float("nan")}, "k_scale: must be a finite positive value"),
+])
+def test_a_scale_edge_a_recipe_may_not_hold_is_refused_by_name(kernel, edit, match):
+    """The recipe keys the scale captures use: a v_scale that is no number, FlashInfer's refused scales."""
+    from amla_sim.crosscheck.deployed import KERNELS
+
+    with pytest.raises(ValueError, match=f"^{match}"):
+        KERNELS[kernel].check({**KERNELS[kernel].scale_template(), **edit})

@@ -3,6 +3,7 @@ stage 1's partial outputs and LSEs, the output and the LSE, and each choice the 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +41,7 @@ def test_the_mha_kernel_replays_bit_for_bit(name):
 
 
 def _tile(cache: str, **change):
-    tiles = dict(splitkv_mha.TILES)
-    tiles[cache] = splitkv_mha._Tile(**{**tiles[cache].__dict__, **change})
-    return tiles
+    return {**splitkv_mha.TILES, cache: dataclasses.replace(splitkv_mha.TILES[cache], **change)}
 
 
 def _sum_in(bf16_sum: bool, module):

@@ -56,7 +56,7 @@ import numpy.typing as npt
 
 from .._validate import quiet_fp
 from ..engine import get_engine
-from ..formats import FP32_MIN_NORMAL, flush_subnormals, is_float_dtype
+from ..formats import FP32_MIN_NORMAL, flush_subnormals, is_float_dtype, round_to
 
 __all__ = [
     "LN2",
@@ -70,6 +70,7 @@ __all__ = [
     "expf_libdevice",
     "div",
     "fma",
+    "fma_bf16",
 ]
 
 #: ln 2 in float64; machines round it to their own format.
@@ -277,15 +278,28 @@ def fma(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike, *, ftz: bool = Fal
     if ftz:
         a64, b64, c64 = (_flush(v) for v in (a64, b64, c64))
     with np.errstate(invalid="ignore", over="ignore"):
-        p = a64 * b64  # exact: 24 x 24 significand bits
-        s = p + c64
-        bb = s - p  # TwoSum: err is the exact rounding error of s
-        err = (p - (s - bb)) + (c64 - bb)
-        odd = (s.view(np.uint64) & np.uint64(1)) == 1
-        fix = (err != 0) & ~odd & np.isfinite(s)
-        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)  # round to odd
-        out = s.astype(np.float32)  # overflow to Inf, as an FP32 FMA
+        out = _sum_to_odd(a64 * b64, c64).astype(np.float32)  # the product exact: 24 x 24 significand bits
     return _flush(out).astype(np.float32) if ftz else out
+
+
+@quiet_fp
+def fma_bf16(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
+    """PTX ``fma.rn.bf16`` (``add.bf16`` is ``a + c`` with b = 1): ``a * b + c`` rounded once to BF16, nearest even;
+    a, b, c hold BF16 (or FP32) values, whose product float64 holds exactly. Returns BF16."""
+    a64, b64, c64 = (np.asarray(v, np.float64) for v in (a, b, c))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return round_to(_sum_to_odd(a64 * b64, c64), "bf16")
+
+
+def _sum_to_odd(p: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float64 ``p + c`` rounded to odd (TwoSum's exact error decides the last bit), which any format of at most 51
+    significand bits then rounds as it would the exact sum: one rounding, not two."""
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    odd = (s.view(np.uint64) & np.uint64(1)) == 1
+    fix = (err != 0) & ~odd & np.isfinite(s)
+    return np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
 
 
 def _flush(x: np.ndarray) -> np.ndarray:

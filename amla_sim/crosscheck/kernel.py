@@ -17,7 +17,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms._common import D_V
-from ..algorithms.deployed.scalars import api_float, api_scale
+from ..algorithms.deployed.scalars import api_scale
 from ..experiments.inputs import make_inputs
 from ..resources import check_fits, run_bytes
 from .files import CaptureError, input_crc

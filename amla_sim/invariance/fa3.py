@@ -45,8 +45,11 @@ def split_count(plan: Plan, cut: Callable[[int], Plan]) -> int:
 
 
 class Fa3SplitCount:
-    """What FA3's kernels share in the study: a split count a request, at most 256 (a plan handed in is one of its
-    cuts, :func:`split_count`), and one split a request as the batch-invariant plan (``num_splits`` 1)."""
+    """What FA3's kernels share in the study: a split count a request (a token, for the sparse call: `unit`), at
+    most 256 (a plan handed in is one of its cuts, :func:`split_count`), and one split a request as the
+    batch-invariant plan (``num_splits`` 1)."""
+
+    unit = "request"
 
     def max_splits(self, launch: Launch, *, heads: int) -> int:
         return MAX_NUM_SPLITS
@@ -54,7 +57,7 @@ class Fa3SplitCount:
     def check_split_tokens(self, split_tokens: int | None) -> None:
         if split_tokens is not None:
             raise ValueError("split_tokens: FA3 takes a split count, not a split size; its batch-invariant mode is "
-                             "one split a request ('one')")
+                             f"one split a {self.unit} ('one')")
 
     def invariant_plans(self, req: Request, launch: Launch, split_tokens: int | None) -> list[Plan]:
         self.check_split_tokens(split_tokens)

@@ -41,7 +41,7 @@ from ..algorithms.deployed.fa3.scheduler import (KBLOCK_M, KBLOCK_N, MAX_SPLIT_B
 from ..algorithms.deployed.topk import sparse_rows
 from ..algorithms.deployed.flashmla.sparse_prefill import B_TOPK, HEADS, flashmla_sparse_prefill, padded_heads
 from ..experiments.inputs import make_inputs
-from .fa3 import MAX_NUM_SPLITS, Fa3MLA, split_bounds
+from .fa3 import MAX_NUM_SPLITS, Fa3MLA, Fa3SplitCount, split_bounds
 from .kernel import RCP_NORMALISE, BatchKernel, Plan, Request, mate_seed
 from .launches import Launch
 
@@ -163,10 +163,11 @@ class SparseTokenKernel(BatchKernel):
         return q, rows, idx, valid
 
 
-class Fa3MLASparse(SparseTokenKernel):
+class Fa3MLASparse(Fa3SplitCount, SparseTokenKernel):
     """FA3's sparse MLA call: a split count a token from the whole launch's valid counts."""
 
     name = "fa3-mla-sparse"
+    unit = "token"
     summary = ("FA3's sparse MLA call, DeepSeek V3.2 on a BF16 cache (the request: one query token of --length "
                "context, min(length, topk 2048) keys; batchmates: the launch's other tokens)")
     takes_num_kv_splits = True
@@ -183,9 +184,6 @@ class Fa3MLASparse(SparseTokenKernel):
     def bounds(self, launch: Launch, *, heads: int, options: Mapping[str, Any]) -> tuple[int, int]:
         return split_bounds(launch)
 
-    def max_splits(self, launch: Launch, *, heads: int) -> int:
-        return MAX_NUM_SPLITS
-
     def _schedule(self, req: Request, launch: Launch) -> Fa3Schedule:
         """What ``fa3_mla_sparse`` decides for the launch: one query a token, pages of one token, max_seqlen_k
         the list's width."""
@@ -201,11 +199,6 @@ class Fa3MLASparse(SparseTokenKernel):
     def plans(self, req: Request, launch: Launch) -> list[Plan]:
         sched = self._schedule(req, launch)
         return [self._cut(req.heads, v, n) for v, n in zip(self._valid(req, launch), sched.splits)]
-
-    def check_split_tokens(self, split_tokens: int | None) -> None:
-        if split_tokens is not None:
-            raise ValueError("split_tokens: FA3 takes a split count, not a split size; its batch-invariant mode is "
-                             "one split a token ('one')")
 
     def invariant_plans(self, req: Request, launch: Launch, split_tokens: int | None) -> list[Plan]:
         self.check_split_tokens(split_tokens)

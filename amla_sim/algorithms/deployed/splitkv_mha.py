@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...arith import elementwise as ew
 from ...formats import round_to
 from ...machines import Machine
 from .._common import D_V
@@ -68,21 +69,10 @@ class _Tile:
 TILES = {"bf16": _Tile(8, 4, 2, False), "e4m3": _Tile(16, 2, 4, True)}
 
 
-def _bf16(x: np.ndarray, err: np.ndarray) -> np.ndarray:
-    """float64 `x` plus its exact rounding error `err`, rounded once to BF16 (round to odd in float64 first)."""
-    odd = (x.view(np.uint64) & np.uint64(1)) == 1
-    fix = (err != 0) & ~odd & np.isfinite(x)
-    x = np.where(fix, np.nextafter(x, np.where(err > 0, np.inf, -np.inf)), x)
-    return round_to(x, "bf16").astype(np.float64)
-
-
 def _add_bf16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``add.bf16`` / ``fma.rn.bf16`` on float64 operands that hold their exact values: a + b rounded once to BF16."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        s = a + b
-        bb = s - a
-        err = (a - (s - bb)) + (b - bb)  # TwoSum
-    return _bf16(s, np.where(np.isfinite(s), err, 0))
+    """``add.bf16`` (and ``fma.rn.bf16`` of a product float64 holds exactly): a + b rounded once to BF16, as
+    float64."""
+    return ew.fma_bf16(a, 1.0, b).astype(np.float64)
 
 
 def _rounded(x: np.ndarray) -> np.ndarray:
