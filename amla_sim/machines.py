@@ -168,11 +168,19 @@ class Machine:
         return self.f(self.log(x) + self.f(plus))
 
     def div(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
-        return self.division.div(self.f(a), self.f(b))
+        """``a / b`` in the division unit's way; on a build that flushes subnormals (:meth:`ftz`) its operands and
+        quotient flushed."""
+        return self.ftz(self.division.div(self.ftz(a), self.ftz(b)))
 
     def div_approx(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
-        """``__fdividef(a, b)``: the division unit's approximate division (``/`` itself unless the unit says)."""
-        return self.division.div_approx(self.f(a), self.f(b))
+        """``__fdividef(a, b)``: the division unit's approximate division (``/`` itself unless the unit says),
+        flushed as :meth:`div`."""
+        return self.ftz(self.division.div_approx(self.ftz(a), self.ftz(b)))
+
+    def mul(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
+        """``a * b`` rounded to the working type (``mul.f32``); on a build that flushes subnormals, operands and
+        product flushed (``mul.ftz.f32``)."""
+        return self.fma.mul(self.f(a), self.f(b))
 
     def mul_add(self, a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> np.ndarray:
         """``a * b + c``: one FMA where the compiler contracts it, two roundings elsewhere."""

@@ -157,9 +157,8 @@ class FMAUnit:
     """``a * b + c``. contract: the compiler fuses it into one FMA (one rounding); otherwise a product and a sum,
     each rounded in the working type (on FP64, the golden machine's mathematics). ftz: the build flushes FP32
     subnormals (``-ftz=true``, which ``--use_fast_math`` implies): an instruction reads a subnormal operand as a
-    zero of its sign (:meth:`read`). The models apply it to the constants a kernel derives from its scalars, the
-    only FP32 values of theirs that are ever subnormal where it matters (a score times a subnormal softmax
-    scale)."""
+    zero of its sign and writes a subnormal result as one (:meth:`read`): :meth:`mul`, :meth:`mul_add`, the machine's
+    divisions, and the constants a kernel derives from its scalars."""
 
     contract: bool = False
     ftz: bool = False
@@ -168,11 +167,20 @@ class FMAUnit:
         """`x` as the unit's instructions read it: subnormals as signed zeros under ftz, `x` itself otherwise."""
         return flush_subnormals(x, keep_sign=True) if self.ftz and x.dtype == np.float32 else x
 
+    def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``a * b`` (``mul.f32``; under ftz ``mul.ftz.f32``: subnormal operands read as zeros, a subnormal product
+        written as one, each of its sign)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self.read(self.read(a) * self.read(b))
+
     def mul_add(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """``a * b + c``: one ``fma.rn`` where contracted, a product and a sum otherwise; under ftz each
+        instruction's operands and result flushed as :meth:`mul`'s."""
+        a, b, c = self.read(a), self.read(b), self.read(c)
         if not self.contract:  # both paths broadcast the operands together
             with np.errstate(invalid="ignore", over="ignore"):
-                return a * b + c
-        return ew.fma(a, b, c)
+                return self.read(self.read(a * b) + c)
+        return self.read(ew.fma(a, b, c))
 
 
 @dataclass(frozen=True)

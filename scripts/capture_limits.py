@@ -13,12 +13,16 @@ log2 e is normal where a host derives it in double, and one whose product is not
 scale, FlashMLA's dense decode in vLLM's and SGLang's builds with negative subnormal scales over splits of odd and
 even block counts, and FlashInfer's MLA; OUTDIR/tiny_{kernel}.npz.
 
+With ``small``: q and the caches drawn near FP32's subnormal range (:data:`SMALL_DISTS`) through every kernel (the
+FP8 ones at scales of 2^-125), FlashInfer's also over work items of several KV tiles and with E4M3 latents at 2^-125
+and 1e-40; OUTDIR/small_{kernel}.npz.
+
 With ``descales``: the descales and cache scales of the FP8 kernels (:data:`EDGE_FACTORS`: 0, negative, infinite,
 NaN, subnormal) and SGLang's ``v_scale``; OUTDIR/descale_{kernel}.npz.
 
 Run on a CUDA machine:  python scripts/capture_limits.py OUTDIR VLLM_ROOT VLLM_TRITON_FILE
                         [edges SGLANG_FILE ETAP_DIR | flashinfer FLASHINFER_CHECKOUT
-                         | tiny SGLANG_FILE ETAP_DIR SGL_FLASH_MLA_ROOT FLASHINFER_CHECKOUT
+                         | tiny|small SGLANG_FILE ETAP_DIR SGL_FLASH_MLA_ROOT FLASHINFER_CHECKOUT
                          | descales SGLANG_FILE FLASHINFER_CHECKOUT]
 
 VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so``, ``vllm/_flashmla_C.abi3.so`` and
@@ -184,12 +188,44 @@ FLASHINFER = {"flashinfer-mla": ("upstream", "flashinfer", [
       for j, s in enumerate(EDGE_SCALES))])}
 
 
+#: values near FP32's subnormal range: q and the cache drawn at about 1e-38 (every output near or under 2^-126; a
+#: fast-math build's multiplies write a subnormal result as 0) and about 1e-36 (partial outputs that pass through it)
+SMALL_DISTS = ("normal:1e-38", "normal:1e-36")
+#: the FP8 kernels' scales for them (2^-125: the quantized values normal E4M3, their products near 2^-126)
+_S125 = 2.0 ** -125
+
+
+def _small(kernel: str, seed: int = 1400, **over) -> list[dict]:
+    return [{**KERNELS[kernel].scale_template(), "seed": seed + j, "dist": d, "scale": _DS, **over}
+            for j, d in enumerate(SMALL_DISTS)]
+
+
+#: kernel -> (build, source key, cases) of the small run; FlashInfer's also at 128 heads over 3,000 keys (work items
+#: of several KV tiles, whose running O passes through the subnormal range) and with E4M3 latents at 2^-125 and 1e-40
+SMALL = {
+    **{k: ("vllm", "vllm", _small(k)) for k in ("fa3-mla", "fa3-mla-sparse", "flashmla", "flashmla-sparse-fp8",
+                                                 "flashmla-sparse-prefill")},
+    "flashmla-sglang": ("sglang", "sgl-flash-mla", _small("flashmla")),
+    "flashmla-dense-fp8": ("vllm", "vllm", _small("flashmla-dense-fp8", q_scale=_S125, k_scale=_S125)),
+    "flashmla-etap": ("upstream", "etap", _small("flashmla-etap")),
+    "vllm-triton-mla": ("upstream", "triton", _small("vllm-triton-mla", k_scale=_S125)
+                        + _small("vllm-triton-mla", 1402, kv_cache="bf16")),
+    "sglang-triton": ("upstream", "sglang", _small("sglang-triton")),
+    "flashinfer-mla": ("upstream", "flashinfer", _small("flashinfer-mla") + [
+        {**_fi(4, 1, 128, (3000,) * 4, 1402, _DS), "dist": "normal:1e-36"},
+        {**_fi(2, 1, 16, (3000, 700), 1403, _DS), "dist": "normal:1e-38", "kv_format": "e4m3", "ckv_scale": _S125,
+         "kpe_scale": _S125, "keep": 2},
+        {**_fi(1, 1, 16, (600,), 1404, 1.0), "kv_format": "e4m3", "ckv_scale": 1e-40, "kpe_scale": 1.0}]),
+    "flashinfer-mla-sparse": ("upstream", "flashinfer", _small("flashinfer-mla-sparse", k_scale=_S125)),
+}
+
+
 def main() -> None:
     out, sources = sys.argv[1], {"vllm": sys.argv[2], "triton": sys.argv[3]}
     mode = sys.argv[4] if len(sys.argv) > 4 else "limits"
-    if mode in ("edges", "tiny"):
+    if mode in ("edges", "tiny", "small"):
         sources.update(sglang=sys.argv[5], etap=sys.argv[6])
-    if mode == "tiny":
+    if mode in ("tiny", "small"):
         sources.update({"sgl-flash-mla": sys.argv[7], "flashinfer": sys.argv[8]})
     if mode == "descales":
         sources.update(sglang=sys.argv[5], flashinfer=sys.argv[6])
@@ -197,12 +233,12 @@ def main() -> None:
         sources.update(flashinfer=sys.argv[5])
     os.makedirs(out, exist_ok=True)
     failed = []
-    table = {"edges": EDGES, "flashinfer": FLASHINFER, "tiny": TINY, "descales": DESCALES, "limits": CASES}[mode]
+    table = {"edges": EDGES, "flashinfer": FLASHINFER, "tiny": TINY, "small": SMALL, "descales": DESCALES, "limits": CASES}[mode]
     for name, (build, source, cases) in table.items():
         kernel = name.removesuffix("-empty").removesuffix("-sglang")
         t0 = time.time()
         try:
-            prefix = {"limits": "limits", "tiny": "tiny", "descales": "descale"}.get(mode, "edges")
+            prefix = {"limits": "limits", "tiny": "tiny", "small": "small", "descales": "descale"}.get(mode, "edges")
             capture(kernel, os.path.join(out, f"{prefix}_{name.replace('-', '_')}.npz"),
                     source=sources[source], build=build if KERNELS[kernel].builds or build == "upstream" else
                     "upstream", cases=cases)

@@ -192,6 +192,51 @@ def _option(args: list[str], flag: str, default: str | None) -> str | None:
     return value
 
 
+#: a v wider than q at q <= 64: FA3's 64 / 256 kernel (128 x 96 tiles, P V from registers, no intra-warpgroup
+#: overlap) and its 64 / 512 kernel (64 x 64 tiles, v's columns over two warpgroups), padded calls among them, splits
+WIDE_CASES = [
+    _pad(64, 256, 16, 16, (300, 200), (2000, 0), False, "bf16", 381, 0),
+    _pad(64, 256, 8, 2, (150, 40), (150, 40), True, "bf16", 382, 0),
+    _pad(64, 512, 16, 16, (300,), (1500,), False, "bf16", 383, 0),
+    _pad(64, 512, 4, 2, (100, 57), (100, 57), True, "fp16", 384, 0),
+    _pad(48, 200, 8, 8, (40,), (4000,), False, "bf16", 385, 0),
+    _pad(64, 320, 16, 16, (20,), (3000,), False, "bf16", 386, 0),
+    _pad(64, 512, 8, 8, (200,), (1500,), False, "bf16", 387, 1),
+    _pad(32, 96, 8, 8, (100, 30), (100, 30), True, "fp16", 388, 0),
+]
+
+#: values near FP32's subnormal range (``scripts/capture_limits.py``'s :data:`SMALL_DISTS`): outputs of about 1e-38
+#: (a fast-math build's multiplies write a subnormal as 0) and partial outputs that pass through it
+SMALL_DISTS = ("normal:1e-38", "normal:1e-36")
+
+
+def _small() -> list[dict]:
+    base = KERNELS["fa3-prefill"].scale_template()
+    return [{**base, "seed": 1400 + j, "dist": dist, "scale": 0.1352} for j, dist in enumerate(SMALL_DISTS)] + [
+        {**c, "seed": 1402, "dist": "normal:1e-36"} for c in (WIDE_CASES[2], HDX_CASES[1])]
+
+
+def _cap(d, H, Hk, ql, kl, causal, fmt, seed, ns, softcap=0.0, window=(-1, -1)):
+    return {**_hd128(H, Hk, ql, kl, causal, fmt, seed, ns), "scale": d ** -0.5, "head_dim": d, "softcap": softcap,
+            "window": list(window), "keep_heads": H // Hk}
+
+
+#: ``softcap`` (``tanh(S softmax_scale / softcap)`` times softcap, MUFU.TANH) and local windows (``window_size``),
+#: which vLLM's FlashAttention backend passes for models that have them (Gemma-2: head dim 256, cap 50, windows of
+#: 4,096): causal and context-chunk calls, splits, grouped heads, FP8, the MLA prefill's 192 / 128
+CAP_CASES = [
+    _cap(256, 8, 4, (300, 100), (300, 100), True, "bf16", 391, 0, softcap=50.0),
+    _cap(128, 8, 8, (40,), (3000,), False, "bf16", 392, 0, softcap=30.0),
+    _cap(192, 8, 8, (200,), (200,), True, "bf16", 393, 0, softcap=20.0),
+    _cap(128, 8, 8, (257, 100), (257, 100), True, "e4m3", 394, 0, softcap=50.0),
+    _cap(128, 8, 8, (300,), (300,), True, "bf16", 395, 0, window=(128, 0)),
+    _cap(64, 8, 8, (200,), (1200,), False, "bf16", 396, 0, window=(256, 256)),
+    _cap(128, 8, 8, (30,), (3000,), False, "fp16", 397, 0, window=(1000, -1)),
+    _cap(256, 8, 4, (400,), (400,), True, "bf16", 398, 0, softcap=50.0, window=(100, 0)),
+    _cap(96, 8, 8, (300,), (300,), False, "bf16", 399, 0, softcap=5.0, window=(50, 20)),
+]
+
+
 def _sglang_cases(seed: int) -> list[dict]:
     """The case table and the FP8 calls as SGLang makes them: ``num_splits`` 1 (sgl_kernel's default, never passed);
     BF16 in place of FP16 (DeepSeek's checkpoints are BF16 or FP8; the build leaves FP16 out); one KV head a query
@@ -205,7 +250,7 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,descales,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
+    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
     only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]
@@ -221,6 +266,11 @@ def main() -> None:
             ("edges", f"edges_fa3_prefill_{tag}.npz", {"cases": _edges()}),
             ("tiny", f"tiny_fa3_prefill_{tag}.npz", {"cases": _tiny()}),
             ("descales", f"descale_fa3_prefill_{tag}.npz", {"cases": _descales()}),
+            ("small", f"small_fa3_prefill_{tag}.npz", {"cases": _small()}),
+            ("wide", f"fa3_prefill_wide_{tag}.npz", {"cases": WIDE_CASES}),
+            ("caps", f"fa3_prefill_caps_{tag}.npz", {"cases": CAP_CASES}),
+            ("wide-seed", f"fa3_prefill_wide_seed{seed}_{tag}.npz",
+             {"cases": [{**c, "seed": c["seed"] + seed} for c in WIDE_CASES]}),
             ("hd128", f"fa3_prefill_hd128_{tag}.npz", {"cases": HD128_CASES}),
             ("hdx", f"fa3_prefill_hdx_{tag}.npz", {"cases": HDX_CASES}),
             ("hdx-seed", f"fa3_prefill_hdx_seed{seed}_{tag}.npz",

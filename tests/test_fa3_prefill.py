@@ -10,6 +10,7 @@ import importlib
 import json
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -227,8 +228,9 @@ _Q, _K, _V = np.zeros((4, 2, 192), _BF), np.zeros((4, 2, 192), _BF), np.zeros((4
     ((_Q.astype(np.float32), _K, _V, [0, 4], [0, 4]), {}, "q: FA3 takes BF16, FP16 or FP8 E4M3"),
     ((_Q, _K.astype(np.float16), _V, [0, 4], [0, 4]), {}, "k, v: the same format"),
     ((_Q, _K, _V[..., :64], [0, 4], [0, 4]), {}, "v: head dim 64 with q's 192: FA3 takes another V head dim only"),
-    ((_Q[..., :64], _K[..., :64], _V.repeat(2, -1), [0, 4], [0, 4]), {},
-     r"v: head dims \(64, 256\) \(q's, v's\) run FA3's \(64, 256\) kernel, which is not modelled"),
+        ((_Q[..., :64].astype(ml_dtypes.float8_e4m3fn), _K[..., :64].astype(ml_dtypes.float8_e4m3fn),
+          _V.astype(ml_dtypes.float8_e4m3fn), [0, 4], [0, 4]), {},
+         "v: head dim 128 over q's 64 with FP8 inputs runs FA3's 64 / 64 FP8 kernel"),
     ((_Q[..., :100], _K[..., :100], _V[..., :100], [0, 4], [0, 4]), {}, "q: head_size should be a multiple of 8"),
     ((_Q, _K[:, :1].repeat(3, 1)[:, :3], _V[:, :1].repeat(3, 1), [0, 4], [0, 4]), {}, "k: its heads"),
     ((_Q, _K, _V, [0, 5], [0, 4]), {}, "cu_seqlens_q: offsets must rise"),
@@ -578,11 +580,45 @@ def test_a_call_runs_on_the_kernel_fa3_picks(d, dv, size, kernel):
     (100, 100, 2, "q: head_size should be a multiple of 8"), (120, 120, 1, "q: head_size should be a multiple of 16"),
     (264, 264, 2, "q: FlashAttention forward only supports head dimension at most 256"),
     (96, 64, 2, "v: head dim 64 with q's 96"), (192, 96, 2, "v: head dim 96 with q's 192"),
-    (64, 520, 2, "v: head dim 520 with q's 64"),
+    (64, 520, 2, "v: head dim 520 with q's 64"), (64, 272, 1, "v: head dim 272 over 256 with FP8 inputs"),
+    (48, 96, 1, "v: head dim 96 over q's 48 with FP8 inputs runs FA3's 64 / 64 FP8 kernel"),
 ])
 def test_head_dims_fa3_refuses_are_refused_by_name(d, dv, size, match):
     with pytest.raises(ValueError, match=match):
         prefill.kernel_dims(d, dv, size)
+
+
+WIDE = DATA / "fa3_prefill_wide_h200.npz"
+
+
+def test_a_v_wider_than_q_is_predicted_in_every_bit(fastest_engine):
+    """FA3's 64 / 256 kernel (128 x 96 tiles) and its 64 / 512 kernel (64 x 64, v's columns over two warpgroups),
+    padded calls among them (48 / 200, 64 / 320), splits from the heuristic and ``num_splits`` 1
+    (``scripts/capture_prefill.py --only wide``, one head or group a call kept), and six of them at fresh seeds
+    (+ 1000; the other two gave every bit there too)."""
+    meta, _ = _load(WIDE)
+    assert {prefill.kernel_dims(c["head_dim"], c["head_dim_v"]) for c in meta["cases"]} == {(64, 256), (64, 512)}
+    assert {c["num_splits"] for c in meta["cases"]} == {0, 1} and any(c["heads_k"] < c["heads"] for c in meta["cases"])
+    for path in (WIDE, DATA / "fa3_prefill_wide_seed1000_h200.npz"):
+        report = replay(path)
+        for row in report.cases:
+            assert row.first_difference is None and not row.skipped, report.format()
+
+
+@pytest.mark.parametrize(("case", "key", "tile"), [
+    (0, (64, 256, 2, False, False), (128, 128)),  # 96-key blocks, not 128
+    (2, (64, 512, 2, False, False), (128, 64)),  # 64 rows an m-block, not 128
+], ids=["64-256-96-keys", "64-512-64-rows"])
+def test_the_wide_kernels_tiles_matter(case, key, tile, monkeypatch):
+    meta, arrays = _load(WIDE)
+    monkeypatch.setattr(prefill, "PREFILL_TILES", {**prefill.PREFILL_TILES, key: tile})
+    c = meta["cases"][case]
+    keep, qpk = c["keep_heads"], c["heads"] // c["heads_k"]
+    q, k, v = prefill_inputs(c)
+    res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], cu_seqlens(c["qlens"]),
+                      cu_seqlens(c["seqlens"]), scale=c["scale"], causal=c["causal"], num_splits=c["num_splits"],
+                      launch_heads=c["heads"])
+    assert np.mean(res.out.view(np.uint16) == arrays[f"c{case}_out"]) < 1
 
 
 def _pad_case(case: int, **kw) -> float:

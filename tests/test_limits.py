@@ -20,7 +20,7 @@ from amla_sim.algorithms.deployed.flashinfer.scheduler import flashinfer_mla_pla
 from amla_sim.algorithms.deployed.flashmla.fp8_cache import quantize_kv_cache
 from amla_sim.algorithms.deployed.vllm.fp8 import quantize_cache_fp8, quantize_query_fp8
 from amla_sim.crosscheck.deployed import replay_deployed
-from amla_sim.crosscheck.files import CaptureError, read_capture
+from amla_sim.crosscheck.files import read_capture
 from amla_sim.experiments.inputs import make_inputs
 from amla_sim.units import FMAUnit
 
@@ -72,6 +72,11 @@ def _fi8():
     return q, kv.astype(ml_dtypes.float8_e4m3fn)
 
 
+def _small(x: np.ndarray) -> np.ndarray:
+    """`x` times 1e-38, in its format (near FP32's subnormal range)."""
+    return (x.astype(np.float32) * np.float32(1e-38)).astype(x.dtype)
+
+
 def _every_computes(scale: float) -> None:
     """Every model on a softmax scale (each kernel's bits for it are captured)."""
     q, kv = _inputs(sq=1)
@@ -99,7 +104,8 @@ PROBES = {
     ("fa3-prefill", "head dims between the compiled ones: any multiple of 8 (16 for FP8) up to 256, v as wide as q, "
                     "narrower at q <= 64, or 104 to 128 at q of 136 to 192"):
         (lambda: (fa3_prefill(*_prefill(d=80, dv=80)), fa3_prefill(*_prefill(d=160, dv=112))), None),
-    ("fa3-prefill", "a v wider than q at q <= 64"): (lambda: fa3_prefill(*_prefill(d=64, dv=256)), "v"),
+    ("fa3-prefill", "a v wider than q at q <= 64"):
+        (lambda: [fa3_prefill(*_prefill(d=d, dv=dv)) for d, dv in ((64, 256), (48, 200), (64, 512))], None),
     ("fa3-prefill", "a head dim not a multiple of 8 (16 for FP8) or over 256, another v than those"):
         (lambda: fa3_prefill(*_prefill(d=100, dv=100)), "q"),
     ("fa3-prefill", "q, k, v in FP8 E4M3"):
@@ -147,7 +153,13 @@ PROBES = {
     ("flashinfer-mla, flashinfer-mla-sparse", "a cache scale that is not finite and positive (as a double)"):
         (lambda: flashinfer_mla(*_fi8(), ckv_scale=-1.0, kpe_scale=1.0), "ckv_scale"),
     ("flashinfer-mla, flashinfer-mla-sparse", "a latent cache scale under 2^-100 that is not 0 as a float"):
-        (lambda: flashinfer_mla(*_fi8(), ckv_scale=2.0 ** -110, kpe_scale=1.0), "ckv_scale"),
+        (lambda: flashinfer_mla(*_fi8(), ckv_scale=2.0 ** -110, kpe_scale=1.0), None),
+    ("every kernel", "q and the cache near FP32's subnormal range"):
+        (lambda: (flashinfer_mla(*(_small(x) for x in _inputs(sq=1))), fa3_mla(*(_small(x) for x in _inputs())),
+                  fa3_prefill(*(_small(x) for x in _prefill()[:3]), *_prefill()[3:])), None),
+    ("fa3-prefill", "an FP8 v wider than q at q <= 64"):
+        (lambda: fa3_prefill(*(x.astype(ml_dtypes.float8_e4m3fn) for x in _prefill(d=64, dv=128)[:3]),
+                             *_prefill()[3:]), "v"),
     ("fa3-prefill", "an FP8 descale of 0, below 0, subnormal or not finite"):
         (lambda: fa3_prefill(*(x.astype(ml_dtypes.float8_e4m3fn) for x in _prefill()[:3]), *_prefill()[3:],
                              q_descale=np.zeros((2, 4), np.float32), k_descale=np.full((2, 4), np.nan, np.float32)),
@@ -293,22 +305,17 @@ def test_vllms_quantizers_at_the_scale_edges_give_the_devices_bytes(name):
         "0.0", "-0.05", "inf", "nan", "1e-40"}
 
 
-@pytest.mark.parametrize("name, refused", [("descale_flashinfer_mla_h200.npz", (0, 3)),
+@pytest.mark.parametrize("name, flushed", [("descale_flashinfer_mla_h200.npz", (0, 3)),
                                            ("descale_flashinfer_mla_sparse_h200.npz", (0, 3))])
-def test_flashinfers_cache_scales_replay_or_are_refused(name, refused, monkeypatch):
+def test_flashinfers_cache_scales_replay(name, flushed, monkeypatch):
     """FlashInfer's cache scales at the edges its wrapper takes: 1e-300 (0 as a float), 1e39 (an infinity as a
-    float) and 2^-100 replay in every bit; 1e-40 and 2^-120, whose subnormal partial outputs its fast-math arithmetic
-    flushes, are refused by name, and the model's unflushed bits are not the device's."""
+    float), 2^-100, and 1e-40 and 2^-120, whose subnormal partial outputs its fast-math multiplies flush, replay in
+    every bit; with the flush off the last two do not."""
     meta, arrays = read_capture(DATA / name, what=name)
-    taken = [i for i in range(len(meta["cases"])) if i not in refused]
-    report = replay_deployed(name, meta, arrays, cases=taken)
+    report = replay_deployed(name, meta, arrays)
     assert report.bit_exact, report.format()
-    for i in refused:
-        with pytest.raises(CaptureError, match=f"case {i}: (ckv|k)_scale: a latent scale"):
-            replay_deployed(name, meta, arrays, cases=[i])
-    monkeypatch.setattr(importlib.import_module("amla_sim.algorithms.deployed.flashinfer.mla"), "_TINY_CKV",
-                        np.float32(0))  # taken: the model's bits, not the device's
-    for i in refused:
+    monkeypatch.setattr(FMAUnit, "read", lambda self, x: x)
+    for i in flushed:
         assert not replay_deployed(name, meta, arrays, cases=[i]).bit_exact, i
 
 

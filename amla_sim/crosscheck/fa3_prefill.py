@@ -123,6 +123,16 @@ class _Fa3Prefill(DeployedKernel):
                 if case["format"] != "e4m3":
                     raise ValueError(f"{x}: only an E4M3 call takes descales, got format {case['format']!r}")
                 api_float(case[x], x)
+        if "softcap" in case:
+            cap = api_float(case["softcap"], "softcap")
+            if not np.isfinite(cap):
+                raise ValueError(f"softcap: expected a finite number, got {case['softcap']!r}")
+        if "window" in case:
+            w = case["window"]
+            if not isinstance(w, (list, tuple)) or len(w) != 2:
+                raise ValueError(f"window: expected [left, right], got {w!r}")
+            for x in w:
+                check_int(x, "window", lo=-1)
         if case.get("k_rows", 1) != 1 and (case["k_rows"] != 0 or max(case["seqlens"]) > 0):
             raise ValueError(f"k_rows: 0 (k and v of no row, every request of no key) or absent, got "
                              f"{case['k_rows']!r}")
@@ -168,6 +178,7 @@ class _Fa3Prefill(DeployedKernel):
         res = fa3_prefill(q[:, :keep], k[:, :keep // qpk], v[:, :keep // qpk], cu_seqlens(case["qlens"]),
                           cu_seqlens(case["seqlens"]), scale=case["scale"], causal=case["causal"],
                           num_splits=case["num_splits"], launch_heads=case["heads"], build=case.get("build", "vllm"),
+                          softcap=case.get("softcap", 0.0), window_size=tuple(case.get("window", (-1, -1))),
                           trace=True, **descales)
         out = []
         if f"c{i}_splits" in arrays:

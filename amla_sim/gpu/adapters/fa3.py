@@ -432,12 +432,12 @@ def run_sgl_fa3_sparse(fa3, q: np.ndarray, rows: np.ndarray, indices: np.ndarray
 
 
 def fa3_varlen(fa3, q, k, v, qlens, klens, *, scale: float, causal: bool, num_splits: int,
-               descales: dict | None = None):
+               descales: dict | None = None, softcap: float = 0.0, window: tuple[int, int] = (-1, -1)):
     """``flash_attn_varlen_func`` with FA3 as vLLM's MLA prefill calls it (``v1/attention/backends/mla/prefill/
     flash_attn.py:463-507``: cu_seqlens, the longest lengths, ``return_softmax_lse``): q, k, v CUDA tensors (T, h,
     d), per request `qlens` queries and `klens` keys; `descales`: FP8's ``q_descale``, ``k_descale``,
-    ``v_descale`` tensors (batch, h_k), where given. Returns out (T, h, dv) and lse (h, T), and the two offset
-    tensors."""
+    ``v_descale`` tensors (batch, h_k), where given; `softcap` and `window` (left, right) as ``mha_fwd`` takes them
+    (vLLM's MLA prefill passes neither). Returns out (T, h, dv) and lse (h, T), and the two offset tensors."""
     import torch
 
     cu_q = torch.tensor(np.concatenate([[0], np.cumsum(qlens)]), dtype=torch.int32, device="cuda")
@@ -445,6 +445,7 @@ def fa3_varlen(fa3, q, k, v, qlens, klens, *, scale: float, causal: bool, num_sp
     args = {**_FWD_UNUSED, "q": q, "k": k, "v": v, "q_v": None, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
             "seqused_k": None, "max_seqlen_q": max(qlens), "max_seqlen_k": max(klens), "page_table": None,
             "softmax_scale": scale, "is_causal": causal, "scheduler_metadata": None, "num_splits": num_splits,
+            "softcap": float(softcap), "window_size_left": int(window[0]), "window_size_right": int(window[1]),
             **(descales or {})}
     if getattr(fa3, "fork", "vllm") == "sglang":  # sgl-flash-attn's mha_fwd has attention chunking (off)
         args["attention_chunk"] = 0
@@ -470,8 +471,10 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
     descales = {f"{x}_descale": torch.full((len(qlens), k.shape[1]), float(recipe[f"{x}_descale"]),
                                            dtype=torch.float32, device="cuda")
                 for x in "qkv" if f"{x}_descale" in recipe}  # one value a call, as vLLM's per-tensor scales
+    softcap, window = float(recipe.get("softcap", 0.0)), tuple(recipe.get("window", (-1, -1)))
     out, lse, cu_q, cu_k = fa3_varlen(fa3, qt, kt, vt, qlens, klens, scale=recipe["scale"], causal=recipe["causal"],
-                                      num_splits=recipe["num_splits"], descales=descales)
+                                      num_splits=recipe["num_splits"], descales=descales, softcap=softcap,
+                                      window=window)
     b, H, Hk, mq = len(qlens), q.shape[1], k.shape[1], max(qlens)
     # SGLang's binding takes the dtype as is_bf16 (its op's signature); a split bound of 1 reads no split count
     sgl = getattr(fa3, "fork", "vllm") == "sglang"
@@ -480,8 +483,9 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
         batch_size=b, max_seqlen_q=mq, max_seqlen_k=max(klens), num_heads=H, num_heads_k=Hk, headdim=q.shape[2],
         headdim_v=v.shape[2], **dtype, seqused_k=torch.tensor(klens, dtype=torch.int32, device="cuda"),
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, cu_seqlens_k_new=None, seqused_q=None, leftpad_k=None,
-        page_size=None, max_seqlen_k_new=0, is_causal=recipe["causal"], window_size_left=-1, window_size_right=-1,
-        has_softcap=False, num_splits=recipe["num_splits"], pack_gqa=None, sm_margin=0)
+        page_size=None, max_seqlen_k_new=0, is_causal=recipe["causal"], window_size_left=window[0],
+        window_size_right=window[1], has_softcap=softcap > 0, num_splits=recipe["num_splits"], pack_gqa=None,
+        sm_margin=0)
     torch.cuda.synchronize()
     res = {"out": out.contiguous().view(torch.int16).cpu().numpy().view(np.uint16),
            "lse": lse.float().contiguous().cpu().numpy().view(np.uint32)}

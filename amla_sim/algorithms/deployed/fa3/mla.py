@@ -26,7 +26,8 @@ where L is 0 or NaN). A request of one split writes O in the input format; other
 LSE (an empty one 0 and -inf), and the combine kernel, one warp a row, lane j over splits j, j + 32, ...: ``M =
 max lse_s``, ``sum = sum expf(lse_s - M)`` (an xor butterfly over the lanes), ``lse = logf(sum) + M``, and
 ``O = sum_s fma(expf(lse_s - M) rcp(sum), O_s, .)`` from 0 over the splits whose weight is positive. ``exp2f``,
-``expf`` and ``logf`` are MUFU's (``--use_fast_math``).
+``expf`` and ``logf`` are MUFU's (``--use_fast_math``), and every FP32 multiply, FMA and division flushes subnormal
+operands and results (``-ftz=true``, :meth:`~amla_sim.machines.Machine.mul`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class _Units:
         self.ln2 = ln2(mc)
         # flash_api.cpp: the host's float(softmax_scale * M_LOG2E), read by the kernel's FTZ instructions
         self.c = mc.ftz(scale_log2(mc, scale))
-        self.c_ln2 = mc.ftz(mc.f(self.c * self.ln2))  # softmax_scale_log2 * float(M_LN2), on the device
+        self.c_ln2 = mc.mul(self.c, self.ln2)  # softmax_scale_log2 * float(M_LN2), on the device
 
     def logf(self, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
         """``__logf(x)``, or ``__logf(x) + plus`` with the multiply by ln 2 contracted into the add."""
@@ -250,12 +251,12 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
         part = _lane_sum(mc, part, s, P)
         Pq = mc.operand(mc.cast(P, u.fmt))
         V = mc.operand(Ks[cols, :D_V])
-        O = mc.matmul(Pq, V) if s is None else mc.matmul(Pq, V, mc.f(O * s[:, None]))
+        O = mc.matmul(Pq, V) if s is None else mc.matmul(Pq, V, mc.mul(O, s[:, None]))
     L = _row_total(mc, part)
     empty = (L == 0) | np.isnan(L)
     inv = np.where(empty, 0, mc.div(mc.f(1), L)).astype(dt)
     lse = np.where(empty, -np.inf, _split_lse(u, M, L)).astype(dt)
-    return mc.f(O * inv[:, None]), lse
+    return mc.mul(O, inv[:, None]), lse
 
 
 def _split_lse(u: _Units, M: np.ndarray, L: np.ndarray) -> np.ndarray:
@@ -288,4 +289,4 @@ def _combine_weights(u: _Units, lse_s: np.ndarray, M0: np.ndarray, total: np.nda
     NaN): the LSE just written is not used."""
     mc = u.mc
     inv = np.where((total == 0) | np.isnan(total), 0, mc.div(mc.f(1), total)).astype(u.dt)
-    return mc.f(mc.exp(mc.f(lse_s - M0[:, None])) * inv[:, None])
+    return mc.mul(mc.exp(mc.f(lse_s - M0[:, None])), inv[:, None])

@@ -1,6 +1,6 @@
 """FlashAttention-3's standard forward as the MLA prefill calls it (the "MHA form": q = k = [k_nope, k_pe], 192
 wide, v 128 wide, one head of K and V per query head), and at head dims 64, 96, 128 and 256 (every Llama- or
-Qwen-class model on Hopper is 128), written against a machine.
+Qwen-class model on Hopper is 128) and 64 / 256 and 64 / 512 (a v wider than q), written against a machine.
 
 vLLM 0.33 runs every MLA prefill chunk of more than 512 new tokens through it (one causal call over the new
 tokens, one non-causal call returning the LSE per context chunk); SGLang 0.5.23 its MHA-path extends.
@@ -52,7 +52,9 @@ __all__ = ["fa3_prefill", "kernel_dims", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES",
 #: accumulation); 128 / 128 (:42-46 and :56-62, every Llama- or Qwen-class model on Hopper), one warpgroup of 64 rows
 #: when the launch's longest query run times the heads a KV head is at most 64 (``use_one_mma_wg``); 64 / 64
 #: (:21-30, three MMA warpgroups of 192 rows), 96 / 96 (:36), 192 / 192 (:47) and 256 / 256 (:50), with their FP8 tiles
-#: (:58, :67-74). A call's head dims run on the kernel :func:`kernel_dims` names, its columns past them read as zero.
+#: (:58, :67-74); a v wider than q at q <= 64, 16-bit only: 64 / 256 (:20, P V from registers, no intra-warpgroup
+#: overlap) and 64 / 512 (:18, v's columns over two MMA warpgroups), one tile each (``use_one_mma_wg`` is ignored).
+#: A call's head dims run on the kernel :func:`kernel_dims` names, its columns past them read as zero.
 PREFILL_TILES = {
     (192, 128, 2, False, False): (128, 128), (192, 128, 2, True, False): (128, 128),
     (192, 128, 1, False, False): (128, 96), (192, 128, 1, True, False): (128, 96),
@@ -68,6 +70,10 @@ PREFILL_TILES = {
     (96, 96, 1, False, False): (128, 128), (96, 96, 1, True, False): (128, 128),
     (256, 256, 2, False, False): (128, 80), (256, 256, 2, True, False): (128, 80),
     (256, 256, 1, False, False): (128, 128), (256, 256, 1, True, False): (128, 128),
+    (64, 256, 2, False, False): (128, 96), (64, 256, 2, True, False): (128, 96),
+    (64, 256, 2, False, True): (128, 96), (64, 256, 2, True, True): (128, 96),
+    (64, 512, 2, False, False): (64, 64), (64, 512, 2, True, False): (64, 64),
+    (64, 512, 2, False, True): (64, 64), (64, 512, 2, True, True): (64, 64),
     (192, 192, 2, False, False): (128, 96), (192, 192, 2, True, False): (128, 96),
     (192, 192, 1, False, False): (128, 96), (192, 192, 1, True, False): (128, 96),
 }
@@ -87,7 +93,8 @@ def kernel_dims(d: int, dv: int, element_size: int = 2, name: str = "q") -> tupl
     (flash_api.cpp:925-956, the dispatch of :319-353): each rounded up to 64, 96, 128, 192 or 256 (v to its own
     step when it differs from d). A ValueError naming `name` (or ``v``) where upstream raises: a head dim that is not
     a multiple of 8 (16 for FP8), over 256, or a v of another width than d outside d in (128, 192] with v in (96,
-    128] and d <= 64 with v <= 512."""
+    128] and d <= 64 with v <= 512, or, FP8, over 256. An FP8 v wider than q at q <= 64 (to 256) runs the 64 / 64
+    FP8 kernel, which writes 64 of its columns: refused, not modelled."""
     align = 16 if element_size == 1 else 8
     for what, n in ((name, d), ("v", dv)):
         if n < 1 or n % align:
@@ -97,6 +104,12 @@ def kernel_dims(d: int, dv: int, element_size: int = 2, name: str = "q") -> tupl
     if dv != d and not (128 < d <= 192 and 96 < dv <= 128 or d <= 64 and dv <= 512):
         raise ValueError(f"v: head dim {dv} with q's {d}: FA3 takes another V head dim only for q in (128, 192] "
                          f"and v in (96, 128], or q <= 64 and v <= 512")
+    if element_size == 1 and d <= 64 < dv:
+        if dv > 256:
+            raise ValueError(f"v: head dim {dv} over 256 with FP8 inputs (mha_fwd: \"HeaddimV > 256 requires fp16 and "
+                             "bf16 data type\")")
+        raise ValueError(f"v: head dim {dv} over q's {d} with FP8 inputs runs FA3's 64 / 64 FP8 kernel "
+                         "(flash_api.cpp's dispatch), which leaves the output's columns past 64 unwritten: not modelled")
     steps = (64, 96, 128, 192, 256)
     d_r = next(x for x in steps if d <= x)
     if d_r == 64 and dv > 64:
@@ -174,25 +187,28 @@ def fa3_prefill(
     splits: list[int] | None = None,
     launch_heads: int | None = None,
     build: str = "vllm",
+    softcap: float = 0.0,
+    window_size: tuple[int, int] = (-1, -1),
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
 ) -> AttentionResult:
     """FlashAttention-3's varlen forward ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)`` on
     `machine` (see the module docstring).
 
-    q: (T, h, 192), k: (T_k, h_k, 192), v: (T_k, h_k, 128), all BF16, all FP16 or all FP8 E4M3, h a multiple of
-    h_k; request i's queries are ``q[cu_seqlens_q[i]:cu_seqlens_q[i + 1]]``, its keys and values the same rows of
-    k and v by `cu_seqlens_k`. scale: the call's ``softmax_scale`` (None: 192^-0.5). causal: vLLM's new-token call
-    (True) or its context chunks (False). num_splits: what the caller passes (0: FA3's heuristic, as vLLM by
-    default; 1: SGLang, and vLLM's batch-invariant mode). max_seqlen_q, max_seqlen_k: the call's (None: the longest
-    request; at least that). q_descale, k_descale, v_descale: E4M3 only, (batch, h_k) FP32 factors (None: 1; 16-bit
-    calls ignore them, as ``mha_fwd`` does). splits: per request, a split count in place of the prepare kernel's (a
-    what-if). launch_heads: the launch's query heads when q holds only the first of them (the heads are
-    independent, but the split choice counts them all; None: q's). build: "vllm" (vLLM's fork, the default: what
-    vLLM 0.33's wheel ships) or "sglang" (SGLang's sgl-flash-attn; the same bits but for FP8, which it accumulates
-    in one level on 160-key blocks). Returns ``.out`` (T, h, 128) in the input
-    format, BF16 for E4M3 (rows past ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`, the
-    launch's split bound, each request's split count and whether the heads were packed."""
+    q: (T, h, d), k: (T_k, h_k, d), v: (T_k, h_k, dv) (192 and 128 in the MLA prefill; any dims FA3 takes,
+    :func:`kernel_dims`), all BF16, FP16 or FP8 E4M3, h a multiple of h_k; request i's queries are ``q[cu_seqlens_q[i]:
+    cu_seqlens_q[i + 1]]``, its keys and values the same rows of k and v by `cu_seqlens_k`. scale: the call's
+    ``softmax_scale`` (None: d^-0.5). causal: vLLM's new-token call (True) or its context chunks (False).
+    num_splits: the caller's (0: FA3's heuristic, vLLM's default; 1: SGLang's, vLLM's batch-invariant mode).
+    max_seqlen_q, max_seqlen_k: the call's (None: the longest request; at least that). q_descale, k_descale,
+    v_descale: E4M3 only, (batch, h_k) FP32 factors (None: 1; 16-bit calls ignore them, as ``mha_fwd`` does).
+    splits: per request, a split count in place of the prepare kernel's (a what-if). launch_heads: the launch's
+    query heads when q holds only the first of them (the split choice counts them all; None: q's). build: "vllm"
+    (vLLM's fork, the default: what vLLM 0.33's wheel ships) or "sglang" (sgl-flash-attn; the same bits but for
+    FP8, which it accumulates in one level on 160-key blocks). softcap, window_size: ``mha_fwd``'s (a cap over 0
+    and a local window are refused, not modelled). Returns ``.out`` (T, h, dv) in the input format, BF16 for E4M3
+    (rows past ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`, the launch's split bound,
+    each request's split count and whether the heads were packed."""
     mc = get_machine(machine)
     qa, ka, va, cq, ck = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     T, H, d = qa.shape
@@ -203,7 +219,7 @@ def fa3_prefill(
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal: expected True or False, got {causal!r}")
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
-                  varlen_q=True, softcap=0.0, window_size=(-1, -1))
+                  varlen_q=True, softcap=softcap, window_size=window_size)
     fmt = get_format(qa.dtype).name
     fp8 = fmt == "e4m3"
     dk, dvk = kernel_dims(d, dv, 1 if fp8 else 2)
@@ -217,9 +233,7 @@ def fa3_prefill(
     out = np.zeros((T, H, dv), mc.dtype)
     no_k = ka.shape[0] == 0  # mha_fwd runs no kernel when k has no row: out 0, LSE +inf (flash_api.cpp:1281-1309)
     lse = np.full((H, T), np.inf if no_k else 0.0, mc.dtype)
-    LH = H if launch_heads is None else check_int(launch_heads, "launch_heads", lo=H)
-    if LH % (H // Hk):
-        raise ValueError(f"launch_heads: a multiple of the query heads a KV head ({H // Hk}), got {LH}")
+    LH = _launch_heads(launch_heads, H, Hk)
     size = 1 if fp8 else 2
     bound, counts, pack = prefill_schedule(qlens, klens, heads=LH, heads_k=LH // (H // Hk), d=d, dv=dv,
                                            num_splits=num_splits, causal=bool(causal) and mq > 1, max_seqlen_q=mq,
@@ -234,6 +248,14 @@ def fa3_prefill(
     hazards = Counter(nan_outputs=int(np.isnan(out).sum())) if np.isnan(out).any() else Counter()
     tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
     return AttentionResult(mc.cast(out, out_fmt), lse, tr, hazards)
+
+
+def _launch_heads(launch_heads: int | None, H: int, Hk: int) -> int:
+    """The launch's query heads: q's (None), or more, a whole number of KV heads' groups."""
+    LH = H if launch_heads is None else check_int(launch_heads, "launch_heads", lo=H)
+    if LH % (H // Hk):
+        raise ValueError(f"launch_heads: a multiple of the query heads a KV head ({H // Hk}), got {LH}")
+    return LH
 
 
 def _padded(x: np.ndarray, n: int) -> np.ndarray:
@@ -274,9 +296,9 @@ class _Fp8Units(_Units):
         self.two_level = two_level  # vLLM's fork; off: FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION, SGLang's
         mc = u.mc
         if qd is not None or kd is not None:
-            qk = mc.ftz(mc.ftz(1 if qd is None else qd) * mc.ftz(1 if kd is None else kd))  # FMUL.FTZ, each
-            self.c = mc.ftz(mc.f(u.c * qk))[:, None]
-            self.c_ln2 = mc.ftz(mc.f(self.c * self.ln2))
+            qk = mc.mul(1 if qd is None else qd, 1 if kd is None else kd)  # FMUL.FTZ, each
+            self.c = mc.mul(u.c, qk)[:, None]
+            self.c_ln2 = mc.mul(self.c, self.ln2)
         self.final = None if vd is None else mc.ftz(mc.f(vd))[:, None]  # read by FMUL.FTZ (finalize)
 
 
@@ -342,7 +364,8 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: 
     overlap: (O normalised (U, R, dv), lse (U, R)). Each block's ``P V`` goes onto O before the next block's
     softmax, which then rescales O: ``O = fl(acc(O, P V) s')``, the last block's product added before the end.
     (``RescaleOBeforeGemm``, on for 16-bit inputs of head dims over 128, issues the rescale before the product
-    instead, ``acc(fl(O s'), P' V')``: the same roundings in the same order.) For FP8 (:class:`_Fp8Units`) ``P`` is offset by 8 and rounded to E4M3
+    instead, ``acc(fl(O s'), P' V')``, and so do the kernels without the overlap, 64 / 256 and 64 / 512: the same
+    roundings in the same order.) For FP8 (:class:`_Fp8Units`) ``P`` is offset by 8 and rounded to E4M3
     (satfinite), and in vLLM's fork each product is a product of its own added to O in FP32 (the two-level
     accumulation, utils.h:238-325); otherwise O is the products' accumulator."""
     mc, dt = u.mc, u.dt
@@ -364,7 +387,7 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: 
         Pq = mc.operand(mc.cast(P, "e4m3", overflow="satfinite") if fp8 else mc.cast(P, u.fmt))
         Vprev = mc.operand(Vs[:, (blk - lo) * block_n:(blk - lo + 1) * block_n])
         if step:
-            O = mc.f(O * s[..., None])
+            O = mc.mul(O, s[..., None])
     O = _accumulate(u, O, Pq, Vprev)
     if not fp8:
         return _finish(u, O, M, quad_total(mc, part))
@@ -406,9 +429,9 @@ def _finish(u: _Units, O: np.ndarray, M: np.ndarray, Lsum: np.ndarray, *, sum_sc
     empty = (Lsum == 0) | np.isnan(Lsum)
     inv = np.where(empty, 0, mc.div(mc.f(1), Lsum)).astype(dt)
     if final is not None:
-        inv = mc.f(inv * final)
+        inv = mc.mul(inv, final)
     lse = np.where(empty, -np.inf, _split_lse(u, M, mc.f(Lsum * dt.type(sum_scale)))).astype(dt)
-    return mc.f(O * inv[..., None]), lse
+    return mc.mul(O, inv[..., None]), lse
 
 
 def _check_build(build: str, d: int, dv: int) -> None:
@@ -456,11 +479,7 @@ def _check_inputs(q, k, v, cu_q, cu_k):
         raise ValueError(f"k, v: k (T_k, h_k, {qa.shape[2]}) and v (T_k, h_k, dv), got {ka.shape} and {va.shape}")
     if qa.shape[1] % ka.shape[1]:
         raise ValueError(f"k: its heads ({ka.shape[1]}) must divide q's ({qa.shape[1]})")
-    dims = kernel_dims(qa.shape[2], va.shape[2], 1 if get_format(qa.dtype).name == "e4m3" else 2)
-    modelled = sorted({key[:2] for key in PREFILL_TILES})
-    if dims not in modelled:  # FA3's kernels of a wider v at q <= 64 (64 / 256, 64 / 512): computed, not modelled
-        raise ValueError(f"v: head dims {(qa.shape[2], va.shape[2])} (q's, v's) run FA3's {dims} kernel, which is not "
-                         f"modelled; the model covers calls on {', '.join(map(str, modelled))}")
+    kernel_dims(qa.shape[2], va.shape[2], 1 if get_format(qa.dtype).name == "e4m3" else 2)
     cus = []
     for name, cu, total in (("cu_seqlens_q", cu_q, qa.shape[0]), ("cu_seqlens_k", cu_k, ka.shape[0])):
         c = np.asarray(cu)

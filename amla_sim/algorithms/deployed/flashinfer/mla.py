@@ -25,7 +25,10 @@ lg2(d) + fl(m c)``, base 2 (-inf where m is -inf). A tile of one chunk writes O 
 partials) with its FP32 LSE, and the merge, per row over the chunks in order from ``m = -inf, d = 1, o = 0``:
 ``m' = max(m, lse_k)``, ``f1 = ex2(max(m - m', -inf))``, ``f2 = ex2(max(lse_k - m', -inf))``, ``d = fma(d, f1,
 f2)``, ``o = fma(f1, o, fl(f2 o_k))``; then ``o = fl(o rcp(d))`` (0 where d is 0) and ``lse = m + lg2(d)``.
-``ex2``, ``lg2`` and ``rcp`` are MUFU's ``.approx.ftz``.
+``ex2``, ``lg2`` and ``rcp`` are MUFU's ``.approx.ftz``, and every FP32 multiply, FMA and division flushes subnormal
+operands and results to zeros of their sign (``-ftz=true``, :meth:`~amla_sim.machines.Machine.mul`): a latent cache
+scale of 2^-120 or a cache near 1e-38 makes subnormal partial outputs, which ``O * o_scale`` and ``O * rcp(d)`` write
+as 0.
 
 An E4M3 cache (BF16 q) is dequantised to BF16 before every product: ``bf16(e4m3 * bf16(scale))`` with
 ``ckv_scale`` for the 512 latent columns (also V) and ``kpe_scale`` for the 64 rope columns; with
@@ -220,25 +223,7 @@ def _kv_scales(kv_fmt: str, shape: tuple[int, ...], ckv_scale: object, kpe_scale
         if arr.dtype != np.float32 or arr.shape != want:
             raise ValueError(f"ckv_scale_arr: expected float32 of shape {want}, got {arr.dtype} {arr.shape}")
     ckv = np.float32(1) if ckv_scale is None else _finite_positive(ckv_scale, "ckv_scale")
-    _modelled_latent(ckv, "ckv_scale")
-    if arr is not None:
-        _modelled_latent(arr, "ckv_scale_arr")
     return ckv, _finite_positive(kpe_scale, "kpe_scale"), arr
-
-
-def _modelled_latent(values: npt.ArrayLike, name: str) -> None:
-    """A ValueError naming `name` for a latent scale under 2^-100 (but 0): not modelled (:data:`_TINY_CKV`)."""
-    v = np.abs(np.asarray(values, np.float32))
-    tiny = (v > 0) & (v < _TINY_CKV)
-    if tiny.any():
-        raise ValueError(f"{name}: a latent scale of {float(v[tiny].flat[0]):.3g}, under 2^-100, is not modelled (the "
-                         "kernel computes it; its fast-math arithmetic flushes the subnormal partial outputs such a "
-                         "cache makes, which the model keeps)")
-
-
-#: The smallest latent scale modelled: under it V's values, and the outputs, near FP32's subnormal range, which the
-#: kernel's FTZ arithmetic flushes along the way (captured: 1e-40 and 2^-120 give other bits, 2^-100 the model's)
-_TINY_CKV = np.float32(2.0 ** -100)
 
 
 def _finite_positive(x: object, name: str) -> np.float32:
@@ -274,7 +259,7 @@ def _dequant(mc: Machine, kv: np.ndarray, ckv_scale: np.float32, kpe_scale: np.f
         return mc.cast(part * mc.cast(mc.f(scale), "bf16"), "bf16")
 
     def fmul(part: np.ndarray) -> np.ndarray:
-        return mc.cast(mc.ftz(mc.f(part * mc.ftz(mc.f(np.repeat(arr, 128, axis=1))))), "bf16")
+        return mc.cast(mc.mul(part, np.repeat(arr, 128, axis=1)), "bf16")
 
     nope = hmul(x[:, :D_V], ckv_scale) if arr is None else fmul(x[:, :D_V])
     if x.shape[1] == D_V:  # head_dim_kpe 0: the latent only (repack_fp8_kv_to_bf16's KPE part compiled out, :414)
@@ -329,10 +314,16 @@ def _chunk(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
         o_scale = _o_scale(u, m_prev, m, ms)
         P = mc.exp2(mc.mul_add(S, u.c, -ms[:, None]))
         lanes = _lane_sums(mc, lanes, o_scale, P)
-        O = mc.matmul(mc.operand(mc.cast(P, u.fmt)), Vs[cols], mc.f(O * o_scale[:, None]))
+        O = mc.matmul(mc.operand(mc.cast(P, u.fmt)), Vs[cols], _rescale(mc, O, o_scale))
     d = _row_total(mc, lanes)
     inv = np.where(np.isneginf(m), 0, mc.div(mc.f(1), d)).astype(dt)  # normalize_d_ (:641-655)
-    return mc.f(O * inv[:, None]), m, d
+    return mc.mul(O, inv[:, None]), m, d
+
+
+def _rescale(mc: Machine, O: np.ndarray, o_scale: np.ndarray) -> np.ndarray:
+    """``rescale_o_`` (mla_hopper.cuh:576-583): ``o_frag *= o_scale``, ``mul.ftz``: a subnormal running output is read
+    as 0, a subnormal product written as 0."""
+    return mc.mul(O, o_scale[:, None])
 
 
 def _o_scale(u: _Units, m_prev: np.ndarray, m: np.ndarray, ms: np.ndarray) -> np.ndarray:
@@ -388,12 +379,12 @@ def _merge(u: _Units, parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.nd
         d = mc.mul_add(d, f1, f2)  # d_prev * f1 + 1 * f2
         o = _merge_o(mc, o, f1, O_k, f2)
     inv = np.where(d > 0, mc.div(mc.f(1), d), 0).astype(dt)  # __fdividef(1.f, d)
-    return mc.f(o * inv[:, None]), _merge_lse(mc, m, d)
+    return mc.mul(o, inv[:, None]), _merge_lse(mc, m, d)
 
 
 def _merge_o(mc: Machine, o: np.ndarray, f1: np.ndarray, O_k: np.ndarray, f2: np.ndarray) -> np.ndarray:
-    """``o * f1 + other_o * f2``: the PTX fuses ``o * f1`` (``fma.rn(f1, o, fl(f2 o_k))``)."""
-    return mc.mul_add(o, f1[:, None], mc.f(O_k * f2[:, None]))
+    """``o * f1 + other_o * f2``: the PTX fuses ``o * f1`` (``fma.rn.ftz(f1, o, fl(f2 o_k))``)."""
+    return mc.mul_add(o, f1[:, None], mc.mul(O_k, f2[:, None]))
 
 
 def _merge_lse(mc: Machine, m: np.ndarray, d: np.ndarray) -> np.ndarray:

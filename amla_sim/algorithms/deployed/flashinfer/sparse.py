@@ -24,7 +24,7 @@ from ....formats import get_format
 from ....machines import Machine
 from ..._common import D_V, AttentionResult, _check_storage
 from ..topk import sparse_rows
-from .mla import _finite_positive, _modelled_latent, flashinfer_mla
+from .mla import _finite_positive, flashinfer_mla
 
 __all__ = ["flashinfer_mla_sparse", "packed_topk"]
 
@@ -81,7 +81,7 @@ def flashinfer_mla_sparse(
     if k_scale is not None and not e4m3:
         raise ValueError("k_scale: only an E4M3 cache takes a scale (kv_cache is BF16)")
     if k_scale is not None:
-        _modelled_latent(_finite_positive(k_scale, "k_scale"), "k_scale")  # named here, not as ckv_scale
+        _finite_positive(k_scale, "k_scale")  # named here, not as ckv_scale
     packed, lens = packed_topk(idx.astype(np.int64))
     keys = sparse_rows(kva, packed, lens)
     scales = {"ckv_scale": 1.0 if k_scale is None else k_scale, "kpe_scale": 1.0} if e4m3 else {}

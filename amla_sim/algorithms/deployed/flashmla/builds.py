@@ -4,7 +4,8 @@
   MUFU approximations, ``logf`` ``lg2`` times ln 2): machine ``sm90-cuda``. vLLM 0.33 compiles its ``_flashmla_C``
   library (the dense decode, the sparse FP8 decode, the sparse prefill) without it
   (``cmake/external_projects/flashmla.cmake``: plain ``VLLM_GPU_FLAGS``): ``exp2f`` keeps subnormal results, ``/``
-  is IEEE, ``logf`` and ``log2f`` are libdevice's polynomials; ``__fdividef`` stays approximate: machine
+  is IEEE, ``logf`` and ``log2f`` are libdevice's polynomials; ``__fdividef`` stays approximate; FP32 multiplies
+  keep subnormal operands and products, which fast math (``-ftz=true``) flushes to zeros: machine
   ``sm90-cuda-precise``. Its ``_flashmla_extension_C`` (the dense FP8 decode) gets the flag.
 - **The scale's type at the API.** Upstream's Python binding takes ``float softmax_scale`` (rounded to FP32 before
   any constant is derived from it); vLLM's and SGLang's ops take a double (a torch schema's ``float``), from which

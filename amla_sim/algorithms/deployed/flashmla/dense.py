@@ -228,7 +228,7 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
     l0, l1 = np.zeros((R, 4), dt), np.zeros((R, 4), dt)
 
     def softmax(S):
-        m_new = np.maximum(m, mc.f(np.max(S, axis=1) * c))
+        m_new = np.maximum(m, mc.mul(np.max(S, axis=1), c))
         return m_new, mc.exp2(m - m_new), mc.exp2(mc.mul_add(S, c, -m_new[:, None]))
 
     S0s, V0s = _blocks(u, Q, K, seqlen, range(b0, b1, 2), True, border, b1 - 2)
@@ -236,7 +236,7 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
     for i, blk in enumerate(range(b0, b1, 2)):
         S0, V0 = S0s[i], V0s[i]
         m, s0, P0 = softmax(S0)
-        OL = mc.matmul(mc.operand(mc.cast(P0, u.fmt)), mc.operand(V0[:, :256]), mc.f(OL * s0[:, None]))
+        OL = mc.matmul(mc.operand(mc.cast(P0, u.fmt)), mc.operand(V0[:, :256]), mc.mul(OL, s0[:, None]))
         l0 = mc.mul_add(l0, s0[:, None], u.lane_sums(P0))
         if blk + 1 < b1:
             S1, V1 = S1s[i], V1s[i]
@@ -246,14 +246,14 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, b0: int, b1: in
             # adds nothing to the sums but moves the max where -1e33 c exceeds it (a negative scale, 440-447)
             m_new = np.maximum(m, mc.f(u.c(_MAX_INIT) * c))
             s1, sum1, m = mc.exp2(m - m_new), np.zeros((R, 4), dt), m_new
-        c1 = mc.f(s1 * s0)
-        OR = mc.f(OR * c1[:, None])
+        c1 = mc.mul(s1, s0)
+        OR = mc.mul(OR, c1[:, None])
         l1 = mc.mul_add(l1, c1[:, None], sum1)
         if blk + 1 < b1:
             OR = mc.matmul(mc.operand(mc.cast(P1, u.fmt)), mc.operand(V1[:, 256:]), OR)
-        OR = mc.matmul(mc.operand(mc.cast(mc.f(P0 * s1[:, None]), u.fmt)), mc.operand(V0[:, 256:]), OR)
+        OR = mc.matmul(mc.operand(mc.cast(mc.mul(P0, s1[:, None]), u.fmt)), mc.operand(V0[:, 256:]), OR)
         if blk + 1 < b1:
-            OL, l0 = mc.f(OL * s1[:, None]), mc.f(l0 * s1[:, None])
+            OL, l0 = mc.mul(OL, s1[:, None]), mc.mul(l0, s1[:, None])
             OL = mc.matmul(mc.operand(mc.cast(P1, u.fmt)), mc.operand(V1[:, :256]), OL)
 
     def lanes(x):  # the butterfly over the four lanes of a row

@@ -115,11 +115,7 @@ def _constants(mc: Machine, scale: float, dq: float, dk: float) -> tuple[np.ndar
     """``scale_softmax = scale * descale_q * descale_k`` and ``scale_softmax_log2 = float(scale * M_LOG2E) *
     descale_q * descale_k``, each product rounded to float in that order by the kernel's FTZ multiplies
     (``flash_fwd_mla_kernel.h:566-572``), which read a subnormal operand as 0 and flush a subnormal product."""
-
-    def mul(a: np.ndarray, b: float) -> np.ndarray:
-        return mc.ftz(mc.f(mc.ftz(a) * mc.ftz(b)))
-
-    return mul(mul(mc.f(scale), dq), dk), mul(mul(scale_log2(mc, scale), dq), dk)
+    return mc.mul(mc.mul(scale, dq), dk), mc.mul(mc.mul(scale_log2(mc, scale), dq), dk)
 
 
 def _split(mc: Machine, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, c: np.ndarray,
@@ -135,12 +131,12 @@ def _split(mc: Machine, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: 
         part = _lane_sum(mc, part, s, P)
         P8 = mc.operand(mc.cast(P, "e4m3", overflow="satfinite"))
         V8 = mc.operand(Ks[cols, :D_V])
-        O = mc.matmul(P8, V8) if s is None else mc.matmul(P8, V8, mc.f(O * s[:, None]))
+        O = mc.matmul(P8, V8) if s is None else mc.matmul(P8, V8, mc.mul(O, s[:, None]))
     L = _row_total(mc, part)
     empty = (L == 0) | np.isnan(L)
     inv = np.where(empty, 1, mc.div(dk, L)).astype(dt)
     lse = np.where(empty, np.inf if alone else -np.inf, _split_lse(mc, M, sm, L)).astype(dt)
-    return mc.f(O * inv[:, None]), lse
+    return mc.mul(O, inv[:, None]), lse
 
 
 def flashmla_dense_fp8_decode(

@@ -162,10 +162,10 @@ def _split(mc: Machine, fmt: str, Q: np.ndarray, K: np.ndarray, seqlen: int, lo:
     for cols, s, P, M in softmax_steps(mc, Ss, seqlen, lo, _walk(lo, hi), c, shift):
         Kb = Ks[cols]
         part = _thread_sum(mc, part, s, P)
-        O = mc.f(O * (mc.f(0) if s is None else s[:, None]))
+        O = mc.mul(O, mc.f(0) if s is None else s[:, None])
         O = mc.matmul(mc.operand(mc.cast(P, fmt)), mc.operand(Kb[:, :D_V]), O)
     L = _row_total(mc, part)
     empty = (L == 0) | np.isnan(L)
     inv = np.where(empty, 1, mc.div(mc.f(1), L)).astype(dt)
     lse = np.where(empty, np.inf if alone else -np.inf, _split_lse(mc, M, sm, L)).astype(dt)
-    return mc.f(O * inv[:, None]), lse
+    return mc.mul(O, inv[:, None]), lse

@@ -160,7 +160,7 @@ def flashmla_sparse_fp8(
             if len(res) == 1:
                 O, L, m = res[0]
                 r = mc.div_approx(mc.f(1.0), L if sink is None else _with_sink(mc, L, m, sink))  # __fdividef
-                out[i, j] = np.where((L == 0)[:, None], mc.f(0.0), mc.f(O * r[:, None]))
+                out[i, j] = np.where((L == 0)[:, None], mc.f(0.0), mc.mul(O, r[:, None]))
                 lse[i, j] = np.where(L == 0, np.inf, _lse(mc, L, m, ln2))
             else:
                 out[i, j], lse[i, j] = _combine(mc, res, max_splits, sink, ln2)
@@ -217,10 +217,10 @@ def _splits(mc: Machine, scores: np.ndarray, K: np.ndarray, ok: np.ndarray, rang
         blk = np.maximum(np.minimum(lo + t, hi - 1), 0)  # a finished split repeats a block (its result unused)
         cols = blk[:, None] * BLOCK_SIZE_N + np.arange(BLOCK_SIZE_N)  # (n, 64)
         S = np.where(ok[cols][:, None, :], np.moveaxis(scores[:, cols], 0, 1), -np.inf).astype(dt)  # (n, R, 64)
-        m_new = np.maximum(m, mc.f(np.max(S, axis=-1) * c))
+        m_new = np.maximum(m, mc.mul(np.max(S, axis=-1), c))
         s = mc.exp2(mc.f(m - m_new))
         P = mc.exp2(mc.mul_add(S, c, -m_new[..., None]))
-        O_new = mc.matmul(mc.operand(mc.cast(P, "bf16")), mc.operand(K[cols, :D_V]), mc.f(O * s[..., None]))
+        O_new = mc.matmul(mc.operand(mc.cast(P, "bf16")), mc.operand(K[cols, :D_V]), mc.mul(O, s[..., None]))
         lanes_new = mc.mul_add(lanes, s[..., None], _lane_sums(mc, P))
         if live.all():
             O, lanes, m = O_new, lanes_new, m_new
@@ -285,6 +285,6 @@ def _combine(mc: Machine, res: list, max_splits: int, sink: np.ndarray | None,
     scales = mc.exp2(mc.f(lse_s - g[:, None]))
     acc = np.zeros((lse_s.shape[0], D_V), dt)
     for k, (O, L, _) in enumerate(res):
-        Os = np.where((L == 0)[:, None], mc.f(0.0), mc.f(O * mc.div_approx(mc.f(1.0), L)[:, None]))
+        Os = np.where((L == 0)[:, None], mc.f(0.0), mc.mul(O, mc.div_approx(mc.f(1.0), L)[:, None]))
         acc = mc.mul_add(scales[:, k:k + 1], Os, acc)
     return acc, lse

@@ -192,7 +192,7 @@ def flashmla_sparse_prefill(
         sl = slice(lo, min(lo + step, s_q))
         O, L, m = _token_rows(mc, Q[sl], keys, idx[sl], ok[sl], pairs[sl], c)
         r = np.where(L == 0, mc.f(0.0), _reciprocal(mc, mc.f(L + _sink_term(mc, sink_row, m))))  # 206-208
-        out[sl] = mc.f(O * r[..., None])  # 228: bf16(rO * scale_factor), rounded below
+        out[sl] = mc.mul(O, r[..., None])  # 228: bf16(rO * scale_factor), rounded below
         L_all[sl], m_all[sl] = L, m
     empty = L_all == 0  # 447: is_no_valid_tokens
     max_logits = np.where(empty, -np.inf, _max_logits(mc, m_all, ln2)).astype(dt)  # 448
@@ -252,7 +252,7 @@ def _token_rows(mc: Machine, Q: np.ndarray, keys: np.ndarray, idx: np.ndarray, o
             s0 = mc.exp2(mc.f(mp - m0))  # 159
             P0 = _probabilities(mc, S0, c, m0)  # 170
             P0b = mc.cast(P0, "bf16")  # 172: rS = (bf16)rP
-            oL = mc.matmul(mc.operand(P0b), mc.operand(K0[..., :_HALF]), mc.f(OL[live] * s0[..., None]))  # 161-163, 325
+            oL = mc.matmul(mc.operand(P0b), mc.operand(K0[..., :_HALF]), mc.mul(OL[live], s0[..., None]))  # 161-163, 325
             a0 = _lane_update(mc, l0[live], s0, _lane_sums(mc, P0))  # 167-176
             # warpgroup 1, block 2p + 1: its old max is its own rM (= mp), its new one the max with warpgroup 0's sM
             m1 = np.fmax(m0, _scaled_max(mc, S1, c))  # 139, 156
@@ -262,15 +262,15 @@ def _token_rows(mc: Machine, Q: np.ndarray, keys: np.ndarray, idx: np.ndarray, o
             a1 = _lane_update(mc, l1[live], s1, _lane_sums(mc, P1))
             # warpgroup 0 reads the new max, rescales its P for warpgroup 1, its O and its sums (336-352)
             t = mc.exp2(mc.f(m0 - m1))  # 339
-            P0s = mc.cast(mc.f(P0 * t[..., None]), "bf16")  # 288: rS = (bf16)(rP * scales)
-            accL, accR = mc.f(oL * t[..., None]), mc.f(OR[live] * s1[..., None])  # 299-302; 416's rescale
+            P0s = mc.cast(mc.mul(P0, t[..., None]), "bf16")  # 288: rS = (bf16)(rP * scales)
+            accL, accR = mc.mul(oL, t[..., None]), mc.mul(OR[live], s1[..., None])  # 299-302; 416's rescale
             if whole:  # 351-352 (rO0 += sS1 @ sV1l) and 416 (rO1 = sS1 @ sV1r) as one product
                 o = mc.matmul(P1b, mc.operand(K1[..., :D_V]), np.concatenate([accL, accR], axis=-1))
                 oL, oR = o[..., :_HALF], o[..., _HALF:]
             else:
                 oR = mc.matmul(P1b, mc.operand(K1[..., _HALF:D_V]), accR)  # 416
                 oL = mc.matmul(P1b, mc.operand(K1[..., :_HALF]), accL)  # 351-352
-            a0 = mc.f(a0 * t[..., None])  # 302: rL *= scales
+            a0 = mc.mul(a0, t[..., None])  # 302: rL *= scales
             oR = mc.matmul(mc.operand(P0s), mc.operand(K0[..., _HALF:D_V]), oR)  # 422: rO1 += sS0 @ sV0r
             OL[live], OR[live], l0[live], l1[live], m[live] = oL, oR, a0, a1, m1
         p += group
@@ -315,7 +315,7 @@ def _masked(mc: Machine, S: np.ndarray, ok: np.ndarray) -> np.ndarray:
 
 def _scaled_max(mc: Machine, S: np.ndarray, c: np.ndarray) -> np.ndarray:
     """``cur_max *= scale`` (147-152): the raw scores' row max (fmaxf over the quad, NaN ignored) times c."""
-    return mc.f(np.fmax.reduce(S, axis=-1) * c)
+    return mc.mul(np.fmax.reduce(S, axis=-1), c)
 
 
 def _probabilities(mc: Machine, S: np.ndarray, c: np.ndarray, m: np.ndarray) -> np.ndarray:
