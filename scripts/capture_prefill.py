@@ -237,6 +237,20 @@ CAP_CASES = [
 ]
 
 
+#: local windows alone: splits over a long window, grouped heads, the MLA prefill's 192 / 128, FP8 at 256 (64-key
+#: blocks), one query, a non-causal call whose window (-1, 0) makes it causal, a window of one key
+WINDOW_CASES = [c for c in CAP_CASES if not c["softcap"]] + [
+    _cap(128, 4, 4, (20,), (8000,), False, "bf16", 401, 0, window=(4000, 10)),
+    _cap(192, 16, 16, (500, 200), (500, 200), True, "bf16", 402, 0, window=(300, 0)),
+    _cap(128, 16, 4, (300, 120), (300, 120), True, "bf16", 403, 0, window=(64, 0)),
+    _cap(256, 8, 8, (200,), (600,), False, "e4m3", 404, 0, window=(100, 100)),
+    _cap(96, 8, 8, (1,), (500,), True, "bf16", 405, 0, window=(50, -1)),
+    _cap(64, 8, 8, (300,), (300,), False, "bf16", 406, 0, window=(-1, 0)),
+    _cap(128, 8, 8, (100, 50), (2000, 3000), False, "bf16", 407, 0, window=(0, 0)),
+    _cap(64, 8, 2, (40,), (5000,), False, "bf16", 408, 0, window=(2000, 40)),
+]
+
+
 def _sglang_cases(seed: int) -> list[dict]:
     """The case table and the FP8 calls as SGLang makes them: ``num_splits`` 1 (sgl_kernel's default, never passed);
     BF16 in place of FP16 (DeepSeek's checkpoints are BF16 or FP8; the build leaves FP16 out); one KV head a query
@@ -250,7 +264,7 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
+    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,window,window-seed,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
     only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]
@@ -269,6 +283,9 @@ def main() -> None:
             ("small", f"small_fa3_prefill_{tag}.npz", {"cases": _small()}),
             ("wide", f"fa3_prefill_wide_{tag}.npz", {"cases": WIDE_CASES}),
             ("caps", f"fa3_prefill_caps_{tag}.npz", {"cases": CAP_CASES}),
+            ("window", f"fa3_prefill_window_{tag}.npz", {"cases": WINDOW_CASES}),
+            ("window-seed", f"fa3_prefill_window_seed{seed}_{tag}.npz",
+             {"cases": [{**c, "seed": c["seed"] + seed} for c in WINDOW_CASES]}),
             ("wide-seed", f"fa3_prefill_wide_seed{seed}_{tag}.npz",
              {"cases": [{**c, "seed": c["seed"] + seed} for c in WIDE_CASES]}),
             ("hd128", f"fa3_prefill_hd128_{tag}.npz", {"cases": HD128_CASES}),

@@ -19,6 +19,7 @@ from amla_sim.algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, pr
 from amla_sim.algorithms.deployed.vllm.mla_prefill import plan_context_chunks, vllm_mla_prefill, workspace_rows
 from amla_sim.crosscheck import replay
 from amla_sim.crosscheck.fa3_prefill import PREFILL_CASES, prefill_inputs
+from amla_sim.crosscheck.files import CaptureError
 from amla_sim.crosscheck.prefill_chain import chain_inputs
 
 prefill = importlib.import_module("amla_sim.algorithms.deployed.fa3.prefill")
@@ -624,7 +625,8 @@ def test_the_padded_kernels_choices_matter(monkeypatch):
     the 128 kernel's one-warpgroup tile gives other bits; the 192 / 192 kernel's 96-key blocks, not 192 / 128's
     128."""
     one_wg = prefill.use_one_mma_wg
-    monkeypatch.setattr(prefill, "use_one_mma_wg", lambda d, mq, qpk: one_wg(prefill.kernel_dims(d, d)[0], mq, qpk))
+    monkeypatch.setattr(prefill, "use_one_mma_wg",
+                        lambda d, mq, qpk, local=False: one_wg(prefill.kernel_dims(d, d)[0], mq, qpk, local))
     assert _share(PAD, 1) < 1
     monkeypatch.setattr(prefill, "use_one_mma_wg", one_wg)
     tiles = {k: prefill.PREFILL_TILES[(192, 128) + k[2:]] if k[:2] == (192, 192) else t
@@ -646,3 +648,48 @@ def test_a_recipe_the_prefill_does_not_take_is_refused_by_name(edit, match):
 
     with pytest.raises(ValueError, match=f"^{match}"):
         FA3_PREFILL.check({**FA3_PREFILL.scale_template(), **edit})
+
+
+WINDOW = DATA / "fa3_prefill_window_h200.npz"
+
+
+def test_local_windows_are_predicted_in_every_bit(fastest_engine):
+    """``window_size`` through vLLM's library (``scripts/capture_prefill.py --only window``): causal and
+    context-chunk calls, windows of one key to 4,000, grouped heads, splits of up to 21, FP16, FP8 at 256, the MLA
+    prefill's 192 / 128, one query, and (-1, 0) on a non-causal call (causal); the same at fresh seeds (+ 1000)."""
+    meta, _ = _load(WINDOW)
+    assert {tuple(c["window"]) for c in meta["cases"]} >= {(0, 0), (-1, 0), (4000, 10), (1000, -1)}
+    for path in (WINDOW, DATA / "fa3_prefill_window_seed1000_h200.npz"):
+        report = replay(path)
+        for row in report.cases:
+            assert row.first_difference is None and not row.skipped, report.format()
+
+
+@pytest.mark.parametrize("change", ["no-unmasked-blocks", "block-aligned", "unwindowed-tiles", "full-keys-split"])
+def test_each_window_choice_matters(change, monkeypatch):
+    """Each part of the local model, in its other form, gives other bits: the mainloop's unmasked blocks (with
+    intra-warpgroup overlap its bounds count the request's keys, not the m-block's after its offset: case 4, whose
+    rows 384-466 then read keys past their window), key blocks aligned to kBlockN rather than to the m-block's first
+    key, the causal tiles, the split heuristic over every key rather than those the window loads."""
+    case = {"no-unmasked-blocks": 4, "block-aligned": 5, "unwindowed-tiles": 1, "full-keys-split": 3}[change]
+    if change == "no-unmasked-blocks":
+        monkeypatch.setattr(prefill, "_overlap", lambda d, dv, size: False)
+    elif change == "block-aligned":
+        monkeypatch.setattr(prefill, "_n_offset", lambda *a: 0)
+    elif change == "unwindowed-tiles":
+        monkeypatch.setattr(prefill, "LOCAL_TILES", {})
+    else:
+        schedule = prefill.prefill_schedule
+        monkeypatch.setattr(prefill, "prefill_schedule", lambda *a, **kw: schedule(
+            *a, **{**kw, "local": None if kw.get("local") is None else (kw["max_seqlen_k"], 0)}))
+    assert _share(WINDOW, case) < 1
+
+
+def test_softcap_is_refused_by_name():
+    """FA3's softcap (``tanh.approx``, MUFU.TANH, which has no model here) is refused by name on replay of vLLM's
+    library's calls (``tests/data/fa3_prefill_softcap_h200.npz``, kept for its model)."""
+    path = DATA / "fa3_prefill_softcap_h200.npz"
+    meta, arrays = _load(path)
+    assert all(c["softcap"] > 0 for c in meta["cases"])
+    with pytest.raises(CaptureError, match="softcap: softcapping is not modelled"):
+        replay(path, cases=[0])

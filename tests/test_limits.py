@@ -104,6 +104,10 @@ PROBES = {
     ("fa3-prefill", "head dims between the compiled ones: any multiple of 8 (16 for FP8) up to 256, v as wide as q, "
                     "narrower at q <= 64, or 104 to 128 at q of 136 to 192"):
         (lambda: (fa3_prefill(*_prefill(d=80, dv=80)), fa3_prefill(*_prefill(d=160, dv=112))), None),
+    ("fa3-prefill", "a local `window_size`"):
+        (lambda: [fa3_prefill(*_prefill(), causal=c, window_size=w) for c, w in ((True, (2, 0)), (False, (3, 1)))],
+         None),
+    ("fa3-prefill", "`softcap` over 0"): (lambda: fa3_prefill(*_prefill(), softcap=30.0), "softcap"),
     ("fa3-prefill", "a v wider than q at q <= 64"):
         (lambda: [fa3_prefill(*_prefill(d=d, dv=dv)) for d, dv in ((64, 256), (48, 200), (64, 512))], None),
     ("fa3-prefill", "a head dim not a multiple of 8 (16 for FP8) or over 256, another v than those"):

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms.deployed.fa3 import FA3_COMMIT
-from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, kernel_dims, prefill_schedule
+from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, kernel_dims, prefill_schedule, window
 from ..algorithms.deployed.scalars import api_float
 from ..experiments.inputs import make_inputs
 from ..resources import run_bytes
@@ -152,10 +152,11 @@ class _Fa3Prefill(DeployedKernel):
     def _schedule(self, case: dict) -> tuple[int, list[int], bool]:
         ql, kl = case["qlens"], case["seqlens"]
         d, dv = _dims(case)
+        causal, local, left, right = window(case["causal"], case.get("window", (-1, -1)), max(ql), max(kl))
         return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=d, dv=dv,
-                                num_splits=case["num_splits"], causal=case["causal"] and max(ql) > 1,
-                                max_seqlen_q=max(ql), max_seqlen_k=max(kl),
-                                element_size=1 if case["format"] == "e4m3" else 2, build=case.get("build", "vllm"))
+                                num_splits=case["num_splits"], causal=causal, max_seqlen_q=max(ql),
+                                max_seqlen_k=max(kl), element_size=1 if case["format"] == "e4m3" else 2,
+                                build=case.get("build", "vllm"), local=(left, right) if local else None)
 
     def readbacks(self, case: dict) -> set[str]:
         """The split counts, where the launch splits dynamically (its split bound over 1)."""
@@ -204,8 +205,11 @@ class _Fa3Prefill(DeployedKernel):
         recipe = {**recipe, "scale": 192**-0.5 if recipe["scale"] is None else recipe["scale"]}
         keep = recipe["keep_heads"]
 
+        causal, local, _, _ = window(recipe["causal"], recipe.get("window", (-1, -1)), max(recipe["qlens"]),
+                                     max(recipe["seqlens"]))
+
         def kept() -> dict[str, np.ndarray]:
-            got = run_fa3_prefill(kernel, q, k, v, recipe)
+            got = run_fa3_prefill(kernel, q, k, v, recipe, head_swizzle=causal or local)
             return {**got, "out": np.ascontiguousarray(got["out"][:, :keep]), "lse": got["lse"][:keep].copy()}
 
         got, same = run_twice(kept)

@@ -453,12 +453,14 @@ def fa3_varlen(fa3, q, k, v, qlens, klens, *, scale: float, causal: bool, num_sp
     return out, lse, cu_q, cu_k
 
 
-def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: dict) -> dict[str, np.ndarray]:
+def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: dict,
+                    head_swizzle: bool = False) -> dict[str, np.ndarray]:
     """One case of FA3's MHA-form prefill on the GPU (:func:`fa3_varlen`): q (T, h, 192), k (T_k, h_k, 192),
     v (T_k, h_k, 128) as bits of the recipe's ``format`` (``e4m3``: BF16 bits cast with ``.to(torch.float8_e4m3fn)``,
     as vLLM's FP8 prefill casts them; the recipe's ``q_descale``, ``k_descale``, ``v_descale`` where it has them).
-    Returns out (T, h, 128) and lse (h, T) as raw bits, and the split
-    counts that ``get_scheduler_metadata`` gives for the same call where it splits dynamically."""
+    Returns out (T, h, 128) and lse (h, T) as raw bits, and the split counts that ``get_scheduler_metadata`` gives
+    for the same call where it splits dynamically (`head_swizzle`: the call is causal or local as ``mha_fwd`` reads
+    it, so the metadata holds the heads in L2 too)."""
     import torch
 
     fmt = recipe["format"]
@@ -471,10 +473,10 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
     descales = {f"{x}_descale": torch.full((len(qlens), k.shape[1]), float(recipe[f"{x}_descale"]),
                                            dtype=torch.float32, device="cuda")
                 for x in "qkv" if f"{x}_descale" in recipe}  # one value a call, as vLLM's per-tensor scales
-    softcap, window = float(recipe.get("softcap", 0.0)), tuple(recipe.get("window", (-1, -1)))
+    softcap, window_size = float(recipe.get("softcap", 0.0)), tuple(recipe.get("window", (-1, -1)))
     out, lse, cu_q, cu_k = fa3_varlen(fa3, qt, kt, vt, qlens, klens, scale=recipe["scale"], causal=recipe["causal"],
                                       num_splits=recipe["num_splits"], descales=descales, softcap=softcap,
-                                      window=window)
+                                      window=window_size)
     b, H, Hk, mq = len(qlens), q.shape[1], k.shape[1], max(qlens)
     # SGLang's binding takes the dtype as is_bf16 (its op's signature); a split bound of 1 reads no split count
     sgl = getattr(fa3, "fork", "vllm") == "sglang"
@@ -483,16 +485,15 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
         batch_size=b, max_seqlen_q=mq, max_seqlen_k=max(klens), num_heads=H, num_heads_k=Hk, headdim=q.shape[2],
         headdim_v=v.shape[2], **dtype, seqused_k=torch.tensor(klens, dtype=torch.int32, device="cuda"),
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, cu_seqlens_k_new=None, seqused_q=None, leftpad_k=None,
-        page_size=None, max_seqlen_k_new=0, is_causal=recipe["causal"], window_size_left=window[0],
-        window_size_right=window[1], has_softcap=softcap > 0, num_splits=recipe["num_splits"], pack_gqa=None,
+        page_size=None, max_seqlen_k_new=0, is_causal=recipe["causal"], window_size_left=window_size[0],
+        window_size_right=window_size[1], has_softcap=softcap > 0, num_splits=recipe["num_splits"], pack_gqa=None,
         sm_margin=0)
     torch.cuda.synchronize()
     res = {"out": out.contiguous().view(torch.int16).cpu().numpy().view(np.uint16),
            "lse": lse.float().contiguous().cpu().numpy().view(np.uint32)}
     m = meta.cpu().numpy()
-    rounded = -(-b // 4) * 4  # prepare_seqlen_q, [split counts if dynamic], [heads in L2 if causal], semaphore
-    causal = bool(recipe["causal"]) and mq > 1
-    if (m.size - 1) // rounded - 1 - causal == 1:
+    rounded = -(-b // 4) * 4  # prepare_seqlen_q, [split counts if dynamic], [heads in L2 if causal or local], semaphore
+    if (m.size - 1) // rounded - 1 - head_swizzle == 1:
         res["splits"] = m[rounded:rounded + b].astype(np.int32)
     return res
 

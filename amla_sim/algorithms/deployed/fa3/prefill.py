@@ -23,6 +23,11 @@ the MLA decode's (:mod:`amla_sim.algorithms.deployed.fa3.mla`), on other tiles a
   sum times 2^-8; out in BF16; descales folded into ``c`` and the final scale. vLLM's fork adds each block's P V,
   a product of its own from a cleared accumulator, to O in FP32 (the two-level accumulation); SGLang's build
   accumulates in O on the tensor cores, on other tiles (:data:`ONE_LEVEL_FP8_TILES`).
+- A local window (``window_size``): each row's keys from ``n_k - n_q + s - left`` to ``... + right``, an m-block's
+  key blocks counted from the first key its first row sees, on the window's tiles; the mainloop masks the blocks at
+  the window's edges and leaves the others bare, with bounds that, in the kernels with intra-warpgroup overlap,
+  count the request's keys rather than the m-block's: a bare block can then hold keys outside a row's window,
+  which the kernel reads (:func:`_unmasked`).
 - The end, the split partials and the combine as the decode's. A k of no row makes ``mha_fwd`` launch nothing and
   write out 0 and LSE +inf for the whole call (``flash_api.cpp:1281-1309``); a request of no key (or a row that
   sees none) gets out 0 and LSE -inf.
@@ -77,6 +82,10 @@ PREFILL_TILES = {
     (192, 192, 2, False, False): (128, 96), (192, 192, 2, True, False): (128, 96),
     (192, 192, 1, False, False): (128, 96), (192, 192, 1, True, False): (128, 96),
 }
+#: a local window's tiles where they differ (tile_size.h: ``is_local``), (d, dv, element size) -> (kBlockM, kBlockN);
+#: a local call never takes one MMA warpgroup (heuristics.h:10-13)
+LOCAL_TILES = {(64, 64, 2): (192, 160), (96, 96, 2): (192, 128), (128, 128, 2): (128, 128),
+               (192, 128, 2): (128, 96), (256, 256, 2): (128, 64), (256, 256, 1): (128, 64)}
 #: FP8 without the two-level accumulation (tile_size.h:85-86 under FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION;
 #: sgl-flash-attn cb303cf tile_size.h:64-65, which never had it): (d, dv) -> (kBlockM, kBlockN)
 ONE_LEVEL_FP8_TILES = {(192, 128): (128, 160), (192, 192): (128, 160)}
@@ -126,24 +135,27 @@ def cu_seqlens(lens: list[int]) -> np.ndarray:
 
 def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k: int, d: int, dv: int,
                      num_splits: int, causal: bool, max_seqlen_q: int, max_seqlen_k: int,
-                     num_sms: int = 132, element_size: int = 2,
-                     build: str = "vllm") -> tuple[int, list[int], bool]:
+                     num_sms: int = 132, element_size: int = 2, build: str = "vllm",
+                     local: tuple[int, int] | None = None) -> tuple[int, list[int], bool]:
     """What ``mha_fwd`` decides for a varlen launch (flash_api.cpp:1053-1070): the split bound (the caller's
     `num_splits`, or ``get_num_splits`` as if the batch were its longest request: ``1 * h_k * cdiv(max_seqlen_q *
     h / h_k, kBlockM)`` m-blocks, a KV head's bytes at `element_size`, 1 for E4M3), each request's split count (the
     prepare kernel) and pack-GQA (on when split, or when the heads are grouped, or in vLLM's build when d = dv).
-    build: whose tiles (FP8's differ)."""
+    build: whose tiles (FP8's differ). local: a local window's (left, right) as :func:`window` reads it (the
+    heuristic weighs the keys it loads, ``min(seqlen_k, left + right + 1 + kBlockM)``)."""
     qpk = heads // heads_k
-    one_wg = use_one_mma_wg(d, max_seqlen_q, qpk)  # the call's d, not the kernel's
+    one_wg = use_one_mma_wg(d, max_seqlen_q, qpk, local is not None)  # the call's d, not the kernel's
     dk, dvk = kernel_dims(d, dv, element_size)
-    block_m, block_n = prefill_tile(dk, dvk, element_size, build, causal=causal, one_wg=one_wg)
+    block_m, block_n = prefill_tile(dk, dvk, element_size, build, causal=causal, one_wg=one_wg,
+                                    local=local is not None)
     b = len(qlens)
     if num_splits > 0:
         bound = num_splits
     else:
         m_blocks = -(-(max_seqlen_q * qpk) // block_m)
-        bound = num_splits_heuristic(heads_k * m_blocks, num_sms, -(-max_seqlen_k // block_n), m_blocks,
-                                     max_seqlen_k * (d + dv) * element_size, causal)
+        loaded = max_seqlen_k if local is None else max(0, min(max_seqlen_k, sum(local) + 1 + block_m))
+        bound = num_splits_heuristic(heads_k * m_blocks, num_sms, -(-loaded // block_n), m_blocks,
+                                     max_seqlen_k * (d + dv) * element_size, causal or local is not None)
     if b > MAX_SPLIT_BATCH:
         bound = 1
     # get_pack_gqa: varlen with grouped heads packs; a split always does; vLLM's PACKGQA_ONLY on a square kernel
@@ -154,17 +166,40 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
     return bound, splits, pack
 
 
-def use_one_mma_wg(d: int, max_seqlen_q: int, qpk: int) -> bool:
-    """heuristics.h:10-14: one MMA warpgroup for head dims 64 and 128 when ``seqlen_q * h / h_k <= 64``."""
-    return d in (64, 128) and max_seqlen_q * qpk <= 64
+def use_one_mma_wg(d: int, max_seqlen_q: int, qpk: int, local: bool = False) -> bool:
+    """heuristics.h:10-14: one MMA warpgroup for head dims 64 and 128 when ``seqlen_q * h / h_k <= 64``, never
+    with a local window."""
+    return d in (64, 128) and max_seqlen_q * qpk <= 64 and not local
 
 
 def prefill_tile(d: int, dv: int, element_size: int, build: str = "vllm", *, causal: bool = False,
-                 one_wg: bool = False) -> tuple[int, int]:
+                 one_wg: bool = False, local: bool = False) -> tuple[int, int]:
     """``tile_size_fwd_sm90``'s (kBlockM, kBlockN) for a build: the one-level FP8 tile in SGLang's."""
     if element_size == 1 and build == "sglang":
         return ONE_LEVEL_FP8_TILES[(d, dv)]
+    if local and (d, dv, element_size) in LOCAL_TILES:
+        return LOCAL_TILES[(d, dv, element_size)]
     return PREFILL_TILES[(d, dv, element_size, bool(causal), bool(one_wg))]
+
+
+def window(causal: bool, window_size: tuple[int, int], max_seqlen_q: int,
+           max_seqlen_k: int) -> tuple[bool, bool, int, int]:
+    """``mha_fwd``'s reading of ``is_causal`` and ``window_size`` (flash_api.cpp:863-877, then
+    ``set_params_fprop`` :195-204): (causal, local, left, right). A side as long as the call is none (-1); one
+    query row is never causal; causal is the window (-1, 0); a local window's missing side is the whole call's."""
+    left, right = (int(x) for x in window_size)
+    left = -1 if left >= max_seqlen_k - 1 else left
+    right = -1 if right >= max_seqlen_q - 1 else right
+    if max_seqlen_q == 1 and left == right == -1:
+        causal = False
+    if causal:
+        right = 0
+    causal = left < 0 and right == 0
+    local = (left >= 0 or right >= 0) and not causal
+    if local:
+        left = max_seqlen_k - 1 if left < 0 else left
+        right = max_seqlen_q - 1 if right < 0 else right
+    return causal, local, left, right
 
 
 @quiet_fp
@@ -192,8 +227,7 @@ def fa3_prefill(
     machine: str | Machine = "sm90-cuda",
     trace: bool = False,
 ) -> AttentionResult:
-    """FlashAttention-3's varlen forward ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)`` on
-    `machine` (see the module docstring).
+    """FA3's varlen forward ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)`` on `machine`.
 
     q: (T, h, d), k: (T_k, h_k, d), v: (T_k, h_k, dv) (192 and 128 in the MLA prefill; any dims FA3 takes,
     :func:`kernel_dims`), all BF16, FP16 or FP8 E4M3, h a multiple of h_k; request i's queries are ``q[cu_seqlens_q[i]:
@@ -202,11 +236,11 @@ def fa3_prefill(
     num_splits: the caller's (0: FA3's heuristic, vLLM's default; 1: SGLang's, vLLM's batch-invariant mode).
     max_seqlen_q, max_seqlen_k: the call's (None: the longest request; at least that). q_descale, k_descale,
     v_descale: E4M3 only, (batch, h_k) FP32 factors (None: 1; 16-bit calls ignore them, as ``mha_fwd`` does).
-    splits: per request, a split count in place of the prepare kernel's (a what-if). launch_heads: the launch's
-    query heads when q holds only the first of them (the split choice counts them all; None: q's). build: "vllm"
-    (vLLM's fork, the default: what vLLM 0.33's wheel ships) or "sglang" (sgl-flash-attn; the same bits but for
-    FP8, which it accumulates in one level on 160-key blocks). softcap, window_size: ``mha_fwd``'s (a cap over 0
-    and a local window are refused, not modelled). Returns ``.out`` (T, h, dv) in the input format, BF16 for E4M3
+    splits: per request, a split count for the prepare kernel's (a what-if). launch_heads: the launch's query heads
+    when q holds only the first of them (None: q's). build: "vllm" (vLLM's fork, the default: vLLM 0.33's wheel)
+    or "sglang" (sgl-flash-attn; other bits only in FP8, accumulated in one level on 160-key blocks). softcap:
+    over 0 refused, not modelled. window_size: (left, right), the keys a query sees before and after its own (-1:
+    all), read with `causal` as :func:`window` says. Returns ``.out`` (T, h, dv) in the input format, BF16 for E4M3
     (rows past ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`, the launch's split bound,
     each request's split count and whether the heads were packed."""
     mc = get_machine(machine)
@@ -219,35 +253,52 @@ def fa3_prefill(
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal: expected True or False, got {causal!r}")
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
-                  varlen_q=True, softcap=softcap, window_size=window_size)
+                  varlen_q=True, softcap=softcap, window_size=(-1, -1))
+    causal, sides = _local(causal, window_size, mq, mk)
     fmt = get_format(qa.dtype).name
     fp8 = fmt == "e4m3"
     dk, dvk = kernel_dims(d, dv, 1 if fp8 else 2)
     _check_build(build, dk, dvk)
     if fp8:
         mc.require(kernel="fa3-prefill (E4M3)", e4m3_products=True, suggest="sm90-cuda")
-    descales = [_check_descale(x, name, (len(qlens), Hk)) if fp8 else None
-                for x, name in ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale"))]
+    descales = _descales(fp8, (q_descale, k_descale, v_descale), (len(qlens), Hk))
     u = _Units(mc, fmt, softmax_scale(scale, d ** -0.5))
-    out_fmt = "bf16" if fp8 else fmt  # mha_fwd's out_type (flash_api.cpp:936)
     out = np.zeros((T, H, dv), mc.dtype)
     no_k = ka.shape[0] == 0  # mha_fwd runs no kernel when k has no row: out 0, LSE +inf (flash_api.cpp:1281-1309)
     lse = np.full((H, T), np.inf if no_k else 0.0, mc.dtype)
-    LH = _launch_heads(launch_heads, H, Hk)
-    size = 1 if fp8 else 2
+    LH, size = _launch_heads(launch_heads, H, Hk), 1 if fp8 else 2
     bound, counts, pack = prefill_schedule(qlens, klens, heads=LH, heads_k=LH // (H // Hk), d=d, dv=dv,
-                                           num_splits=num_splits, causal=bool(causal) and mq > 1, max_seqlen_q=mq,
-                                           max_seqlen_k=mk, num_sms=num_sms, element_size=size, build=build)
+                                           num_splits=num_splits, causal=causal, max_seqlen_q=mq,
+                                           max_seqlen_k=mk, num_sms=num_sms, element_size=size, build=build,
+                                           local=sides)
     if splits is not None:
         counts = _check_splits(splits, len(qlens))
         pack = pack or max(counts) > 1
     if not no_k:
-        tile = prefill_tile(dk, dvk, size, build, causal=bool(causal) and mq > 1, one_wg=use_one_mma_wg(d, mq, H // Hk))
-        _requests(u, (qa, ka, va), cq, ck, out, lse, causal=bool(causal), counts=counts, tile=tile, dims=(dk, dvk),
-                  descales=descales if fp8 else None, two_level=build == "vllm")
+        one, local = use_one_mma_wg(d, mq, H // Hk, sides is not None), sides is not None
+        tile = prefill_tile(dk, dvk, size, build, causal=causal, one_wg=one, local=local)
+        _requests(u, (qa, ka, va), cq, ck, out, lse, causal=causal, counts=counts, tile=tile, dims=(dk, dvk),
+                  descales=descales if fp8 else None, two_level=build == "vllm",
+                  local=None if sides is None else (*sides, _overlap(dk, dvk, size)))
     hazards = Counter(nan_outputs=int(np.isnan(out).sum())) if np.isnan(out).any() else Counter()
     tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
-    return AttentionResult(mc.cast(out, out_fmt), lse, tr, hazards)
+    return AttentionResult(mc.cast(out, "bf16" if fp8 else fmt), lse, tr, hazards)  # out_type (flash_api.cpp:936)
+
+
+def _local(causal: bool, window_size: object, mq: int, mk: int) -> tuple[bool, tuple[int, int] | None]:
+    """The call's causal flag and its local window's (left, right) (None: not local) as :func:`window` reads
+    them; an error naming ``window_size`` unless it is two ints (below 0: no limit on that side)."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or not all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in window_size):
+        raise TypeError(f"window_size: expected (left, right) ints, got {window_size!r}")
+    causal, local, left, right = window(causal, (int(window_size[0]), int(window_size[1])), mq, mk)
+    return causal, (left, right) if local else None
+
+
+def _descales(fp8: bool, given: tuple, shape: tuple[int, int]) -> list:
+    """q's, k's and v's descales, each checked (:func:`_check_descale`); None for 16-bit calls, which ignore them."""
+    return [_check_descale(x, name, shape) if fp8 else None for x, name in zip(given, ("q_descale", "k_descale",
+                                                                                          "v_descale"))]
 
 
 def _launch_heads(launch_heads: int | None, H: int, Hk: int) -> int:
@@ -267,10 +318,11 @@ def _padded(x: np.ndarray, n: int) -> np.ndarray:
 
 def _requests(u: _Units, qkv: tuple[np.ndarray, np.ndarray, np.ndarray], cq: np.ndarray, ck: np.ndarray,
               out: np.ndarray, lse: np.ndarray, *, causal: bool, counts: list[int], tile: tuple[int, int],
-              dims: tuple[int, int], descales: list | None, two_level: bool) -> None:
+              dims: tuple[int, int], descales: list | None, two_level: bool,
+              local: tuple[int, int, bool] | None = None) -> None:
     """Each request of the launch into `out` (T, h, dv) and `lse` (h, T), on the kernel of head dims `dims` (q, k and
     v zero-padded to them, the call's columns of its output kept); `descales` (a list, entries None or (batch, h_k))
-    for FP8, None for 16-bit inputs."""
+    for FP8, None for 16-bit inputs; `local`: a local window's (left, right, intra-warpgroup overlap)."""
     mc, fmt = u.mc, u.fmt
     Q, K, V = (mc.cast(_padded(x, n), fmt) for x, n in zip(qkv, (dims[0], dims[0], dims[1])))
     dv = out.shape[-1]
@@ -281,7 +333,7 @@ def _requests(u: _Units, qkv: tuple[np.ndarray, np.ndarray, np.ndarray], cq: np.
         ru = u if descales is None else _Fp8Units(u, *(None if x is None else x[i] for x in descales),
                                                   two_level=two_level)
         wide, lse[:, rows] = _request(ru, Q[rows], K[keys], V[keys], causal=causal, splits=counts[i],
-                                      block_m=tile[0], block_n=tile[1])
+                                      block_m=tile[0], block_n=tile[1], local=local)
         out[rows] = wide[..., :dv]
 
 
@@ -303,11 +355,13 @@ class _Fp8Units(_Units):
 
 
 def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: bool, splits: int, block_m: int,
-             block_n: int) -> tuple[np.ndarray, np.ndarray]:
+             block_n: int, local: tuple[int, int, bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One request: Q (n_q, h, d), K (n_k, h_k, d), V (n_k, h_k, dv) -> out (n_q, h, dv), lse (h, n_q). The kernel's
     unit of work is a KV head's rows (position, query head of its group), packed as a varlen launch packs grouped
     heads; with one query head a KV head (the MHA form) these are the head's positions, as the unpacked kernel
-    lays them out."""
+    lays them out. With a local window (left, right) query s sees keys ``n_k - n_q + s - left`` to ``... + right``,
+    and an m-block's key blocks start at the first key its first row sees (block.h:24-49's ``n_offset``), not at
+    a multiple of kBlockN; the blocks the mainloop leaves unmasked are :func:`_unmasked`'s."""
     nq, H, d = Q.shape
     nk, Hk, dv = V.shape
     qpk = H // Hk
@@ -315,17 +369,23 @@ def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: 
     pos = np.repeat(np.arange(nq), qpk)
     Ku, Vu = K.transpose(1, 0, 2), V.transpose(1, 0, 2)
     R = Qu.shape[1]
-    limit = (nk - nq + pos) if causal else np.full(R, nk - 1)  # the last key each row sees
+    left, right, overlap = local if local is not None else (None, 0, True)
+    limit = (nk - nq + pos + right) if causal or local else np.full(R, nk - 1)  # the last key each row sees
+    first = None if local is None else nk - nq + pos - left  # the first, with a window
     O = np.zeros((Hk, R, dv), u.dt)
     L = np.full((Hk, R), -np.inf, u.dt)
-    n_blocks = -(-nk // block_n)
     for m in range(-(-R // block_m)):
         r = slice(m * block_m, min(R, (m + 1) * block_m))
-        end = n_blocks
-        if causal:  # block.h:35-49: the window of the m-block's last row, counted past the request's end
+        off = 0 if local is None else _n_offset(m, block_m, qpk, nq, nk, left)
+        end = -(-(nk - off) // block_n)
+        if causal or local:  # block.h:35-49: the window of the m-block's last row, counted past the request's end
             m_idx_max = ((m + 1) * block_m - 1) // qpk + 1
-            end = min(end, max(0, -(-(m_idx_max + nk - nq) // block_n)))
-        res = [_split(u, Qu[:, r], Ku, Vu, nk, lo, hi, limit[r], block_n) for lo, hi in split_blocks(end, splits)]
+            end = min(end, max(0, -(-(m_idx_max + nk - off - nq + right) // block_n)))
+        lo_key = None if first is None else first[r] - off
+        bare = None if local is None else _unmasked(m, block_m, qpk, nq, nk if overlap else nk - off, left, right,
+                                                    block_n)
+        res = [_split(u, Qu[:, r], Ku[:, off:], Vu[:, off:], nk - off, lo, hi, limit[r] - off, block_n, lo_key, bare)
+               for lo, hi in split_blocks(end, splits)]
         if len(res) == 1:
             O[:, r], L[:, r] = res[0]
         else:
@@ -333,6 +393,38 @@ def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: 
             O[:, r], L[:, r] = o.reshape(Hk, -1, dv), ll.reshape(Hk, -1)
     return (O.reshape(Hk, nq, qpk, dv).transpose(1, 0, 2, 3).reshape(nq, H, dv),
             L.reshape(Hk, nq, qpk).transpose(0, 2, 1).reshape(H, nq))
+
+
+def _overlap(d: int, dv: int, element_size: int) -> bool:
+    """Whether the kernel of head dims (d, dv) runs a local window with intra-warpgroup overlap (tile_size.h: not at
+    64 / 256, 64 / 512 or a 16-bit 64)."""
+    return not (d == 64 and (dv > 64 or element_size == 2))
+
+
+def _n_offset(m: int, block_m: int, qpk: int, nq: int, nk: int, left: int) -> int:
+    """A local window's ``n_offset`` (block.h:24-33): m-block `m`'s first row's first key, where its key blocks
+    start."""
+    return max(0, (m * block_m) // qpk + nk - nq - left)
+
+
+def _unmasked(m: int, block_m: int, qpk: int, nq: int, frame: int, left: int, right: int,
+              block_n: int) -> tuple[int, int]:
+    """The key blocks [from, to) of m-block `m` that a local window's mainloop runs without a mask
+    (mainloop_fwd_sm90_tma_gmma_ws.hpp:1283-1314): past the blocks masked for the right edge,
+    ``(m_idx_min + seqlen_k - seqlen_q + right) / kBlockN``, and before those masked for the left edge,
+    ``ceil_div(m_idx_max + seqlen_k - seqlen_q - left, kBlockN)``, in C's integer division. The blocks count from
+    the m-block's first key (``n_offset``), and the kernels with intra-warpgroup overlap take ``seqlen_k`` as the
+    request's (`frame`), not less the offset: there such a block can hold keys outside some rows' windows, which
+    the kernel then reads. The first block (the last walked from) is always masked."""
+    m_idx_min = (m * block_m) // qpk
+    m_idx_max = ((m + 1) * block_m - 1) // qpk + 1
+    return _c_div(m_idx_max + frame - nq - left + block_n - 1, block_n), _c_div(m_idx_min + frame - nq + right,
+                                                                                block_n)
+
+
+def _c_div(a: int, b: int) -> int:
+    """C's integer division (toward zero)."""
+    return a // b if a >= 0 else -(-a // b)
 
 
 def _scores(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int,
@@ -351,15 +443,20 @@ def _scores(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo:
     return Ss, Vs
 
 
-def _masked(u: _Units, Ss: np.ndarray, nk: int, lo: int, blk: int, limit: np.ndarray, block_n: int) -> np.ndarray:
-    """Key block `blk`'s scores, -inf past the request and past each row's last key."""
+def _masked(u: _Units, Ss: np.ndarray, nk: int, lo: int, blk: int, limit: np.ndarray, block_n: int,
+            first: np.ndarray | None = None) -> np.ndarray:
+    """Key block `blk`'s scores, -inf past the request, past each row's last key and before its `first`."""
     cols = slice((blk - lo) * block_n, (blk - lo + 1) * block_n)
     t = blk * block_n + np.arange(block_n)
-    return np.where((t[None, :] < nk) & (t[None, :] <= limit[:, None]), Ss[..., cols], -np.inf).astype(u.dt)
+    seen = (t[None, :] < nk) & (t[None, :] <= limit[:, None])
+    if first is not None:
+        seen &= t[None, :] >= first[:, None]
+    return np.where(seen, Ss[..., cols], -np.inf).astype(u.dt)
 
 
 def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: int, hi: int, limit: np.ndarray,
-           block_n: int) -> tuple[np.ndarray, np.ndarray]:
+           block_n: int, first: np.ndarray | None = None,
+           bare: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One split of an m-block, Q (U, R, d), over key blocks [lo, hi), walked from hi - 1 down with intra-warpgroup
     overlap: (O normalised (U, R, dv), lse (U, R)). Each block's ``P V`` goes onto O before the next block's
     softmax, which then rescales O: ``O = fl(acc(O, P V) s')``, the last block's product added before the end.
@@ -379,7 +476,10 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo: 
     M = np.full((U, R), -np.inf, dt)
     part = Pq = Vprev = None
     for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
-        S = _masked(u, Ss, nk, lo, blk, limit, block_n)
+        if bare is not None and step and max(lo, bare[0]) <= blk < max(lo, bare[1]):  # the mainloop's no_mask_fn
+            S = Ss[..., (blk - lo) * block_n:(blk - lo + 1) * block_n].astype(dt)
+        else:
+            S = _masked(u, Ss, nk, lo, blk, limit, block_n, first)
         if step:
             O = _accumulate(u, O, Pq, Vprev)
         M, s, P = _softmax_step(u, S, M, first=step == 0, offset=FP8_MAX_OFFSET if fp8 else 0)
