@@ -251,6 +251,12 @@ WINDOW_CASES = [c for c in CAP_CASES if not c["softcap"]] + [
 ]
 
 
+#: head dim 128 through SGLang's build as its ``fa3`` backend calls it (``num_splits`` 1, BF16): the cases of
+#: :data:`HD128_CASES` but FP8, and a non-causal one (128 x 176 tiles there, 128 x 160 in vLLM's fork)
+SGL_HD128_CASES = [{**c, "num_splits": 1, "format": "bf16"} for c in HD128_CASES if c["format"] != "e4m3"] + [
+    _hd128(8, 8, (200, 100), (3000, 700), False, "bf16", 338, 1)]
+
+
 def _sglang_cases(seed: int) -> list[dict]:
     """The case table and the FP8 calls as SGLang makes them: ``num_splits`` 1 (sgl_kernel's default, never passed);
     BF16 in place of FP16 (DeepSeek's checkpoints are BF16 or FP8; the build leaves FP16 out); one KV head a query
@@ -264,7 +270,7 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,window,window-seed,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
+    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,window,window-seed,sglang-hd128,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
     only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]
@@ -299,6 +305,8 @@ def main() -> None:
     if sgl:
         jobs.append(("sglang", f"fa3_prefill_sglang_{tag}.npz",
                      {"cases": _sglang_cases(seed - 1000), "build": "sglang", "source": sgl}))
+        jobs.append(("sglang-hd128", f"fa3_prefill_sglang_hd128_{tag}.npz",
+                     {"cases": SGL_HD128_CASES, "build": "sglang", "source": sgl}))
     for job, name, kw in jobs:
         if job not in only:
             continue

@@ -693,3 +693,31 @@ def test_softcap_is_refused_by_name():
     assert all(c["softcap"] > 0 for c in meta["cases"])
     with pytest.raises(CaptureError, match="softcap: softcapping is not modelled"):
         replay(path, cases=[0])
+
+
+SGL128 = DATA / "fa3_prefill_sglang_hd128_h200.npz"
+
+
+def test_sglangs_build_at_head_dim_128_is_predicted_in_every_bit(fastest_engine):
+    """Head dim 128 through SGLang's build as its ``fa3`` backend calls it (``num_splits`` 1, BF16;
+    ``scripts/capture_prefill.py --only sglang-hd128``): grouped heads, one warpgroup, context chunks; with vLLM's
+    fork's 160-key blocks in place of its 176 the three non-causal calls of two warpgroups part."""
+    meta, arrays = _load(SGL128)
+    assert {c.get("build") for c in meta["cases"]} == {"sglang"} and {c["head_dim"] for c in meta["cases"]} == {128}
+    report = replay(SGL128)
+    for row in report.cases:
+        assert row.first_difference is None and not row.skipped, report.format()
+
+
+def test_sglangs_tiles_matter(monkeypatch):
+    monkeypatch.setattr(prefill, "SGL_TILES", {})
+    report = replay(SGL128, cases=[0, 3])
+    assert all(row.first_difference is not None for row in report.cases), report.format()
+
+
+@pytest.mark.parametrize(("d", "dv", "fmt"), [(96, 96, "bf16"), (128, 128, "e4m3"), (256, 256, "bf16")])
+def test_sglangs_build_elsewhere_is_refused_by_name(d, dv, fmt):
+    q = np.zeros((4, 2, d), np.float32).astype(ml_dtypes.float8_e4m3fn if fmt == "e4m3" else ml_dtypes.bfloat16)
+    v = np.zeros((4, 2, dv), q.dtype)
+    with pytest.raises(ValueError, match="build: SGLang's build at head dims"):
+        fa3_prefill(q, q, v, [0, 4], [0, 4], build="sglang")

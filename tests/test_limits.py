@@ -108,6 +108,8 @@ PROBES = {
         (lambda: [fa3_prefill(*_prefill(), causal=c, window_size=w) for c, w in ((True, (2, 0)), (False, (3, 1)))],
          None),
     ("fa3-prefill", "`softcap` over 0"): (lambda: fa3_prefill(*_prefill(), softcap=30.0), "softcap"),
+    ("fa3-prefill", "`build=\"sglang\"` at head dims 64, 96, 256, or 128 in FP8"):
+        (lambda: fa3_prefill(*_prefill(d=96, dv=96), build="sglang"), "build"),
     ("fa3-prefill", "a v wider than q at q <= 64"):
         (lambda: [fa3_prefill(*_prefill(d=d, dv=dv)) for d, dv in ((64, 256), (48, 200), (64, 512))], None),
     ("fa3-prefill", "a head dim not a multiple of 8 (16 for FP8) or over 256, another v than those"):

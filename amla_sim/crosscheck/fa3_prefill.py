@@ -193,10 +193,21 @@ class _Fa3Prefill(DeployedKernel):
 
     def load_shipped(self, source: str, build: str) -> Any:
         """vLLM's: its wheel's library (`source`: the unpacked wheel). SGLang's: sgl-flash-attn built from its
-        checkout (`source`) with SGLang's switches (its shipped ``flash_ops``, 1.1 GB, does not travel)."""
+        checkout (`source`) with SGLang's switches (its shipped ``flash_ops``, 1.1 GB, does not travel), a build for
+        the MLA prefill's head dims and one for 128, each when a case first needs it."""
         from ..gpu.adapters.fa3 import build_fa3, load_shipped_fa3
 
-        return load_shipped_fa3(source) if build == "vllm" else build_fa3(source, fork="sglang", path="prefill")
+        if build == "vllm":
+            return load_shipped_fa3(source)
+        builds: dict[str, Any] = {}
+
+        def for_dims(d: int) -> Any:  # SGLang's head dims 192 / 128 and 128, each built when first needed
+            path = "hd128" if d == 128 else "prefill"
+            if path not in builds:
+                builds[path] = build_fa3(source, fork="sglang", path=path)
+            return builds[path]
+
+        return for_dims
 
     def run(self, kernel: Any, i: int, recipe: dict) -> tuple[dict[str, np.ndarray], dict]:
         from ..gpu.adapters.fa3 import run_fa3_prefill
@@ -208,8 +219,10 @@ class _Fa3Prefill(DeployedKernel):
         causal, local, _, _ = window(recipe["causal"], recipe.get("window", (-1, -1)), max(recipe["qlens"]),
                                      max(recipe["seqlens"]))
 
+        fa3 = kernel(_dims(recipe)[0]) if callable(kernel) else kernel
+
         def kept() -> dict[str, np.ndarray]:
-            got = run_fa3_prefill(kernel, q, k, v, recipe, head_swizzle=causal or local)
+            got = run_fa3_prefill(fa3, q, k, v, recipe, head_swizzle=causal or local)
             return {**got, "out": np.ascontiguousarray(got["out"][:, :keep]), "lse": got["lse"][:keep].copy()}
 
         got, same = run_twice(kept)

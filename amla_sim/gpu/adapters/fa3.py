@@ -152,6 +152,34 @@ def _sgl_prefill_stand_ins() -> str:
                     lines.append(f"template void run_mha_fwd_<90, {ct}, 192, {dv}, {args}>(Flash_fwd_params &, "
                                  "cudaStream_t);")
     return "\n".join(lines) + "\n"
+
+_SGL_HD128 = "amla_sgl_fa3_hd128"
+#: head dim 128 in SGLang's build (every Llama- or Qwen-class prefill its ``fa3`` backend runs): BF16, (Split,
+#: PackGQA) unsplit, packed and split (a split always packs), each an instantiation of ``run_mha_fwd_`` written here
+#: as upstream's instantiation files are (they are not in the prefill bundle)
+_SGL_HD128_VARIANTS = {"": "false, false, false, false", "packgqa": "false, false, false, true",
+                       "split": "true, false, false, true"}
+_ONLY_HD128 = ["FLASHATTENTION_DISABLE_HDIM64", "FLASHATTENTION_DISABLE_HDIM96", "FLASHATTENTION_DISABLE_HDIM192",
+               "FLASHATTENTION_DISABLE_HDIM256", "FLASHATTENTION_DISABLE_FP16", "FLASHATTENTION_DISABLE_FP8",
+               "FLASHATTENTION_DISABLE_SOFTCAP", "FLASHATTENTION_DISABLE_LOCAL"]
+
+
+def _sgl_hd128_sources(name: str) -> list[Path]:
+    """The head-dim-128 build's kernels (:data:`_SGL_HD128_VARIANTS`) and stand-ins (they raise) for the paged
+    ones the dispatch also names."""
+    head = '#include "flash_fwd_launch_template.h"\n'
+    kernel = "template void run_mha_fwd_<90, cutlass::bfloat16_t, 128, 128, {}>(Flash_fwd_params &, cudaStream_t);\n"
+    files = [added_source(name, f"hdim128_bf16_{v or 'plain'}.cu", head + kernel.format(a))
+             for v, a in _SGL_HD128_VARIANTS.items()]
+    stand_ins = ["#include <stdexcept>", "#include <cutlass/numeric_types.h>", '#include "flash.h"',
+                 "template <int Arch, typename T, int kHeadDim, int kHeadDimV, bool Split, bool PagedKVNonTMA, "
+                 "bool Has_softcap, bool PackGQA>",
+                 "void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream) {",
+                 '    throw std::runtime_error("amla-sim: this FA3 kernel is not compiled in the hd128 build"); }',
+                 *(kernel.format(a).strip() for a in ("false, true, false, true", "true, true, false, true"))]
+    return [*files, added_source(name, "stand_ins.cu", "\n".join(stand_ins) + "\n")]
+
+
 FORKS = ("vllm", "sglang")
 
 
@@ -183,11 +211,11 @@ def build_fa3(checkout: str | Path, *, fork: str = "vllm", path: str = "mla",
     its two torch ops (vLLM's ``torch.ops._vllm_fa3_C.*``, argument for argument); "sglang": a
     sgl-project/sgl-flash-attn checkout built with SGLang's switches, mha_fwd's arguments by name. path: "mla"
     (the head dims 64 / 512 of the absorbed decode) or, for SGLang's fork, "prefill" (192 / 128, BF16 and E4M3: the
-    MHA-form prefill; vLLM's is the binary its wheel ships, :func:`load_shipped_fa3`)."""
+    MHA-form prefill; vLLM's is the binary its wheel ships, :func:`load_shipped_fa3`) or "hd128" (128, BF16)."""
     if fork not in FORKS:
         raise ValueError(f"fork: expected one of {', '.join(FORKS)}, got {fork!r}")
-    if path not in ("mla", "prefill") or (path == "prefill" and fork != "sglang"):
-        raise ValueError(f"path: 'mla', or 'prefill' with fork 'sglang', got {path!r} with {fork!r}")
+    if path not in ("mla", "prefill", "hd128") or (path != "mla" and fork != "sglang"):
+        raise ValueError(f"path: 'mla', or 'prefill' or 'hd128' with fork 'sglang', got {path!r} with {fork!r}")
     if fork == "sglang":
         return _build_sgl(checkout, verbose, path)
     files = ["flash_api.cpp", "flash_api_torch_lib.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu",
@@ -212,8 +240,10 @@ def build_fa3(checkout: str | Path, *, fork: str = "vllm", path: str = "mla",
 def _build_sgl(checkout: str | Path, verbose: bool, path: str = "mla") -> SimpleNamespace:
     """SGLang's FA3 (sgl-flash-attn ``hopper/``) with SGLang's nvcc flags (C++17 throughout): the MLA path's
     kernels, or the MHA-form prefill's (:data:`_SGL_PREFILL_KERNELS`, the rest of its dispatch stand-ins)."""
-    kernels, stand_ins, only, name = ((_KERNELS, _STAND_INS, _ONLY_MLA, _SGL_NAME) if path == "mla" else
-                                      (_SGL_PREFILL_KERNELS, _sgl_prefill_stand_ins(), _ONLY_PREFILL, _SGL_PREFILL))
+    kernels, stand_ins, only, name = {
+        "mla": (_KERNELS, _STAND_INS, _ONLY_MLA, _SGL_NAME),
+        "prefill": (_SGL_PREFILL_KERNELS, _sgl_prefill_stand_ins(), _ONLY_PREFILL, _SGL_PREFILL),
+        "hd128": ([], None, _ONLY_HD128, _SGL_HD128)}[path]
     files = ["flash_api.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu", *kernels]
     root = checkout_files(checkout, f"sgl-fa3-{path}", ["csrc/cutlass/include/cute/tensor.hpp",
                                                         *("hopper/" + f for f in files)], _SGL_WHAT)
@@ -222,8 +252,8 @@ def _build_sgl(checkout: str | Path, verbose: bool, path: str = "mla") -> Simple
     binding = _SGL_BINDING.replace("{decl}", ", OptT, bool" if later else "").replace(
         "{call}", ", std::nullopt, false" if later else "")
     defines = ["-D" + d for d in _SGL_DEFINES + only]
-    sources = [*(hopper / f for f in files), added_source(name, "stand_ins.cu", stand_ins),
-               added_source(name, "binding.cpp", binding)]
+    extra = _sgl_hd128_sources(name) if stand_ins is None else [added_source(name, "stand_ins.cu", stand_ins)]
+    sources = [*(hopper / f for f in files), *extra, added_source(name, "binding.cpp", binding)]
     mod = compile_extension(name, sources, [hopper, cutlass / "include", cutlass / "tools" / "util" / "include"],
                             ["-O3", "-std=c++17", "-DNDEBUG", *defines],
                             ["-std=c++17", *CUDA_COMMON, *SM90A, "-Xcompiler=-fno-strict-aliasing", *defines],

@@ -49,8 +49,8 @@ from ..scalars import softmax_scale
 from .mla import _check_launch, _combine, _split_lse, _Units
 from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits
 
-__all__ = ["fa3_prefill", "kernel_dims", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "PREFILL_BUILDS", "prefill_schedule",
-           "prefill_tile", "use_one_mma_wg", "cu_seqlens"]
+__all__ = ["fa3_prefill", "kernel_dims", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "SGL_TILES", "PREFILL_BUILDS",
+           "prefill_schedule", "prefill_tile", "use_one_mma_wg", "cu_seqlens", "window"]
 
 #: ``tile_size_fwd_sm90`` (tile_size.h) in vLLM's fork, 617264c: (d, dv, element size in bytes, causal, one MMA
 #: warpgroup) -> (kBlockM, kBlockN). Head dims 192 / 128 (:47-48, 16-bit; :73-74, FP8 with the two-level
@@ -89,8 +89,14 @@ LOCAL_TILES = {(64, 64, 2): (192, 160), (96, 96, 2): (192, 128), (128, 128, 2): 
 #: FP8 without the two-level accumulation (tile_size.h:85-86 under FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION;
 #: sgl-flash-attn cb303cf tile_size.h:64-65, which never had it): (d, dv) -> (kBlockM, kBlockN)
 ONE_LEVEL_FP8_TILES = {(192, 128): (128, 160), (192, 192): (128, 160)}
+#: SGLang's 16-bit tiles where they differ from the fork's (sgl-flash-attn cb303cf tile_size.h:41-43 and :46):
+#: 176-key blocks at 128 unless causal, 112 at 192 / 192; (d, dv, causal, one MMA warpgroup) -> (kBlockM, kBlockN)
+SGL_TILES = {(128, 128, False, False): (128, 176), (192, 192, False, False): (128, 112),
+             (192, 192, True, False): (128, 112)}
+#: the head dims the model covers in SGLang's build: its MLA prefill's (16-bit and FP8) and 128 (16-bit)
+SGL_DIMS = {2: {(192, 128), (192, 192), (128, 128)}, 1: set(ONE_LEVEL_FP8_TILES)}
 #: the builds the model follows: vLLM's fork (its wheel's ``_vllm_fa3_C``) and SGLang's (sgl-flash-attn, compiled
-#: into ``sglang-kernel``); they differ in FP8 only: the fork accumulates FP8 ``P V`` in two levels
+#: into ``sglang-kernel``); they differ in FP8 (the fork accumulates FP8 ``P V`` in two levels) and in some tiles
 PREFILL_BUILDS = ("vllm", "sglang")
 _FORMATS = ("bf16", "fp16", "e4m3")
 #: FP8's softmax: ``P = exp2(S c - (M c - 8))``, in [0, 256] (softmax.h:64-79, ``Max_offset`` 8)
@@ -177,6 +183,8 @@ def prefill_tile(d: int, dv: int, element_size: int, build: str = "vllm", *, cau
     """``tile_size_fwd_sm90``'s (kBlockM, kBlockN) for a build: the one-level FP8 tile in SGLang's."""
     if element_size == 1 and build == "sglang":
         return ONE_LEVEL_FP8_TILES[(d, dv)]
+    if build == "sglang" and not local and (d, dv, bool(causal), bool(one_wg)) in SGL_TILES:
+        return SGL_TILES[(d, dv, bool(causal), bool(one_wg))]
     if local and (d, dv, element_size) in LOCAL_TILES:
         return LOCAL_TILES[(d, dv, element_size)]
     return PREFILL_TILES[(d, dv, element_size, bool(causal), bool(one_wg))]
@@ -258,7 +266,7 @@ def fa3_prefill(
     fmt = get_format(qa.dtype).name
     fp8 = fmt == "e4m3"
     dk, dvk = kernel_dims(d, dv, 1 if fp8 else 2)
-    _check_build(build, dk, dvk)
+    _check_build(build, dk, dvk, 1 if fp8 else 2)
     if fp8:
         mc.require(kernel="fa3-prefill (E4M3)", e4m3_products=True, suggest="sm90-cuda")
     descales = _descales(fp8, (q_descale, k_descale, v_descale), (len(qlens), Hk))
@@ -534,13 +542,13 @@ def _finish(u: _Units, O: np.ndarray, M: np.ndarray, Lsum: np.ndarray, *, sum_sc
     return mc.mul(O, inv[..., None]), lse
 
 
-def _check_build(build: str, d: int, dv: int) -> None:
-    """A build the model follows, at head dims it covers there."""
+def _check_build(build: str, d: int, dv: int, element_size: int) -> None:
+    """A build the model follows, at head dims it covers there (:data:`SGL_DIMS`)."""
     if build not in PREFILL_BUILDS:
         raise ValueError(f"build: expected one of {', '.join(PREFILL_BUILDS)}, got {build!r}")
-    if build == "sglang" and (d, dv) not in ONE_LEVEL_FP8_TILES:
-        raise ValueError(f"build: SGLang's build at head dims {(d, dv)} is not modelled (it computes them); "
-                         f"the model covers {', '.join(map(str, ONE_LEVEL_FP8_TILES))} there")
+    if build == "sglang" and (d, dv) not in SGL_DIMS[element_size]:
+        raise ValueError(f"build: SGLang's build at head dims {(d, dv)} is not modelled (it computes them); the "
+                         f"model covers {', '.join(map(str, sorted(SGL_DIMS[element_size])))} there")
 
 
 def _check_splits(splits: npt.ArrayLike, batch: int) -> list[int]:
