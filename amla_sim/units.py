@@ -180,7 +180,7 @@ class FMAUnit:
         if not self.contract:  # both paths broadcast the operands together
             with np.errstate(invalid="ignore", over="ignore"):
                 return self.read(self.read(a * b) + c)
-        return self.read(ew.fma(a, b, c))
+        return self.read(ew.fma(a, b, c))  # ew.fma's own ftz, the same flush, would bypass the numba engine
 
 
 @dataclass(frozen=True)

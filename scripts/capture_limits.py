@@ -233,7 +233,8 @@ def main() -> None:
         sources.update(flashinfer=sys.argv[5])
     os.makedirs(out, exist_ok=True)
     failed = []
-    table = {"edges": EDGES, "flashinfer": FLASHINFER, "tiny": TINY, "small": SMALL, "descales": DESCALES, "limits": CASES}[mode]
+    table = {"edges": EDGES, "flashinfer": FLASHINFER, "tiny": TINY, "small": SMALL, "descales": DESCALES,
+             "limits": CASES}[mode]
     for name, (build, source, cases) in table.items():
         kernel = name.removesuffix("-empty").removesuffix("-sglang")
         t0 = time.time()

@@ -23,9 +23,18 @@ VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's whee
 - OUTDIR/fa3_prefill_pad_{dev}.npz: :data:`PAD_CASES`, head dims between the compiled ones and the 192 / 192
   kernel; fa3_prefill_pad_seed{N}_{dev}.npz the same at fresh seeds (seed + N), held out;
 - OUTDIR/fa3_prefill_e4m3_seed{N}_{dev}.npz: :data:`E4M3_CASES` at fresh seeds (seed + N), held out;
+- OUTDIR/small_fa3_prefill_{dev}.npz: q, k and v near FP32's subnormal range (:data:`SMALL_DISTS`); the committed
+  file is cases 0, 1 and 3 cut to one head (``scripts/trim_capture.py IN OUT 0,1,3 --keep-heads 1``);
+- OUTDIR/fa3_prefill_wide_{dev}.npz: :data:`WIDE_CASES`, a v wider than q at q <= 64 (committed cut to one head or
+  group, ``--keep-heads 1``); fa3_prefill_wide_seed{N}_{dev}.npz the same at fresh seeds (committed: cases
+  0,1,3,4,5,7);
+- OUTDIR/fa3_prefill_window_{dev}.npz: :data:`WINDOW_CASES`, local windows; fa3_prefill_window_seed{N}_{dev}.npz
+  the same at fresh seeds; OUTDIR/fa3_prefill_caps_{dev}.npz: :data:`CAP_CASES`, softcaps and windows (the committed
+  ``fa3_prefill_softcap_h200.npz`` is its cases 1,2,3,8 cut to one head);
 - with SGL_CHECKOUT (sgl-project/sgl-flash-attn cb303cf, CUTLASS 57e3cfb at csrc/cutlass), SGLang's build as SGLang
   calls it (``num_splits`` 1 always): OUTDIR/fa3_prefill_sglang_{dev}.npz, the case table and :data:`E4M3_CASES`
-  (SGLang's FP8 cache) at seed + N - 1000 (0 for the default N);
+  (SGLang's FP8 cache) at seed + N - 1000 (0 for the default N); OUTDIR/fa3_prefill_sglang_hd128_{dev}.npz:
+  :data:`SGL_HD128_CASES` through a build of its head-dim-128 kernels (committed: cases 1-5, ``--keep-heads 1``);
 - with MERGE_BUNDLE (the mla-merge bundle, whose ``build_merge.py`` builds vLLM's ``merge_attn_states``):
   OUTDIR/vllm_prefill_chain_{dev}.npz: :data:`amla_sim.crosscheck.prefill_chain.CHAIN_CASES` chained as vLLM
   chains them: per case ``c{i}_out`` (the final merged output, raw BF16 bits) and ``meta``.
@@ -43,6 +52,8 @@ import numpy as np
 
 from amla_sim._files import atomic_savez
 from amla_sim.crosscheck.deployed import KERNELS, capture
+# this folder's: the scales, descales and draws every kernel's edge captures take
+from capture_limits import EDGE_FACTORS, EDGE_SCALES, SMALL_DISTS, TINY_SCALES
 
 _DS = 0.1352337788608801
 
@@ -81,10 +92,6 @@ HD128_CASES = [
 ]
 
 
-#: the softmax scales no kernel checks (``scripts/capture_limits.py``'s), each on the kernel's scale template
-EDGE_SCALES = (0.0, -0.0417, -0.1352, 1e-40, -3e-39, 1e-45)
-
-
 def _hdx(d, H, Hk, ql, kl, causal, fmt, seed, ns):
     return {**_hd128(H, Hk, ql, kl, causal, fmt, seed, ns), "scale": d ** -0.5, "head_dim": d}
 
@@ -102,10 +109,6 @@ HDX_CASES = [
     _hdx(256, 8, 8, (257, 300), (257, 300), True, "e4m3", 348, 0),
     _hdx(64, 8, 8, (200,), (1500,), False, "bf16", 349, 1),
 ]
-
-
-#: subnormal scales at FP32's normal boundary (``scripts/capture_limits.py``'s :data:`TINY_SCALES`)
-TINY_SCALES = (1e-38, -1e-38, 9e-39, 8.2e-39, 8.1e-39, -3e-39)
 
 
 def _tiny() -> list[dict]:
@@ -133,10 +136,6 @@ PAD_CASES = [
     _pad(160, 128, 8, 8, (600,), (600,), True, "e4m3", 370, 0),
     _pad(176, 176, 8, 8, (300,), (1200,), False, "e4m3", 371, 0),
 ]
-
-
-#: FP8 descales no kernel checks (``scripts/capture_limits.py``'s :data:`EDGE_FACTORS`), q's and v's, one at a time
-EDGE_FACTORS = (0.0, -0.05, float("inf"), float("nan"), 1e-40)
 
 
 def _descales() -> list[dict]:
@@ -205,12 +204,9 @@ WIDE_CASES = [
     _pad(32, 96, 8, 8, (100, 30), (100, 30), True, "fp16", 388, 0),
 ]
 
-#: values near FP32's subnormal range (``scripts/capture_limits.py``'s :data:`SMALL_DISTS`): outputs of about 1e-38
-#: (a fast-math build's multiplies write a subnormal as 0) and partial outputs that pass through it
-SMALL_DISTS = ("normal:1e-38", "normal:1e-36")
-
-
 def _small() -> list[dict]:
+    """The scale template and two other calls with values near FP32's subnormal range (``capture_limits.py``'s
+    :data:`SMALL_DISTS`)."""
     base = KERNELS["fa3-prefill"].scale_template()
     return [{**base, "seed": 1400 + j, "dist": dist, "scale": 0.1352} for j, dist in enumerate(SMALL_DISTS)] + [
         {**c, "seed": 1402, "dist": "normal:1e-36"} for c in (WIDE_CASES[2], HDX_CASES[1])]
@@ -270,7 +266,8 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    jobs_all = "table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,window,window-seed,sglang-hd128,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang"
+    jobs_all = ("table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,window,window-seed,"
+                "sglang-hd128,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang")
     only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]

@@ -241,6 +241,9 @@ _Q, _K, _V = np.zeros((4, 2, 192), _BF), np.zeros((4, 2, 192), _BF), np.zeros((4
     ((_Q, _K, _V, [0, 4], [0, 4]), {"launch_heads": 1}, "launch_heads"),
     ((_Q, _K, _V, [0, 4], [0, 4]), {"splits": [1, 2]}, "splits: one split count a request"),
     ((_Q, _K, _V, [0, 4], [0, 4]), {"causal": None}, "causal: expected True or False"),
+    ((_Q, _K, _V, [0, 4], [0, 4]), {"softcap": "fifty"}, "softcap: expected a float32 number"),
+    ((_Q, _K, _V, [0, 4], [0, 4]), {"window_size": (1.5, 0)}, r"window_size: expected \(left, right\) ints"),
+    ((_Q, _K, _V, [0, 4], [0, 4]), {"window_size": 3}, "window_size: expected"),
 ])
 def test_bad_input_is_refused_by_name(args, kw, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -641,6 +644,10 @@ def test_the_padded_kernels_choices_matter(monkeypatch):
     ({"format": "e4m3", "k_descale": True}, "k_descale: expected a float32 number"),
     ({"head_dim": 100}, "head_dim: head_size should be a multiple of 8"),
     ({"head_dim": 96, "head_dim_v": 64}, "v: head dim 64 with q's 96"),
+    ({"softcap": "fifty"}, "softcap: expected a float32 number"),
+    ({"softcap": float("inf")}, "softcap: expected a finite number"),
+    ({"window": [128]}, r"window: expected \[left, right\]"),
+    ({"window": [-2, 0]}, "window: expected an int >= -1"),
 ])
 def test_a_recipe_the_prefill_does_not_take_is_refused_by_name(edit, match):
     """A capture's recipe with descales on a 16-bit call, a descale that is no number, or head dims FA3 refuses."""
@@ -691,7 +698,7 @@ def test_softcap_is_refused_by_name():
     path = DATA / "fa3_prefill_softcap_h200.npz"
     meta, arrays = _load(path)
     assert all(c["softcap"] > 0 for c in meta["cases"])
-    with pytest.raises(CaptureError, match="softcap: softcapping is not modelled"):
+    with pytest.raises(CaptureError, match=r"softcap: softcapping \(tanh.approx, MUFU.TANH\) is not modelled"):
         replay(path, cases=[0])
 
 

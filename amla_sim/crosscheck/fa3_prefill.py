@@ -215,11 +215,9 @@ class _Fa3Prefill(DeployedKernel):
         q, k, v = prefill_inputs(recipe)
         recipe = {**recipe, "scale": 192**-0.5 if recipe["scale"] is None else recipe["scale"]}
         keep = recipe["keep_heads"]
-
         causal, local, _, _ = window(recipe["causal"], recipe.get("window", (-1, -1)), max(recipe["qlens"]),
                                      max(recipe["seqlens"]))
-
-        fa3 = kernel(_dims(recipe)[0]) if callable(kernel) else kernel
+        fa3 = kernel(_dims(recipe)[0]) if callable(kernel) else kernel  # SGLang's: the build for the head dim
 
         def kept() -> dict[str, np.ndarray]:
             got = run_fa3_prefill(fa3, q, k, v, recipe, head_swizzle=causal or local)

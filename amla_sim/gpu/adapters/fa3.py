@@ -133,6 +133,15 @@ _ONLY_PREFILL = ["FLASHATTENTION_DISABLE_HDIM64", "FLASHATTENTION_DISABLE_HDIM96
                  "FLASHATTENTION_DISABLE_LOCAL"]
 
 
+def _stand_in_template(build: str) -> list[str]:
+    """The lines of a stand-in ``run_mha_fwd_`` (it raises), whose explicit instantiations follow, for `build`."""
+    return ["#include <stdexcept>", "#include <cutlass/numeric_types.h>", '#include "flash.h"',
+            "template <int Arch, typename T, int kHeadDim, int kHeadDimV, bool Split, bool PagedKVNonTMA, "
+            "bool Has_softcap, bool PackGQA>",
+            "void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream) {",
+            f'    throw std::runtime_error("amla-sim: this FA3 kernel is not compiled in the {build} build"); }}']
+
+
 def _sgl_prefill_stand_ins() -> str:
     """Stand-ins (they raise) for the kernels ``run_mha_fwd``'s dispatch names on the 192 head dims that the prefill
     build does not compile: (Split, PagedKVNonTMA, PackGQA) of each variant, v 128 and 192, BF16 and E4M3."""
@@ -140,11 +149,7 @@ def _sgl_prefill_stand_ins() -> str:
                 "paged_": "false, true, false, true", "paged_split_": "true, true, false, true",
                 "split_": "true, false, false, true"}
     built = {(t, v) for t in ("bf16", "e4m3") for v in ("", "split_")}
-    lines = ["#include <stdexcept>", "#include <cutlass/numeric_types.h>", '#include "flash.h"',
-             "template <int Arch, typename T, int kHeadDim, int kHeadDimV, bool Split, bool PagedKVNonTMA, "
-             "bool Has_softcap, bool PackGQA>",
-             "void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream) {",
-             '    throw std::runtime_error("amla-sim: this FA3 kernel is not compiled in the prefill build"); }']
+    lines = _stand_in_template("prefill")
     for t, ct in (("bf16", "cutlass::bfloat16_t"), ("e4m3", "cutlass::float_e4m3_t")):
         for dv in (128, 192):
             for v, args in variants.items():
@@ -152,6 +157,7 @@ def _sgl_prefill_stand_ins() -> str:
                     lines.append(f"template void run_mha_fwd_<90, {ct}, 192, {dv}, {args}>(Flash_fwd_params &, "
                                  "cudaStream_t);")
     return "\n".join(lines) + "\n"
+
 
 _SGL_HD128 = "amla_sgl_fa3_hd128"
 #: head dim 128 in SGLang's build (every Llama- or Qwen-class prefill its ``fa3`` backend runs): BF16, (Split,
@@ -171,11 +177,7 @@ def _sgl_hd128_sources(name: str) -> list[Path]:
     kernel = "template void run_mha_fwd_<90, cutlass::bfloat16_t, 128, 128, {}>(Flash_fwd_params &, cudaStream_t);\n"
     files = [added_source(name, f"hdim128_bf16_{v or 'plain'}.cu", head + kernel.format(a))
              for v, a in _SGL_HD128_VARIANTS.items()]
-    stand_ins = ["#include <stdexcept>", "#include <cutlass/numeric_types.h>", '#include "flash.h"',
-                 "template <int Arch, typename T, int kHeadDim, int kHeadDimV, bool Split, bool PagedKVNonTMA, "
-                 "bool Has_softcap, bool PackGQA>",
-                 "void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream) {",
-                 '    throw std::runtime_error("amla-sim: this FA3 kernel is not compiled in the hd128 build"); }',
+    stand_ins = [*_stand_in_template("hd128"),
                  *(kernel.format(a).strip() for a in ("false, true, false, true", "true, true, false, true"))]
     return [*files, added_source(name, "stand_ins.cu", "\n".join(stand_ins) + "\n")]
 

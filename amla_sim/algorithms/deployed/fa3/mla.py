@@ -45,7 +45,7 @@ from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
 from ..fast_math import ln2, logf
-from ..scalars import scale_log2, softmax_scale
+from ..scalars import api_float, scale_log2, softmax_scale
 from ..row_sums import lane_sums as _lane_sum
 from ..row_sums import quad_total as _row_total
 from ..flashmla.combine import combine_sum
@@ -168,10 +168,10 @@ def _check_launch(*, num_sms: int, num_splits: int, page_size: int | None, causa
             raise TypeError(f"{name}: expected True, False or None, got {v!r}")
     if not isinstance(varlen_q, (bool, np.bool_)):
         raise TypeError(f"varlen_q: expected True or False, got {varlen_q!r}")
-    if not softcap <= 0.0:  # <= 0: no cap (SOFTCAP_SWITCH(params.softcap > 0), flash_api.cpp:315); NaN raises
-        raise ValueError(f"softcap: softcapping is not modelled (vLLM's FA3 build computes it; no MLA model uses "
-                         f"it), got {softcap}")
-    if tuple(window_size) != (-1, -1):
+    if not api_float(softcap, "softcap") <= 0:  # <= 0: no cap (SOFTCAP_SWITCH(params.softcap > 0), :315); NaN raises
+        raise ValueError(f"softcap: softcapping (tanh.approx, MUFU.TANH) is not modelled (FA3 computes it), got "
+                         f"{softcap}")
+    if not isinstance(window_size, (tuple, list)) or tuple(window_size) != (-1, -1):
         raise ValueError(f"window_size: local attention is not modelled (vLLM's FA3 build computes it), got "
                          f"{window_size}")
 
