@@ -34,7 +34,10 @@ VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's whee
 - with SGL_CHECKOUT (sgl-project/sgl-flash-attn cb303cf, CUTLASS 57e3cfb at csrc/cutlass), SGLang's build as SGLang
   calls it (``num_splits`` 1 always): OUTDIR/fa3_prefill_sglang_{dev}.npz, the case table and :data:`E4M3_CASES`
   (SGLang's FP8 cache) at seed + N - 1000 (0 for the default N); OUTDIR/fa3_prefill_sglang_hd128_{dev}.npz:
-  :data:`SGL_HD128_CASES` through a build of its head-dim-128 kernels (committed: cases 1-5, ``--keep-heads 1``);
+  :data:`SGL_HD128_CASES` through its build of the MHA head dims (committed, from an earlier build of its 128 kernels
+  alone: cases 1-5, ``--keep-heads 1``); OUTDIR/fa3_prefill_sglang_mha_{dev}.npz: :data:`SGL_MHA_CASES`, head dims
+  64, 96, 128 and 256, BF16 and E4M3, local windows (committed: all but case 12, ``--keep-heads 1``), and
+  fa3_prefill_sglang_mha_seed{N}_{dev}.npz the same at fresh seeds (committed: cases 1,2,3,4,7,13,15,16,19,22,23);
 - with MERGE_BUNDLE (the mla-merge bundle, whose ``build_merge.py`` builds vLLM's ``merge_attn_states``):
   OUTDIR/vllm_prefill_chain_{dev}.npz: :data:`amla_sim.crosscheck.prefill_chain.CHAIN_CASES` chained as vLLM
   chains them: per case ``c{i}_out`` (the final merged output, raw BF16 bits) and ``meta``.
@@ -253,6 +256,42 @@ SGL_HD128_CASES = [{**c, "num_splits": 1, "format": "bf16"} for c in HD128_CASES
     _hd128(8, 8, (200, 100), (3000, 700), False, "bf16", 338, 1)]
 
 
+def _sgl(c: dict) -> dict:
+    return {**c, "num_splits": 1, "build": "sglang"}
+
+
+#: SGLang's build at the head dims of MHA models (64, 96, 128, 256) as its ``fa3`` backend calls it (``num_splits``
+#: 1), BF16 and E4M3: where its tiles part from the fork's (64's local 192-key blocks with overlap, one warpgroup in a
+#: window, FP8's one-level tiles: 192 x 160, 64 x 128, 192 x 128, 128 x 224, 64 x 96, 128 x 128), local windows
+#: (whose unmasked blocks it bounds by the m-block's keys), grouped heads, causal and context chunks
+SGL_MHA_CASES = [_sgl(c) for c in (
+    _hdx(64, 16, 4, (700, 300), (700, 300), True, "bf16", 501, 1),
+    _hdx(64, 8, 8, (300, 200), (2000, 0), False, "bf16", 502, 1),
+    _hdx(64, 8, 8, (20,), (3000,), False, "bf16", 503, 1),  # one warpgroup
+    _cap(64, 8, 8, (500,), (500,), True, "bf16", 504, 1, window=(100, 0)),
+    _cap(64, 4, 4, (30,), (2000,), False, "bf16", 505, 1, window=(300, 10)),  # one warpgroup in a window
+    _hdx(96, 16, 16, (500,), (500,), True, "bf16", 506, 1),
+    _cap(96, 8, 2, (300, 200), (300, 200), True, "bf16", 507, 1, window=(64, 0)),
+    _cap(128, 8, 8, (20,), (3000,), False, "bf16", 508, 1, window=(500, 0)),
+    _cap(128, 32, 8, (300,), (300,), True, "bf16", 509, 1, window=(128, 0)),
+    _cap(128, 8, 8, (200, 100), (3000, 700), False, "bf16", 510, 1, window=(1000, 100)),
+    _hdx(256, 8, 8, (600, 100), (600, 100), True, "bf16", 511, 1),
+    _cap(256, 8, 4, (400,), (400,), True, "bf16", 512, 1, window=(100, 0)),  # Gemma-3-class
+    _hdx(128, 32, 8, (1000,), (1000,), True, "bf16", 513, 1),
+    _cap(128, 8, 8, (500, 200), (500, 200), True, "bf16", 514, 1, window=(300, 0)),  # the fork's bare blocks part
+    _cap(256, 8, 8, (500,), (500,), True, "bf16", 515, 1, window=(300, 0)),
+    _hdx(64, 16, 16, (257, 100), (257, 100), True, "e4m3", 521, 1),
+    _hdx(64, 8, 8, (30,), (2000,), False, "e4m3", 522, 1),
+    _hdx(96, 16, 16, (300,), (1500,), False, "e4m3", 523, 1),
+    _hdx(128, 16, 16, (257, 100, 700), (257, 100, 700), True, "e4m3", 524, 1),
+    _hdx(128, 16, 16, (30,), (2000,), False, "e4m3", 525, 1),
+    _hdx(128, 32, 8, (200,), (200,), True, "e4m3", 526, 1),
+    _hdx(256, 8, 8, (200,), (600,), False, "e4m3", 527, 1),
+    _cap(256, 8, 8, (200,), (600,), False, "e4m3", 528, 1, window=(100, 100)),
+    _cap(128, 8, 8, (300,), (300,), True, "e4m3", 529, 1, window=(64, 0)),
+)]
+
+
 def _sglang_cases(seed: int) -> list[dict]:
     """The case table and the FP8 calls as SGLang makes them: ``num_splits`` 1 (sgl_kernel's default, never passed);
     BF16 in place of FP16 (DeepSeek's checkpoints are BF16 or FP8; the build leaves FP16 out); one KV head a query
@@ -267,7 +306,7 @@ def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
     jobs_all = ("table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,window,window-seed,"
-                "sglang-hd128,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang")
+                "sglang-hd128,sglang-mha,sglang-mha-seed,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang")
     only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
     out_dir, vllm_root = args[0], args[1]
@@ -304,6 +343,11 @@ def main() -> None:
                      {"cases": _sglang_cases(seed - 1000), "build": "sglang", "source": sgl}))
         jobs.append(("sglang-hd128", f"fa3_prefill_sglang_hd128_{tag}.npz",
                      {"cases": SGL_HD128_CASES, "build": "sglang", "source": sgl}))
+        jobs.append(("sglang-mha", f"fa3_prefill_sglang_mha_{tag}.npz",
+                     {"cases": SGL_MHA_CASES, "build": "sglang", "source": sgl}))
+        jobs.append(("sglang-mha-seed", f"fa3_prefill_sglang_mha_seed{seed}_{tag}.npz",
+                     {"cases": [{**c, "seed": c["seed"] + seed} for c in SGL_MHA_CASES], "build": "sglang",
+                      "source": sgl}))
     for job, name, kw in jobs:
         if job not in only:
             continue

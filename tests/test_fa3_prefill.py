@@ -629,7 +629,8 @@ def test_the_padded_kernels_choices_matter(monkeypatch):
     128."""
     one_wg = prefill.use_one_mma_wg
     monkeypatch.setattr(prefill, "use_one_mma_wg",
-                        lambda d, mq, qpk, local=False: one_wg(prefill.kernel_dims(d, d)[0], mq, qpk, local))
+                        lambda d, mq, qpk, local=False, build="vllm": one_wg(prefill.kernel_dims(d, d)[0], mq, qpk,
+                                                                             local, build))
     assert _share(PAD, 1) < 1
     monkeypatch.setattr(prefill, "use_one_mma_wg", one_wg)
     tiles = {k: prefill.PREFILL_TILES[(192, 128) + k[2:]] if k[:2] == (192, 192) else t
@@ -680,7 +681,7 @@ def test_each_window_choice_matters(change, monkeypatch):
     key, the causal tiles, the split heuristic over every key rather than those the window loads."""
     case = {"no-unmasked-blocks": 4, "block-aligned": 5, "unwindowed-tiles": 1, "full-keys-split": 3}[change]
     if change == "no-unmasked-blocks":
-        monkeypatch.setattr(prefill, "_overlap", lambda d, dv, size: False)
+        monkeypatch.setattr(prefill, "_request_frame", lambda d, dv, size, build="vllm": False)
     elif change == "block-aligned":
         monkeypatch.setattr(prefill, "_n_offset", lambda *a: 0)
     elif change == "unwindowed-tiles":
@@ -717,14 +718,46 @@ def test_sglangs_build_at_head_dim_128_is_predicted_in_every_bit(fastest_engine)
 
 
 def test_sglangs_tiles_matter(monkeypatch):
-    monkeypatch.setattr(prefill, "SGL_TILES", {})
+    fork = prefill.prefill_tile
+    monkeypatch.setattr(prefill, "sgl_tile", lambda d, dv, size, **kw: (*fork(d, dv, size, "vllm", **kw), True))
     report = replay(SGL128, cases=[0, 3])
     assert all(row.first_difference is not None for row in report.cases), report.format()
 
 
-@pytest.mark.parametrize(("d", "dv", "fmt"), [(96, 96, "bf16"), (128, 128, "e4m3"), (256, 256, "bf16")])
-def test_sglangs_build_elsewhere_is_refused_by_name(d, dv, fmt):
-    q = np.zeros((4, 2, d), np.float32).astype(ml_dtypes.float8_e4m3fn if fmt == "e4m3" else ml_dtypes.bfloat16)
-    v = np.zeros((4, 2, dv), q.dtype)
-    with pytest.raises(ValueError, match="build: SGLang's build at head dims"):
-        fa3_prefill(q, q, v, [0, 4], [0, 4], build="sglang")
+
+
+SGL_MHA = DATA / "fa3_prefill_sglang_mha_h200.npz"
+
+
+def test_sglangs_build_at_the_mha_head_dims_is_predicted_in_every_bit(fastest_engine):
+    """SGLang's build at head dims 64, 96, 128 and 256, BF16 and E4M3, as its ``fa3`` backend calls it
+    (``num_splits`` 1; ``scripts/capture_prefill.py --only sglang-mha,sglang-mha-seed``): grouped heads, one
+    warpgroup, local windows (one warpgroup in one too), FP8's one-level tiles; the same at fresh seeds (+ 1000)."""
+    meta, _ = _load(SGL_MHA)
+    cases = meta["cases"]
+    assert {c["build"] for c in cases} == {"sglang"} and {c["num_splits"] for c in cases} == {1}
+    assert {(c["head_dim"], c["format"]) for c in cases} == {(d, f) for d in (64, 96, 128, 256)
+                                                            for f in ("bf16", "e4m3")}
+    assert sum(c.get("window", [-1, -1]) != [-1, -1] for c in cases) == 11
+    for path in (SGL_MHA, DATA / "fa3_prefill_sglang_mha_seed1000_h200.npz"):
+        report = replay(path)
+        for row in report.cases:
+            assert row.first_difference is None and not row.skipped, report.format()
+
+
+@pytest.mark.parametrize(("change", "cases"), [
+    ("the-forks-tiles", [3, 4, 14, 17, 19]),  # 64's local 192-key blocks; FP8 at 64 and 128 (one level, 160 / 224)
+    ("the-forks-bare-blocks", [12, 13]),  # unmasked blocks bounded by the request's keys, not the m-block's
+], ids=["the-forks-tiles", "the-forks-bare-blocks"])
+def test_sglangs_choices_matter(change, cases, monkeypatch, fastest_engine):
+    """SGLang's build in the fork's form gives other bits: its tiles (``sgl_tile``) at 64 in a window and in FP8,
+    and its local mainloop's bounds (``seqlen_k - n_offset`` in every kernel)."""
+    from amla_sim.algorithms.deployed.fa3 import prefill
+
+    if change == "the-forks-tiles":
+        fork = prefill.prefill_tile
+        monkeypatch.setattr(prefill, "sgl_tile", lambda d, dv, size, **kw: (*fork(d, dv, size, "vllm", **kw), True))
+    else:
+        monkeypatch.setattr(prefill, "_request_frame", lambda d, dv, size, build="vllm": True)
+    report = replay(SGL_MHA, cases=cases)
+    assert all(row.first_difference is not None for row in report.cases), report.format()

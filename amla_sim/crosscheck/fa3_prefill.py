@@ -194,15 +194,15 @@ class _Fa3Prefill(DeployedKernel):
     def load_shipped(self, source: str, build: str) -> Any:
         """vLLM's: its wheel's library (`source`: the unpacked wheel). SGLang's: sgl-flash-attn built from its
         checkout (`source`) with SGLang's switches (its shipped ``flash_ops``, 1.1 GB, does not travel), a build for
-        the MLA prefill's head dims and one for 128, each when a case first needs it."""
+        the MLA prefill's head dims and one for the others (64, 96, 128, 256), each when a case first needs it."""
         from ..gpu.adapters.fa3 import build_fa3, load_shipped_fa3
 
         if build == "vllm":
             return load_shipped_fa3(source)
         builds: dict[str, Any] = {}
 
-        def for_dims(d: int) -> Any:  # SGLang's head dims 192 / 128 and 128, each built when first needed
-            path = "hd128" if d == 128 else "prefill"
+        def for_dims(d: int) -> Any:  # q's head dim, each build made when first needed
+            path = "prefill" if 128 < d <= 192 else "mha"  # the 192 kernels', or 64, 96, 128 and 256
             if path not in builds:
                 builds[path] = build_fa3(source, fork="sglang", path=path)
             return builds[path]

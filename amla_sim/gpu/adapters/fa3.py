@@ -159,26 +159,29 @@ def _sgl_prefill_stand_ins() -> str:
     return "\n".join(lines) + "\n"
 
 
-_SGL_HD128 = "amla_sgl_fa3_hd128"
-#: head dim 128 in SGLang's build (every Llama- or Qwen-class prefill its ``fa3`` backend runs): BF16, (Split,
-#: PackGQA) unsplit, packed and split (a split always packs), each an instantiation of ``run_mha_fwd_`` written here
-#: as upstream's instantiation files are (they are not in the prefill bundle)
-_SGL_HD128_VARIANTS = {"": "false, false, false, false", "packgqa": "false, false, false, true",
-                       "split": "true, false, false, true"}
-_ONLY_HD128 = ["FLASHATTENTION_DISABLE_HDIM64", "FLASHATTENTION_DISABLE_HDIM96", "FLASHATTENTION_DISABLE_HDIM192",
-               "FLASHATTENTION_DISABLE_HDIM256", "FLASHATTENTION_DISABLE_FP16", "FLASHATTENTION_DISABLE_FP8",
-               "FLASHATTENTION_DISABLE_SOFTCAP", "FLASHATTENTION_DISABLE_LOCAL"]
+_SGL_MHA = "amla_sgl_fa3_mha"
+#: the head dims of SGLang's build other than the MLA prefill's (every MHA model its ``fa3`` backend serves: 64, 96,
+#: 128, 256), BF16 and E4M3, local windows compiled in; each (Split, PagedKVNonTMA, Has_softcap, PackGQA) unsplit,
+#: packed or not (SGLang never splits), an instantiation of ``run_mha_fwd_`` written here as upstream's
+#: instantiation files are (they are not in the prefill bundle); the split and paged ones the dispatch also names
+#: are stand-ins
+_SGL_MHA_DIMS = (64, 96, 128, 256)
+_SGL_MHA_TYPES = {"bf16": "cutlass::bfloat16_t", "e4m3": "cutlass::float_e4m3_t"}
+_SGL_MHA_VARIANTS = {"plain": "false, false, false, false", "packgqa": "false, false, false, true"}
+_SGL_MHA_STAND_INS = ("false, true, false, true", "true, false, false, true", "true, true, false, true")
+_ONLY_MHA = ["FLASHATTENTION_DISABLE_HDIM192", "FLASHATTENTION_DISABLE_HDIMDIFF64", "FLASHATTENTION_DISABLE_FP16",
+             "FLASHATTENTION_DISABLE_SOFTCAP"]
 
 
-def _sgl_hd128_sources(name: str) -> list[Path]:
-    """The head-dim-128 build's kernels (:data:`_SGL_HD128_VARIANTS`) and stand-ins (they raise) for the paged
-    ones the dispatch also names."""
+def _sgl_mha_sources(name: str) -> list[Path]:
+    """The MHA head dims' kernels (:data:`_SGL_MHA_DIMS`, :data:`_SGL_MHA_VARIANTS`), a file each as upstream
+    compiles them, and the stand-ins (they raise) for the split and paged ones."""
     head = '#include "flash_fwd_launch_template.h"\n'
-    kernel = "template void run_mha_fwd_<90, cutlass::bfloat16_t, 128, 128, {}>(Flash_fwd_params &, cudaStream_t);\n"
-    files = [added_source(name, f"hdim128_bf16_{v or 'plain'}.cu", head + kernel.format(a))
-             for v, a in _SGL_HD128_VARIANTS.items()]
-    stand_ins = [*_stand_in_template("hd128"),
-                 *(kernel.format(a).strip() for a in ("false, true, false, true", "true, true, false, true"))]
+    kernel = "template void run_mha_fwd_<90, {t}, {d}, {d}, {a}>(Flash_fwd_params &, cudaStream_t);"
+    files = [added_source(name, f"hdim{d}_{t}_{v}.cu", head + kernel.format(t=ct, d=d, a=a) + "\n")
+             for d in _SGL_MHA_DIMS for t, ct in _SGL_MHA_TYPES.items() for v, a in _SGL_MHA_VARIANTS.items()]
+    stand_ins = [*_stand_in_template("mha"), *(kernel.format(t=ct, d=d, a=a) for d in _SGL_MHA_DIMS
+                                               for ct in _SGL_MHA_TYPES.values() for a in _SGL_MHA_STAND_INS)]
     return [*files, added_source(name, "stand_ins.cu", "\n".join(stand_ins) + "\n")]
 
 
@@ -213,11 +216,12 @@ def build_fa3(checkout: str | Path, *, fork: str = "vllm", path: str = "mla",
     its two torch ops (vLLM's ``torch.ops._vllm_fa3_C.*``, argument for argument); "sglang": a
     sgl-project/sgl-flash-attn checkout built with SGLang's switches, mha_fwd's arguments by name. path: "mla"
     (the head dims 64 / 512 of the absorbed decode) or, for SGLang's fork, "prefill" (192 / 128, BF16 and E4M3: the
-    MHA-form prefill; vLLM's is the binary its wheel ships, :func:`load_shipped_fa3`) or "hd128" (128, BF16)."""
+    MHA-form prefill; vLLM's is the binary its wheel ships, :func:`load_shipped_fa3`) or "mha" (64, 96, 128 and
+    256, BF16 and E4M3, unsplit, local windows included: about 6 minutes on 16 cores)."""
     if fork not in FORKS:
         raise ValueError(f"fork: expected one of {', '.join(FORKS)}, got {fork!r}")
-    if path not in ("mla", "prefill", "hd128") or (path != "mla" and fork != "sglang"):
-        raise ValueError(f"path: 'mla', or 'prefill' or 'hd128' with fork 'sglang', got {path!r} with {fork!r}")
+    if path not in ("mla", "prefill", "mha") or (path != "mla" and fork != "sglang"):
+        raise ValueError(f"path: 'mla', or 'prefill' or 'mha' with fork 'sglang', got {path!r} with {fork!r}")
     if fork == "sglang":
         return _build_sgl(checkout, verbose, path)
     files = ["flash_api.cpp", "flash_api_torch_lib.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu",
@@ -245,7 +249,7 @@ def _build_sgl(checkout: str | Path, verbose: bool, path: str = "mla") -> Simple
     kernels, stand_ins, only, name = {
         "mla": (_KERNELS, _STAND_INS, _ONLY_MLA, _SGL_NAME),
         "prefill": (_SGL_PREFILL_KERNELS, _sgl_prefill_stand_ins(), _ONLY_PREFILL, _SGL_PREFILL),
-        "hd128": ([], None, _ONLY_HD128, _SGL_HD128)}[path]
+        "mha": ([], None, _ONLY_MHA, _SGL_MHA)}[path]
     files = ["flash_api.cpp", "flash_fwd_combine.cu", "flash_prepare_scheduler.cu", *kernels]
     root = checkout_files(checkout, f"sgl-fa3-{path}", ["csrc/cutlass/include/cute/tensor.hpp",
                                                         *("hopper/" + f for f in files)], _SGL_WHAT)
@@ -254,7 +258,7 @@ def _build_sgl(checkout: str | Path, verbose: bool, path: str = "mla") -> Simple
     binding = _SGL_BINDING.replace("{decl}", ", OptT, bool" if later else "").replace(
         "{call}", ", std::nullopt, false" if later else "")
     defines = ["-D" + d for d in _SGL_DEFINES + only]
-    extra = _sgl_hd128_sources(name) if stand_ins is None else [added_source(name, "stand_ins.cu", stand_ins)]
+    extra = _sgl_mha_sources(name) if stand_ins is None else [added_source(name, "stand_ins.cu", stand_ins)]
     sources = [*(hopper / f for f in files), *extra, added_source(name, "binding.cpp", binding)]
     mod = compile_extension(name, sources, [hopper, cutlass / "include", cutlass / "tools" / "util" / "include"],
                             ["-O3", "-std=c++17", "-DNDEBUG", *defines],
@@ -524,8 +528,13 @@ def run_fa3_prefill(fa3, q: np.ndarray, k: np.ndarray, v: np.ndarray, recipe: di
     res = {"out": out.contiguous().view(torch.int16).cpu().numpy().view(np.uint16),
            "lse": lse.float().contiguous().cpu().numpy().view(np.uint32)}
     m = meta.cpu().numpy()
-    rounded = -(-b // 4) * 4  # prepare_seqlen_q, [split counts if dynamic], [heads in L2 if causal or local], semaphore
-    if (m.size - 1) // rounded - 1 - head_swizzle == 1:
+    rounded = -(-b // 4) * 4
+    if sgl:  # split counts, m-blocks, [batch order unless local], [heads in L2 if causal or local], semaphore
+        # (sgl-flash-attn cb303cf flash_api.cpp:604-623): the counts are 1 unless the call lets the launch split
+        if (m.size - 1) // rounded >= 2 and recipe["num_splits"] != 1:
+            res["splits"] = m[:b].astype(np.int32)
+    elif (m.size - 1) // rounded - 1 - head_swizzle == 1:
+        # prepare_seqlen_q, [split counts if dynamic], [heads in L2 if causal or local], semaphore
         res["splits"] = m[rounded:rounded + b].astype(np.int32)
     return res
 

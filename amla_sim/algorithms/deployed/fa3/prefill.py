@@ -8,7 +8,8 @@ tokens, one non-causal call returning the LSE per context chunk); SGLang 0.5.23 
 Upstream: vllm-project/flash-attention 617264c, ``hopper/``: ``tile_size.h`` (:data:`PREFILL_TILES`; the P V
 product from registers, intra-warpgroup overlap), ``mainloop_fwd_sm90_tma_gmma_ws.hpp:1212-1341``, ``softmax.h``,
 ``utils.h:235-325`` (``flash::gemm``), ``epilogue_fwd.hpp``, ``flash_fwd_combine_kernel.h``; the split choice is
-:func:`.scheduler.varlen_splits`. SGLang's build (sgl-flash-attn cb303cf) differs in FP8 only. The arithmetic is
+:func:`.scheduler.varlen_splits`. SGLang's build (sgl-flash-attn cb303cf) differs in FP8, in some tiles and in a
+local window's bare blocks (below). The arithmetic is
 the MLA decode's (:mod:`amla_sim.algorithms.deployed.fa3.mla`), on other tiles and in another order of issue:
 
 - An m-block holds 128 query positions of one head (64 with one MMA warpgroup; with pack-GQA, rows of (position,
@@ -22,12 +23,13 @@ the MLA decode's (:mod:`amla_sim.algorithms.deployed.fa3.mla`), on other tiles a
 - FP8 E4M3: ``P = exp2(fma(S, c, -fma(M', c, -8)))``, in [0, 256], rounded to E4M3 (satfinite); the LSE from the
   sum times 2^-8; out in BF16; descales folded into ``c`` and the final scale. vLLM's fork adds each block's P V,
   a product of its own from a cleared accumulator, to O in FP32 (the two-level accumulation); SGLang's build
-  accumulates in O on the tensor cores, on other tiles (:data:`ONE_LEVEL_FP8_TILES`).
+  accumulates in O on the tensor cores, on other tiles (:func:`sgl_tile`).
 - A local window (``window_size``): each row's keys from ``n_k - n_q + s - left`` to ``... + right``, an m-block's
   key blocks counted from the first key its first row sees, on the window's tiles; the mainloop masks the blocks at
-  the window's edges and leaves the others bare, with bounds that, in the kernels with intra-warpgroup overlap,
-  count the request's keys rather than the m-block's: a bare block can then hold keys outside a row's window,
-  which the kernel reads (:func:`_unmasked`).
+  the window's edges and leaves the others bare, with bounds that, in the fork's kernels with intra-warpgroup
+  overlap, count the request's keys rather than the m-block's: a bare block can then hold keys outside a row's
+  window, which the kernel reads (:func:`_unmasked`). SGLang's build counts the m-block's keys in every kernel, and
+  takes one MMA warpgroup with a window too.
 - The end, the split partials and the combine as the decode's. A k of no row makes ``mha_fwd`` launch nothing and
   write out 0 and LSE +inf for the whole call (``flash_api.cpp:1281-1309``); a request of no key (or a row that
   sees none) gets out 0 and LSE -inf.
@@ -49,8 +51,8 @@ from ..scalars import softmax_scale
 from .mla import _check_launch, _combine, _split_lse, _Units
 from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits
 
-__all__ = ["fa3_prefill", "kernel_dims", "PREFILL_TILES", "ONE_LEVEL_FP8_TILES", "SGL_TILES", "PREFILL_BUILDS",
-           "prefill_schedule", "prefill_tile", "use_one_mma_wg", "cu_seqlens", "window"]
+__all__ = ["fa3_prefill", "kernel_dims", "PREFILL_TILES", "PREFILL_BUILDS", "prefill_schedule", "prefill_tile",
+           "sgl_tile", "use_one_mma_wg", "cu_seqlens", "window"]
 
 #: ``tile_size_fwd_sm90`` (tile_size.h) in vLLM's fork, 617264c: (d, dv, element size in bytes, causal, one MMA
 #: warpgroup) -> (kBlockM, kBlockN). Head dims 192 / 128 (:47-48, 16-bit; :73-74, FP8 with the two-level
@@ -86,17 +88,9 @@ PREFILL_TILES = {
 #: a local call never takes one MMA warpgroup (heuristics.h:10-13)
 LOCAL_TILES = {(64, 64, 2): (192, 160), (96, 96, 2): (192, 128), (128, 128, 2): (128, 128),
                (192, 128, 2): (128, 96), (256, 256, 2): (128, 64), (256, 256, 1): (128, 64)}
-#: FP8 without the two-level accumulation (tile_size.h:85-86 under FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION;
-#: sgl-flash-attn cb303cf tile_size.h:64-65, which never had it): (d, dv) -> (kBlockM, kBlockN)
-ONE_LEVEL_FP8_TILES = {(192, 128): (128, 160), (192, 192): (128, 160)}
-#: SGLang's 16-bit tiles where they differ from the fork's (sgl-flash-attn cb303cf tile_size.h:41-43 and :46):
-#: 176-key blocks at 128 unless causal, 112 at 192 / 192; (d, dv, causal, one MMA warpgroup) -> (kBlockM, kBlockN)
-SGL_TILES = {(128, 128, False, False): (128, 176), (192, 192, False, False): (128, 112),
-             (192, 192, True, False): (128, 112)}
-#: the head dims the model covers in SGLang's build: its MLA prefill's (16-bit and FP8) and 128 (16-bit)
-SGL_DIMS = {2: {(192, 128), (192, 192), (128, 128)}, 1: set(ONE_LEVEL_FP8_TILES)}
 #: the builds the model follows: vLLM's fork (its wheel's ``_vllm_fa3_C``) and SGLang's (sgl-flash-attn, compiled
-#: into ``sglang-kernel``); they differ in FP8 (the fork accumulates FP8 ``P V`` in two levels) and in some tiles
+#: into ``sglang-kernel``); they differ in FP8 (the fork accumulates FP8 ``P V`` in two levels), in some tiles
+#: (:func:`sgl_tile`) and in a local window's unmasked blocks (:func:`_unmasked`)
 PREFILL_BUILDS = ("vllm", "sglang")
 _FORMATS = ("bf16", "fp16", "e4m3")
 #: FP8's softmax: ``P = exp2(S c - (M c - 8))``, in [0, 256] (softmax.h:64-79, ``Max_offset`` 8)
@@ -150,7 +144,7 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
     build: whose tiles (FP8's differ). local: a local window's (left, right) as :func:`window` reads it (the
     heuristic weighs the keys it loads, ``min(seqlen_k, left + right + 1 + kBlockM)``)."""
     qpk = heads // heads_k
-    one_wg = use_one_mma_wg(d, max_seqlen_q, qpk, local is not None)  # the call's d, not the kernel's
+    one_wg = use_one_mma_wg(d, max_seqlen_q, qpk, local is not None, build)  # the call's d, not the kernel's
     dk, dvk = kernel_dims(d, dv, element_size)
     block_m, block_n = prefill_tile(dk, dvk, element_size, build, causal=causal, one_wg=one_wg,
                                     local=local is not None)
@@ -172,22 +166,52 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
     return bound, splits, pack
 
 
-def use_one_mma_wg(d: int, max_seqlen_q: int, qpk: int, local: bool = False) -> bool:
-    """heuristics.h:10-14: one MMA warpgroup for head dims 64 and 128 when ``seqlen_q * h / h_k <= 64``, never
-    with a local window."""
-    return d in (64, 128) and max_seqlen_q * qpk <= 64 and not local
+def use_one_mma_wg(d: int, max_seqlen_q: int, qpk: int, local: bool = False, build: str = "vllm") -> bool:
+    """heuristics.h:10-14: one MMA warpgroup for head dims 64 and 128 when ``seqlen_q * h / h_k <= 64``; in vLLM's
+    fork never with a local window, in SGLang's with one too (sgl-flash-attn cb303cf heuristics.h:10-15,
+    flash_fwd_launch_template.h:215)."""
+    return d in (64, 128) and max_seqlen_q * qpk <= 64 and (build == "sglang" or not local)
 
 
 def prefill_tile(d: int, dv: int, element_size: int, build: str = "vllm", *, causal: bool = False,
                  one_wg: bool = False, local: bool = False) -> tuple[int, int]:
-    """``tile_size_fwd_sm90``'s (kBlockM, kBlockN) for a build: the one-level FP8 tile in SGLang's."""
-    if element_size == 1 and build == "sglang":
-        return ONE_LEVEL_FP8_TILES[(d, dv)]
-    if build == "sglang" and not local and (d, dv, bool(causal), bool(one_wg)) in SGL_TILES:
-        return SGL_TILES[(d, dv, bool(causal), bool(one_wg))]
+    """``tile_size_fwd_sm90``'s (kBlockM, kBlockN) for a build (SGLang's: :func:`sgl_tile`)."""
+    if build == "sglang":
+        return sgl_tile(d, dv, element_size, causal=causal, one_wg=one_wg, local=local)[:2]
     if local and (d, dv, element_size) in LOCAL_TILES:
         return LOCAL_TILES[(d, dv, element_size)]
     return PREFILL_TILES[(d, dv, element_size, bool(causal), bool(one_wg))]
+
+
+def sgl_tile(d: int, dv: int, element_size: int, *, causal: bool = False, one_wg: bool = False,
+             local: bool = False) -> tuple[int, int, bool]:
+    """SGLang's ``tile_size_fwd_sm90`` (sgl-flash-attn cb303cf tile_size.h:10-70) for the kernel of head dims
+    (`d`, `dv`), V row-major, not paged, no softcap: (kBlockM, kBlockN, intra-warpgroup overlap). It differs from
+    the fork's at 64 (192-key blocks, with overlap, in a local window), at 128 (176-key blocks unless causal or
+    local), at 192 / 192 (112) and in FP8 (one-level accumulation: 128 x 224 at 128, 128 x 160 at 192)."""
+    if element_size == 2:
+        if d <= 64:
+            if dv == 512:
+                return 64, 64, False
+            if dv == 256:
+                return 128, 96, False
+            return (64, 192, True) if one_wg else (192, 128 if causal else 192, True)
+        if d <= 96:
+            return 192, 128 if local else 144, True
+        if d <= 128:
+            return 64 if one_wg else 128, 128 if causal or local else 176, True
+        if d <= 192:
+            return 128, 96 if local else (128 if dv <= 128 else 112), True
+        return 128, 64 if local else 80, True
+    if d <= 64:
+        return (64, 128, True) if one_wg else (192, 160, True)
+    if d <= 96:
+        return 192, 128, True
+    if d <= 128:
+        return (64, 96, True) if one_wg else (128, 224, True)
+    if d <= 192:
+        return 128, 160, True
+    return 128, 64 if local else 128, True
 
 
 def window(causal: bool, window_size: tuple[int, int], max_seqlen_q: int,
@@ -266,7 +290,7 @@ def fa3_prefill(
     fmt = get_format(qa.dtype).name
     fp8 = fmt == "e4m3"
     dk, dvk = kernel_dims(d, dv, 1 if fp8 else 2)
-    _check_build(build, dk, dvk, 1 if fp8 else 2)
+    _check_build(build)
     if fp8:
         mc.require(kernel="fa3-prefill (E4M3)", e4m3_products=True, suggest="sm90-cuda")
     descales = _descales(fp8, (q_descale, k_descale, v_descale), (len(qlens), Hk))
@@ -283,11 +307,11 @@ def fa3_prefill(
         counts = _check_splits(splits, len(qlens))
         pack = pack or max(counts) > 1
     if not no_k:
-        one, local = use_one_mma_wg(d, mq, H // Hk, sides is not None), sides is not None
+        one, local = use_one_mma_wg(d, mq, H // Hk, sides is not None, build), sides is not None
         tile = prefill_tile(dk, dvk, size, build, causal=causal, one_wg=one, local=local)
         _requests(u, (qa, ka, va), cq, ck, out, lse, causal=causal, counts=counts, tile=tile, dims=(dk, dvk),
                   descales=descales if fp8 else None, two_level=build == "vllm",
-                  local=None if sides is None else (*sides, _overlap(dk, dvk, size)))
+                  local=None if sides is None else (*sides, _request_frame(dk, dvk, size, build)))
     hazards = Counter(nan_outputs=int(np.isnan(out).sum())) if np.isnan(out).any() else Counter()
     tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
     return AttentionResult(mc.cast(out, "bf16" if fp8 else fmt), lse, tr, hazards)  # out_type (flash_api.cpp:936)
@@ -330,7 +354,8 @@ def _requests(u: _Units, qkv: tuple[np.ndarray, np.ndarray, np.ndarray], cq: np.
               local: tuple[int, int, bool] | None = None) -> None:
     """Each request of the launch into `out` (T, h, dv) and `lse` (h, T), on the kernel of head dims `dims` (q, k and
     v zero-padded to them, the call's columns of its output kept); `descales` (a list, entries None or (batch, h_k))
-    for FP8, None for 16-bit inputs; `local`: a local window's (left, right, intra-warpgroup overlap)."""
+    for FP8, None for 16-bit inputs; `local`: a local window's (left, right, whether its bare blocks are bounded by
+    the request's keys, :func:`_request_frame`)."""
     mc, fmt = u.mc, u.fmt
     Q, K, V = (mc.cast(_padded(x, n), fmt) for x, n in zip(qkv, (dims[0], dims[0], dims[1])))
     dv = out.shape[-1]
@@ -377,7 +402,7 @@ def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: 
     pos = np.repeat(np.arange(nq), qpk)
     Ku, Vu = K.transpose(1, 0, 2), V.transpose(1, 0, 2)
     R = Qu.shape[1]
-    left, right, overlap = local if local is not None else (None, 0, True)
+    left, right, request_frame = local if local is not None else (None, 0, True)
     limit = (nk - nq + pos + right) if causal or local else np.full(R, nk - 1)  # the last key each row sees
     first = None if local is None else nk - nq + pos - left  # the first, with a window
     O = np.zeros((Hk, R, dv), u.dt)
@@ -390,8 +415,8 @@ def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: 
             m_idx_max = ((m + 1) * block_m - 1) // qpk + 1
             end = min(end, max(0, -(-(m_idx_max + nk - off - nq + right) // block_n)))
         lo_key = None if first is None else first[r] - off
-        bare = None if local is None else _unmasked(m, block_m, qpk, nq, nk if overlap else nk - off, left, right,
-                                                    block_n)
+        frame = nk if request_frame else nk - off
+        bare = None if local is None else _unmasked(m, block_m, qpk, nq, frame, left, right, block_n)
         res = [_split(u, Qu[:, r], Ku[:, off:], Vu[:, off:], nk - off, lo, hi, limit[r] - off, block_n, lo_key, bare)
                for lo, hi in split_blocks(end, splits)]
         if len(res) == 1:
@@ -403,10 +428,12 @@ def _request(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, *, causal: 
             L.reshape(Hk, nq, qpk).transpose(0, 2, 1).reshape(H, nq))
 
 
-def _overlap(d: int, dv: int, element_size: int) -> bool:
-    """Whether the kernel of head dims (d, dv) runs a local window with intra-warpgroup overlap (tile_size.h: not at
-    64 / 256, 64 / 512 or a 16-bit 64)."""
-    return not (d == 64 and (dv > 64 or element_size == 2))
+def _request_frame(d: int, dv: int, element_size: int, build: str = "vllm") -> bool:
+    """Whether the local mainloop's unmasked blocks are bounded by the request's keys rather than the m-block's
+    (:func:`_unmasked`): in the fork's kernels with intra-warpgroup overlap (``tot_seqlen_k``,
+    mainloop_fwd_sm90_tma_gmma_ws.hpp:1283-1314; tile_size.h: not at 64 / 256, 64 / 512 or a 16-bit 64); never in
+    SGLang's (sgl-flash-attn cb303cf mainloop_fwd_sm90_tma_gmma_ws.hpp:1075, ``seqlen_k - n_offset``)."""
+    return build == "vllm" and not (d == 64 and (dv > 64 or element_size == 2))
 
 
 def _n_offset(m: int, block_m: int, qpk: int, nq: int, nk: int, left: int) -> int:
@@ -421,8 +448,8 @@ def _unmasked(m: int, block_m: int, qpk: int, nq: int, frame: int, left: int, ri
     (mainloop_fwd_sm90_tma_gmma_ws.hpp:1283-1314): past the blocks masked for the right edge,
     ``(m_idx_min + seqlen_k - seqlen_q + right) / kBlockN``, and before those masked for the left edge,
     ``ceil_div(m_idx_max + seqlen_k - seqlen_q - left, kBlockN)``, in C's integer division. The blocks count from
-    the m-block's first key (``n_offset``), and the kernels with intra-warpgroup overlap take ``seqlen_k`` as the
-    request's (`frame`), not less the offset: there such a block can hold keys outside some rows' windows, which
+    the m-block's first key (``n_offset``), and the fork's kernels with intra-warpgroup overlap take ``seqlen_k``
+    as the request's (`frame`), not less the offset: there such a block can hold keys outside some rows' windows, which
     the kernel then reads. The first block (the last walked from) is always masked."""
     m_idx_min = (m * block_m) // qpk
     m_idx_max = ((m + 1) * block_m - 1) // qpk + 1
@@ -542,13 +569,10 @@ def _finish(u: _Units, O: np.ndarray, M: np.ndarray, Lsum: np.ndarray, *, sum_sc
     return mc.mul(O, inv[..., None]), lse
 
 
-def _check_build(build: str, d: int, dv: int, element_size: int) -> None:
-    """A build the model follows, at head dims it covers there (:data:`SGL_DIMS`)."""
+def _check_build(build: str) -> None:
+    """A build the model follows (:data:`PREFILL_BUILDS`)."""
     if build not in PREFILL_BUILDS:
         raise ValueError(f"build: expected one of {', '.join(PREFILL_BUILDS)}, got {build!r}")
-    if build == "sglang" and (d, dv) not in SGL_DIMS[element_size]:
-        raise ValueError(f"build: SGLang's build at head dims {(d, dv)} is not modelled (it computes them); the "
-                         f"model covers {', '.join(map(str, sorted(SGL_DIMS[element_size])))} there")
 
 
 def _check_splits(splits: npt.ArrayLike, batch: int) -> list[int]:
