@@ -571,7 +571,8 @@ def _csv(kind: Callable[[str], object]) -> Callable[[str], tuple]:
 
 _GRID_FLAGS = {"algorithms": "algorithms", "machines": "machines", "dists": "distributions", "contexts": "contexts",
                "heads": "heads", "sq": "sq", "blocks": "blocks", "schedule": "schedule", "samples": "samples",
-               "seed": "seed", "input_format": "input_format", "sampler": "sampler", "metric": "metric"}
+               "seed": "seed", "input_format": "input_format", "sampler": "sampler", "metric": "metric",
+               "reference": "reference"}
 
 
 def _sweep_grid(args: argparse.Namespace):
@@ -866,7 +867,8 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_sweep(sub: argparse._SubParsersAction) -> None:
-    from .experiments.grid import METRICS
+    from .experiments.grid import METRICS, REFERENCES
+    from .experiments.layer import LAYER_ALGORITHMS
     from .machines import MACHINES
 
     p = sub.add_parser("sweep", help="any grid of algorithms, machines, distributions, contexts, heads, s_q, blocks "
@@ -889,6 +891,10 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampler", choices=["round", "table"], help="how inputs are drawn (default round)")
     p.add_argument("--metric", choices=METRICS,
                    help="the metric of the Markdown table and the plot (all are stored)")
+    p.add_argument("--reference", choices=REFERENCES,
+                   help="what errors are measured against: golden (FP64 attention of the inputs, the default), "
+                        "golden-bf16 (of their BF16 rounding), or layer (the MLA layer's FP64 attention; the "
+                        f"algorithms are then the layer's paths: {', '.join(LAYER_ALGORITHMS)}; machine sm90-cuda)")
     p.add_argument("--out", required=True, help="output folder")
     _sweep_flags(p)
     p.set_defaults(func=_cmd_sweep)

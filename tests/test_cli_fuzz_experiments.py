@@ -18,6 +18,8 @@ SWEEP = ["sweep", "--algorithms", "base", "--machines", "ieee32", "--dists", "no
          "--heads", "4", "--samples", "1", "--quiet"]
 TABLE = ["reproduce", "amla-table3", "--samples", "1", "--context", "64", "--heads", "4", "--quiet"]
 PIPELINE = ["pipeline", "--cube", "3,2,4", "--vector", "1,5,2"]
+LAYER = ["sweep", "--reference", "layer", "--algorithms", "vllm-prefill", "--machines", "sm90-cuda", "--contexts", "8",
+         "--heads", "1", "--samples", "1", "--quiet"]
 
 
 @pytest.fixture
@@ -54,9 +56,16 @@ def _error(argv, capsys, code=2) -> str:
     (TABLE + ["--algorithms", "x=amla:scaling=pre:scaling=post"], "option scaling is given twice"),
     (["reproduce", "all,all"], "error: table: 'all' (every table) stands alone, got 'all,all'"),
     (TABLE + ["--out", ""], "error: --out: expected a folder, got ''"),
+    (LAYER + ["--contexts", "60000", "--heads", "128"], "sweep: 1 sample(s) at once of heads 128, s_q 1, context "
+                                                        "60000 need about"),
+    (LAYER + ["--reference", "golden"], "error: algorithms: ['vllm-prefill'] measure the MLA layer"),
+    (LAYER + ["--machines", "ieee32"], "error: machines: a layer grid's kernels run on their own machines"),
+    (LAYER + ["--algorithms", "sglang-prefill:deterministic=true"], "error: algorithms: "
+                                                                    "'sglang-prefill:deterministic=true': "
+                                                                    "deterministic: SGLang's deterministic mode"),
 ], ids=["sweep-samples", "sweep-context", "sweep-context-huge", "sweep-machine", "sweep-option-twice",
         "sweep-out-empty", "sweep-grid-empty", "table-samples", "table-context", "table-heads-huge", "table-option-twice", "table-all-all",
-        "table-out-empty"])
+        "table-out-empty", "layer-memory", "layer-golden", "layer-machine", "layer-sglang-deterministic-mha"])
 def test_sweep_and_reproduce_refuse_before_any_work(tmp_path, capsys, no_work, argv, message):
     argv = argv if "--out" in argv else [*argv, "--out", str(tmp_path / "out")]
     assert message in _error(argv, capsys)

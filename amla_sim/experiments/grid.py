@@ -32,6 +32,7 @@ from ..plugins import PluginError, call_algorithm, get_algorithm
 from ..resources import ResourceError, available_bytes, run_bytes
 from ..schedules import get_schedule
 from .inputs import make_inputs, parse_dist
+from .layer import LAYER_ALGORITHMS, LAYER_MACHINE, layer_bytes, layer_reference
 from .metrics import NONFINITE_FOOTNOTE, all_metrics, nonfinite_note, sample_stats
 from .schedulers import check_run, execute, progress_bar
 from .specs import parse_algorithm
@@ -42,7 +43,8 @@ __all__ = ["Grid", "GridResult", "run_grid", "load_grid", "parse_algorithm"]
 KEYS = ("machine", "distribution", "context", "heads", "sq", "block", "sample", "algorithm")
 METRICS = ("rel_frobenius", "rmse", "cos_diff", "max_abs")
 GRID_FIELDS = KEYS + METRICS
-REFERENCES = ("golden", "golden-bf16")  # FP64 attention of the inputs as drawn, or of their BF16 rounding
+# FP64 attention of the inputs as drawn, or of their BF16 rounding; or the MLA layer's (:mod:`.layer`)
+REFERENCES = ("golden", "golden-bf16", "layer")
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class Grid:
             raise ValueError(f"sampler: expected 'round' or 'table', got {self.sampler!r}")
         if self.reference not in REFERENCES:
             raise ValueError(f"reference: expected one of {REFERENCES}, got {self.reference!r}")
+        _check_layer(self)
         if self.metric not in METRICS:
             raise ValueError(f"metric: expected one of {METRICS}, got {self.metric!r}")
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -142,6 +145,30 @@ class Grid:
     def cells(self) -> list[tuple[str, str, int, int, int, int]]:
         return [(m, d, c, h, s, b) for m in self.machines for d in self.distributions for c in self.contexts
                 for h in self.heads for s in self.sq for b in self.blocks]
+
+
+def _check_layer(grid: Grid) -> None:
+    """A layer grid (reference "layer") runs the layer's algorithms only, on their own machine, BF16 inputs, the
+    kernels' own tiles; any other grid runs none of them."""
+    names = [parse_algorithm(a)[1] for a in grid.algorithms]
+    if grid.reference != "layer":
+        if any(n in LAYER_ALGORITHMS for n in names):
+            raise ValueError(f"algorithms: {sorted(set(names) & set(LAYER_ALGORITHMS))} measure the MLA layer; "
+                             "give reference 'layer' (--reference layer)")
+        return
+    if not set(names) <= set(LAYER_ALGORITHMS):
+        raise ValueError(f"algorithms: a layer grid runs the layer's paths ({', '.join(LAYER_ALGORITHMS)}), got "
+                         f"{sorted(set(names) - set(LAYER_ALGORITHMS))}")
+    for f, want in (("machines", (LAYER_MACHINE,)), ("blocks", (64,))):
+        if getattr(grid, f) != want:
+            raise ValueError(f"{f}: a layer grid's kernels run on their own machines and tiles; give {list(want)}, "
+                             f"got {list(getattr(grid, f))}")
+    if grid.input_format != "bf16" or grid.schedule != "reference":
+        raise ValueError(f"input_format, schedule: a layer grid's inputs are BF16 and its kernels lay out their own "
+                         f"work; got {grid.input_format!r} and {grid.schedule!r}")
+    if min(grid.contexts) < max(grid.sq):
+        raise ValueError(f"contexts: a layer sample measures the last s_q of its tokens; every context at least the "
+                         f"largest sq ({max(grid.sq)}), got {min(grid.contexts)}")
 
 
 def _check_paper(paper: Any) -> None:
@@ -196,6 +223,10 @@ def sample_errors(specs: Iterable[str], dist: str, *, seed: int, heads: int, sq:
     """One sample: the inputs drawn from `seed`, the FP64 reference, and (label, errors) of every algorithm spec
     (on `schedule` unless the spec names its own)."""
     q, kv = make_inputs(dist, heads=heads, sq=sq, context=context, fmt=input_format, seed=seed, sampler=sampler)
+    if reference_kind == "layer":
+        ref = layer_reference(q, kv)
+        return [(label, all_metrics(LAYER_ALGORITHMS[name](q, kv, **options).out, ref))
+                for label, name, options in map(parse_algorithm, specs)]
     ref = reference(q, kv, reference_kind)
     mc = get_machine(machine)
     out = []
@@ -240,6 +271,15 @@ def check_runs(specs: Iterable[str], machines: Iterable[str], blocks: Iterable[i
 
 
 def _check_runs(grid: Grid) -> None:
+    if grid.reference == "layer":  # each path once on a tiny layer: 2 tokens, 2 heads
+        q, kv = make_inputs("normal:1", heads=2, sq=1, context=2, seed=0)
+        for spec in grid.algorithms:
+            _, name, options = parse_algorithm(spec)
+            try:
+                LAYER_ALGORITHMS[name](q, kv, **options)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"algorithms: {spec!r}: {e}") from None
+        return
     check_runs(grid.algorithms, grid.machines, grid.blocks, schedule=grid.schedule, input_format=grid.input_format)
 
 
@@ -247,15 +287,16 @@ _ROW_BYTES = 3 << 10  # a row while a sweep runs: the store's strings, its task 
 
 
 def check_sweep_memory(*, rows: int, shapes: Iterable[tuple[int, int, int]], machines: Iterable[str], jobs: int,
-                 what: str, lower_size: str, lower_rows: str) -> None:
+                       what: str, lower_size: str, lower_rows: str,
+                       sample_bytes: Callable[[int, int, int], int] | None = None) -> None:
     """Refuse, before any work, a sweep that would not fit in this machine's memory: `jobs` samples at once of its
     largest (heads, s_q, context) on its machines (jobs 0: the samples run elsewhere), or its `rows` (every row
     is held while it runs). lower_size, lower_rows: the arguments that lower each, named in the message."""
     have = available_bytes()
     if jobs:
         sm90 = any(mc.exponential.mode == "sm90" or mc.division.mode == "sm90" for mc in map(get_machine, machines))
-        need, (h, sq, c) = max((run_bytes(batch=1, sq=sq, heads=h, context=c, mufu_tables=sm90), (h, sq, c))
-                               for h, sq, c in shapes)
+        need, (h, sq, c) = max((run_bytes(batch=1, sq=sq, heads=h, context=c, mufu_tables=sm90)
+                                + (sample_bytes(h, sq, c) if sample_bytes else 0), (h, sq, c)) for h, sq, c in shapes)
         if need * jobs > have:
             raise ResourceError(f"{what}: {jobs} sample(s) at once of heads {h}, s_q {sq}, context {c} need about "
                                 f"{need * jobs / 2**30:.1f} GiB of memory and {have / 2**30:.1f} GiB is available; "
@@ -403,7 +444,8 @@ def run_grid(grid: Grid, *, out_dir: str | Path, scheduler: str = "local", jobs:
     check_sweep_memory(rows=math.prod(map(len, lists)) * grid.samples,
                        shapes=[(h, sq, c) for h in grid.heads for sq in grid.sq for c in grid.contexts],
                        machines=grid.machines, jobs=jobs if scheduler in ("local", "dask") else 0, what="sweep",
-                       lower_size="contexts, heads, sq or jobs", lower_rows="samples, or the grid's lists")
+                       lower_size="contexts, heads, sq or jobs", lower_rows="samples, or the grid's lists",
+                       sample_bytes=layer_bytes if grid.reference == "layer" else None)
     _check_runs(grid)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():

@@ -12,6 +12,7 @@ import typing
 from typing import Any
 
 from ..plugins import PluginError, algorithm_names, get_algorithm
+from .layer import LAYER_ALGORITHMS
 
 __all__ = ["parse_algorithm"]
 
@@ -38,8 +39,8 @@ def parse_algorithm(spec: str) -> tuple[str, str, dict[str, Any]]:
         name = f"{name}:{attr}"
         label = label or attr.rpartition(".")[2]
     label = label or name
-    try:
-        fn = get_algorithm(name)
+    try:  # a layer grid's paths by their names (the grid checks which it may run)
+        fn = LAYER_ALGORITHMS[name] if name in LAYER_ALGORITHMS else get_algorithm(name)
     except PluginError as e:
         raise PluginError(f"algorithms: {spec!r}: {e}") from None
     params = inspect.signature(fn).parameters
