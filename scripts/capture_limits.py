@@ -17,11 +17,14 @@ With ``small``: q and the caches drawn near FP32's subnormal range (:data:`SMALL
 FP8 ones at scales of 2^-125), FlashInfer's also over work items of several KV tiles and with E4M3 latents at 2^-125
 and 1e-40; OUTDIR/small_{kernel}.npz.
 
+With ``softcap``: FA3's MLA decode with a softcap (:data:`SOFTCAP`), OUTDIR/softcap_fa3_mla.npz and
+softcap_fa3_mla_seed1000.npz.
+
 With ``descales``: the descales and cache scales of the FP8 kernels (:data:`EDGE_FACTORS`: 0, negative, infinite,
 NaN, subnormal) and SGLang's ``v_scale``; OUTDIR/descale_{kernel}.npz.
 
 Run on a CUDA machine:  python scripts/capture_limits.py OUTDIR VLLM_ROOT VLLM_TRITON_FILE
-                        [edges SGLANG_FILE ETAP_DIR | flashinfer FLASHINFER_CHECKOUT
+                        [edges SGLANG_FILE ETAP_DIR | flashinfer FLASHINFER_CHECKOUT | softcap
                          | tiny|small SGLANG_FILE ETAP_DIR SGL_FLASH_MLA_ROOT FLASHINFER_CHECKOUT
                          | descales SGLANG_FILE FLASHINFER_CHECKOUT]
 
@@ -220,6 +223,17 @@ SMALL = {
 }
 
 
+#: FA3's MLA decode with a ``softcap`` (vLLM's library; vLLM's MLA backend never passes one, FA3 computes it):
+#: vLLM's paged call (the split heuristic, an MTP step, the CUDA graphs' 32) and SGLang's unpaged form; the same at
+#: seed + 1000
+SOFTCAP = {name: ("vllm", "vllm", [{**_fa3(*args), "softcap": cap, "seed": args[6] + extra} for args, cap in (
+    ((2, 1, 128, (700, 3000), "bf16", "normal:1", 931, 16, 0), 50.0),
+    ((2, 2, 64, (1, 5000), "fp16", "normal:1", 932, 16, 0), 30.0),
+    ((4, 1, 16, (100, 2000, 300, 4097), "bf16", "flashmla", 933, 64, 32), 20.0),
+    ((2, 1, 16, (1, 700), "bf16", "rope-outliers", 934, None, 0), 5.0))])
+    for name, extra in (("fa3-mla", 0), ("fa3-mla-seed1000", 1000))}
+
+
 def main() -> None:
     out, sources = sys.argv[1], {"vllm": sys.argv[2], "triton": sys.argv[3]}
     mode = sys.argv[4] if len(sys.argv) > 4 else "limits"
@@ -234,12 +248,13 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     failed = []
     table = {"edges": EDGES, "flashinfer": FLASHINFER, "tiny": TINY, "small": SMALL, "descales": DESCALES,
-             "limits": CASES}[mode]
+             "limits": CASES, "softcap": SOFTCAP}[mode]
     for name, (build, source, cases) in table.items():
-        kernel = name.removesuffix("-empty").removesuffix("-sglang")
+        kernel = name.removesuffix("-empty").removesuffix("-sglang").removesuffix("-seed1000")
         t0 = time.time()
         try:
-            prefix = {"limits": "limits", "tiny": "tiny", "small": "small", "descales": "descale"}.get(mode, "edges")
+            prefix = {"limits": "limits", "tiny": "tiny", "small": "small", "descales": "descale",
+                      "softcap": "softcap"}.get(mode, "edges")
             capture(kernel, os.path.join(out, f"{prefix}_{name.replace('-', '_')}.npz"),
                     source=sources[source], build=build if KERNELS[kernel].builds or build == "upstream" else
                     "upstream", cases=cases)

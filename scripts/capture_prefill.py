@@ -305,7 +305,7 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    jobs_all = ("table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,window,window-seed,"
+    jobs_all = ("table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,caps-seed,window,window-seed,"
                 "sglang-hd128,sglang-mha,sglang-mha-seed,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang")
     only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
@@ -325,6 +325,8 @@ def main() -> None:
             ("small", f"small_fa3_prefill_{tag}.npz", {"cases": _small()}),
             ("wide", f"fa3_prefill_wide_{tag}.npz", {"cases": WIDE_CASES}),
             ("caps", f"fa3_prefill_caps_{tag}.npz", {"cases": CAP_CASES}),
+            ("caps-seed", f"fa3_prefill_caps_seed{seed}_{tag}.npz",
+             {"cases": [{**c, "seed": c["seed"] + seed} for c in CAP_CASES]}),
             ("window", f"fa3_prefill_window_{tag}.npz", {"cases": WINDOW_CASES}),
             ("window-seed", f"fa3_prefill_window_seed{seed}_{tag}.npz",
              {"cases": [{**c, "seed": c["seed"] + seed} for c in WINDOW_CASES]}),

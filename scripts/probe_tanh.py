@@ -6,8 +6,12 @@ Run on a CUDA machine with torch and triton:  python scripts/probe_tanh.py [OUT.
 
 Measured on an H200 (``tests/data/mufu_tanh_h200.json``): odd everywhere; exact (the correctly rounded tanh) for
 |x| < 2^-12 and from 16 up; constant over blocks of 16 for |x| in [2^-8, 1) and [8, 32), not below 2^-8 or in
-[1, 8); up to 134 ULPs from the correctly rounded tanh in [1, 2). No model is built from it yet: the softcap stays
-refused.
+[1, 8); up to 134 ULPs from the correctly rounded tanh in [1, 2).
+
+``python scripts/probe_tanh.py dump OUTDIR`` writes OUTDIR/mufu_tanh_dump.npz instead: every output of the binades
+2^-8 to 2^4 (each as its first value and steps), 4 million random inputs under 2^-8 (subnormals included) and the
+special values, from which ``scripts/make_mufu_tables.py --tanh`` builds the model's table
+(:mod:`amla_sim.arith.tanh`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,20 @@ def main() -> None:
         return y.cpu().numpy().view(np.uint32)
 
     frac = np.arange(1 << 23, dtype=np.uint32)
+    if len(sys.argv) > 2 and sys.argv[1] == "dump":  # every output of the binades 2^-8 .. 2^4, for the table
+        out = sys.argv[2]
+        tables = {}
+        for e in range(-8, 5):
+            y = mufu(frac | np.uint32((127 + e) << 23)).view(np.int32)
+            tables[f"e{e}"] = np.diff(y, prepend=np.int32(0))  # first entry, then its steps (they compress)
+        rng = np.random.default_rng(0)
+        small = rng.integers(0, (127 - 8) << 23, 1 << 22, dtype=np.uint32)  # |x| < 2^-8, subnormals included
+        specials = np.array([0, 1 << 31, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7FC00001, 0x7F800001, 0xFFC00000,
+                             0x7F7FFFFF, 0x00000001, 0x007FFFFF, 0x00800000], np.uint32)
+        tables["small_x"], tables["small_y"] = small, mufu(small)
+        tables["special_x"], tables["special_y"] = specials, mufu(specials)
+        np.savez_compressed(f"{out}/mufu_tanh_dump.npz", **tables)
+        return
     summary = {}
     for e in range(-16, 5):
         bits = frac | np.uint32((127 + e) << 23)

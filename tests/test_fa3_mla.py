@@ -242,7 +242,7 @@ def test_the_sweep_entry():
 @pytest.mark.parametrize("kwargs, name", [
     ({"seqlens": [-1]}, "seqlens"), ({"scale": float("inf")}, "scale"), ({"num_splits": 300}, "num_splits"),
     ({"page_size": 0}, "page_size"), ({"causal": "yes"}, "causal"), ({"pack_gqa": 1}, "pack_gqa"),
-    ({"softcap": 30.0}, "softcap"), ({"window_size": (128, 0)}, "window_size"), ({"num_sms": 0}, "num_sms"),
+    ({"softcap": "thirty"}, "softcap"), ({"window_size": (128, 0)}, "window_size"), ({"num_sms": 0}, "num_sms"),
     ({"machine": "b200"}, "machine"), ({"splits": [0]}, "splits"), ({"splits": [2, 2]}, "splits"),
     ({"splits": [1.5]}, "splits"), ({"varlen_q": "yes"}, "varlen_q"),
 ])

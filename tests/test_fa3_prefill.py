@@ -693,14 +693,38 @@ def test_each_window_choice_matters(change, monkeypatch):
     assert _share(WINDOW, case) < 1
 
 
-def test_softcap_is_refused_by_name():
-    """FA3's softcap (``tanh.approx``, MUFU.TANH, which has no model here) is refused by name on replay of vLLM's
-    library's calls (``tests/data/fa3_prefill_softcap_h200.npz``, kept for its model)."""
-    path = DATA / "fa3_prefill_softcap_h200.npz"
-    meta, arrays = _load(path)
-    assert all(c["softcap"] > 0 for c in meta["cases"])
-    with pytest.raises(CaptureError, match=r"softcap: softcapping \(tanh.approx, MUFU.TANH\) is not modelled"):
-        replay(path, cases=[0])
+SOFTCAP = DATA / "fa3_prefill_softcap_h200.npz"
+
+
+def test_softcaps_are_predicted_in_every_bit(fastest_engine):
+    """``softcap`` through vLLM's library (``scripts/capture_prefill.py --only caps,caps-seed``): caps of 5 to 50 at
+    head dims 96, 128, 192 / 128 and 256, BF16 and FP8, a context chunk that splits, caps with local windows; the
+    scores through MUFU.TANH (:mod:`amla_sim.arith.tanh`); the same at fresh seeds (+ 1000)."""
+    for path in (SOFTCAP, DATA / "fa3_prefill_softcap_seed1000_h200.npz"):
+        meta, _ = _load(path)
+        assert all(c["softcap"] > 0 for c in meta["cases"])
+        report = replay(path)
+        for row in report.cases:
+            assert row.first_difference is None and not row.skipped, report.format()
+
+
+def test_the_softcaps_tanh_matters(monkeypatch):
+    """The correctly rounded tanh in place of MUFU.TANH's gives other bits in every softcap call."""
+    mla = importlib.import_module("amla_sim.algorithms.deployed.fa3.mla")
+    monkeypatch.setattr(mla, "tanh_approx", lambda x: np.tanh(np.asarray(x, np.float64)).astype(np.float32))
+    report = replay(SOFTCAP)
+    assert all(row.first_difference is not None for row in report.cases), report.format()
+
+
+@pytest.mark.parametrize("cap", [0.0, -3.0, float("nan")])
+def test_a_softcap_of_zero_below_or_nan_is_none(cap):
+    """``SOFTCAP_SWITCH(params.softcap > 0.0)``: 0, a negative cap and NaN run the kernel without one."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((40, 2, 64)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    plain = fa3_prefill(q, k, v, [0, 40], [0, 40], causal=True)
+    capped = fa3_prefill(q, k, v, [0, 40], [0, 40], causal=True, softcap=cap)
+    assert np.array_equal(plain.out.view(np.uint16), capped.out.view(np.uint16))
+    assert np.array_equal(plain.lse, capped.lse)
 
 
 SGL128 = DATA / "fa3_prefill_sglang_hd128_h200.npz"

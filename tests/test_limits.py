@@ -95,7 +95,8 @@ PROBES = {
         (lambda: fa3_mla(*_inputs(), seqlens=[0, 2]), None),
     ("fa3-mla", "`num_splits` over 256"): (lambda: fa3_mla(*_inputs(), num_splits=257), "num_splits"),
     ("fa3-mla", "`num_splits` below 0"): (lambda: fa3_mla(*_inputs(), num_splits=-3), None),
-    ("fa3-mla", "`softcap` over 0, a local `window_size`"): (lambda: fa3_mla(*_inputs(), softcap=30.0), "softcap"),
+    ("fa3-mla", "`softcap` over 0"): (lambda: fa3_mla(*_inputs(), softcap=30.0), None),
+    ("fa3-mla", "a local `window_size`"): (lambda: fa3_mla(*_inputs(), window_size=(100, 0)), "window_size"),
     ("fa3-mla", "`softcap` of 0 or below"): (lambda: fa3_mla(*_inputs(), softcap=-1.0), None),
     ("fa3-mla", "a NaN or infinite scale"): (lambda: fa3_mla(*_inputs(), scale=float("nan")), "scale"),
     ("fa3-prefill", "a request of no key (k with rows)"): (lambda: fa3_prefill(*_prefill((64, 0))), None),
@@ -107,9 +108,9 @@ PROBES = {
     ("fa3-prefill", "a local `window_size`"):
         (lambda: [fa3_prefill(*_prefill(), causal=c, window_size=w) for c, w in ((True, (2, 0)), (False, (3, 1)))],
          None),
-    ("fa3-prefill", "`softcap` over 0"): (lambda: fa3_prefill(*_prefill(), softcap=30.0), "softcap"),
-    ("fa3-prefill", "`build=\"sglang\"` at head dims 64, 96, 256, or 128 in FP8"):
-        (lambda: fa3_prefill(*_prefill(d=96, dv=96), build="sglang"), "build"),
+    ("fa3-prefill", "`softcap` over 0"): (lambda: fa3_prefill(*_prefill(), softcap=30.0), None),
+    ("fa3-prefill", "`build=\"sglang\"` at head dims 64, 96, 128 and 256, BF16 and FP8, local windows"):
+        (lambda: fa3_prefill(*_prefill(d=96, dv=96), build="sglang", window_size=(20, 0)), None),
     ("fa3-prefill", "a v wider than q at q <= 64"):
         (lambda: [fa3_prefill(*_prefill(d=d, dv=dv)) for d, dv in ((64, 256), (48, 200), (64, 512))], None),
     ("fa3-prefill", "a head dim not a multiple of 8 (16 for FP8) or over 256, another v than those"):
@@ -217,6 +218,17 @@ def test_the_edges_the_kernels_compute_replay_bit_for_bit(name):
     them: every case replays in every bit."""
     meta, arrays = read_capture(DATA / name, what=name)
     assert len(meta["cases"]) == EDGES[name]
+    report = replay_deployed(name, meta, arrays)
+    assert report.bit_exact, report.format()
+
+
+@pytest.mark.parametrize("name", ["softcap_fa3_mla_h200.npz", "softcap_fa3_mla_seed1000_h200.npz"])
+def test_fa3s_mla_decode_with_a_softcap_replays_bit_for_bit(name):
+    """FA3's MLA decode with a softcap through vLLM 0.33's library (``scripts/capture_limits.py ... softcap``): the
+    paged call with the heuristic's splits, an MTP step with a request shorter than it, the CUDA graphs' 32 splits,
+    SGLang's unpaged form; the same at fresh seeds."""
+    meta, arrays = read_capture(DATA / name, what=name)
+    assert all(c["softcap"] > 0 for c in meta["cases"])
     report = replay_deployed(name, meta, arrays)
     assert report.bit_exact, report.format()
 

@@ -20,6 +20,7 @@ from .._validate import check_int
 from ..algorithms._common import D_K, D_V
 from ..algorithms.deployed.fa3 import FA3_COMMIT, SGL_FA3_COMMIT, fa3_mla, fa3_mla_sparse, sgl_fa3_mla
 from ..algorithms.deployed.fa3.scheduler import launch_splits
+from ..algorithms.deployed.scalars import api_float
 from ..experiments.inputs import make_inputs
 from .files import CaptureError, input_crc
 from .kernel import DeployedKernel, Stage, run_twice, stage
@@ -98,6 +99,8 @@ class _Fa3(DeployedKernel):
         for key in ("varlen_q", "causal"):
             if case[key] not in (True, False):
                 raise TypeError(f"{key}: expected true or false, got {case[key]!r}")
+        if "softcap" in case and not np.isfinite(api_float(case["softcap"], "softcap")):
+            raise ValueError(f"softcap: expected a finite number, got {case['softcap']!r}")
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         b, sq, H = case["batch"], case.get("sq", 1), case["heads"]
@@ -118,7 +121,7 @@ class _Fa3(DeployedKernel):
         q, kv = fa3_inputs(case)
         res = fa3_mla(q, kv, seqlens=np.array(case["seqlens"]), scale=case["scale"], causal=case["causal"],
                       page_size=case["page_size"], num_splits=case["num_splits"], varlen_q=case["varlen_q"],
-                      trace=True)
+                      softcap=case.get("softcap", 0.0), trace=True)
         out = []
         if f"c{i}_splits" in arrays:
             splits = np.array(res.trace["schedule"][0].splits, np.int32)

@@ -156,7 +156,8 @@ class _Fa3Prefill(DeployedKernel):
         return prefill_schedule(ql, kl, heads=case["heads"], heads_k=case["heads_k"], d=d, dv=dv,
                                 num_splits=case["num_splits"], causal=causal, max_seqlen_q=max(ql),
                                 max_seqlen_k=max(kl), element_size=1 if case["format"] == "e4m3" else 2,
-                                build=case.get("build", "vllm"), local=(left, right) if local else None)
+                                build=case.get("build", "vllm"), local=(left, right) if local else None,
+                                softcap=bool(api_float(case.get("softcap", 0.0), "softcap") > 0))
 
     def readbacks(self, case: dict) -> set[str]:
         """The split counts, where the launch splits dynamically (its split bound over 1)."""

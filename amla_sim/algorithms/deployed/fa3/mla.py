@@ -44,6 +44,7 @@ from ....formats import get_format
 from ....machines import Machine, get_machine
 from ....schedules import Schedule
 from ..._common import D_K, D_V, AttentionResult, check_kernel_inputs, check_kernel_layout
+from ....arith.tanh import tanh_approx
 from ..fast_math import ln2, logf
 from ..scalars import api_float, scale_log2, softmax_scale
 from ..row_sums import lane_sums as _lane_sum
@@ -69,6 +70,25 @@ class _Units:
         # flash_api.cpp: the host's float(softmax_scale * M_LOG2E), read by the kernel's FTZ instructions
         self.c = mc.ftz(scale_log2(mc, scale))
         self.c_ln2 = mc.mul(self.c, self.ln2)  # softmax_scale_log2 * float(M_LN2), on the device
+        self.softcap: np.ndarray | None = None  # the scores' factor before tanh, where a softcap is on
+
+    def with_softcap(self, scale: np.float32, cap: np.float32) -> None:
+        """A softcap's constants (mainloop_fwd_sm90_tma_gmma_ws.hpp:569-588): the scores are multiplied by
+        ``softcap_val = fl32(scale / cap)`` (a host FP32 division) and go through MUFU.TANH before the mask
+        (``apply_softcap``, utils.h:641-645), and the softmax's ``c`` is ``fl32(double(cap) log2 e)`` in place of the
+        scale's: the cap is never multiplied back."""
+        mc = self.mc
+        self.softcap = mc.ftz(mc.f(np.float32(scale) / np.float32(cap)))  # read by the device's FMUL.FTZ
+        self.c = mc.ftz(scale_log2(mc, cap))
+        self.c_ln2 = mc.mul(self.c, self.ln2)
+
+    def capped(self, S: np.ndarray) -> np.ndarray:
+        """Scores through the softcap, ``fast_tanh(S softcap_val)``, where one is on (`softcap` of shape () or
+        (h_k, 1) against S (h_k, R, n) or (R, n))."""
+        if self.softcap is None:
+            return S
+        cap = self.softcap if np.ndim(self.softcap) == 0 else self.softcap[..., None]
+        return tanh_approx(self.mc.mul(S, cap))
 
     def logf(self, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
         """``__logf(x)``, or ``__logf(x) + plus`` with the multiply by ln 2 contracted into the add."""
@@ -105,10 +125,11 @@ def fa3_mla(
     passes ``cu_seqlens_q`` (vLLM) rather than only ``cache_seqlens`` (SGLang's ``flash_attn_with_kvcache``).
     splits: per request, a split count in place of the prepare kernel's (a what-if; each m-block's blocks are cut
     into that many as the kernel cuts them). max_seqlen_k: the call's (None: the longest request; at least that);
-    a request of 0 keys (``seqused_k`` 0) writes out 0 and LSE -inf. softcap and window_size: refused unless off
-    (vLLM's build has neither). Returns ``.out`` (b, s_q, h, 512) in the input format and ``.lse`` in the kernel's
-    layout, natural log: (h, b * s_q) with `varlen_q`, else (b, h, s_q); with `trace`, the schedule
-    (``schedule``) and per request each m-block's split ranges (``split_blocks``).
+    a request of 0 keys (``seqused_k`` 0) writes out 0 and LSE -inf. softcap: over 0, FA3's softcapping (the scores
+    through MUFU.TANH, :meth:`_Units.with_softcap`; 0, below or NaN: none). window_size: refused unless (-1, -1)
+    (vLLM's build computes a local window; not modelled here). Returns ``.out`` (b, s_q, h, 512) in the input format
+    and ``.lse`` in the kernel's layout, natural log: (h, b * s_q) with `varlen_q`, else (b, h, s_q); with `trace`,
+    the schedule (``schedule``) and per request each m-block's split ranges (``split_blocks``).
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"), empty=True)
@@ -130,6 +151,9 @@ def fa3_mla(
             raise ValueError(f"splits: one split count a request ({b}), got {len(given)}")
         sched = replace(sched, bound=max(given), splits=tuple(given), pack_gqa=sched.pack_gqa or max(given) > 1)
     u = _Units(mc, fmt, sm)
+    cap = api_float(softcap, "softcap")
+    if cap > 0:  # 0, below and NaN: no cap
+        u.with_softcap(sm, cap)
     Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.zeros((b, s_q * H), mc.dtype)
@@ -168,9 +192,7 @@ def _check_launch(*, num_sms: int, num_splits: int, page_size: int | None, causa
             raise TypeError(f"{name}: expected True, False or None, got {v!r}")
     if not isinstance(varlen_q, (bool, np.bool_)):
         raise TypeError(f"varlen_q: expected True or False, got {varlen_q!r}")
-    if not api_float(softcap, "softcap") <= 0:  # <= 0: no cap (SOFTCAP_SWITCH(params.softcap > 0), :315); NaN raises
-        raise ValueError(f"softcap: softcapping (tanh.approx, MUFU.TANH) is not modelled (FA3 computes it), got "
-                         f"{softcap}")
+    api_float(softcap, "softcap")  # a float32 number; over 0 a cap (SOFTCAP_SWITCH(params.softcap > 0), :315)
     if not isinstance(window_size, (tuple, list)) or tuple(window_size) != (-1, -1):
         raise ValueError(f"window_size: local attention is not modelled (vLLM's FA3 build computes it), got "
                          f"{window_size}")
@@ -232,7 +254,7 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
         return np.zeros((R, D_V), dt), np.full(R, -np.inf, dt)
     keys = np.arange(lo * KBLOCK_N, hi * KBLOCK_N)
     Ks = np.where((keys < seqlen)[:, None], K[np.minimum(keys, seqlen - 1)], 0).astype(K.dtype)
-    Ss = _scores(u, Q, Ks)
+    Ss = u.capped(_scores(u, Q, Ks))
     O = np.zeros((R, D_V), dt)
     M = np.full(R, -np.inf, dt)
     part = None

@@ -47,7 +47,7 @@ from ....formats import get_format
 from ....machines import Machine, get_machine
 from ..._common import AttentionResult
 from ..row_sums import lane_sums, quad_total
-from ..scalars import softmax_scale
+from ..scalars import api_float, softmax_scale
 from .mla import _check_launch, _combine, _split_lse, _Units
 from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits
 
@@ -136,7 +136,7 @@ def cu_seqlens(lens: list[int]) -> np.ndarray:
 def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k: int, d: int, dv: int,
                      num_splits: int, causal: bool, max_seqlen_q: int, max_seqlen_k: int,
                      num_sms: int = 132, element_size: int = 2, build: str = "vllm",
-                     local: tuple[int, int] | None = None) -> tuple[int, list[int], bool]:
+                     local: tuple[int, int] | None = None, softcap: bool = False) -> tuple[int, list[int], bool]:
     """What ``mha_fwd`` decides for a varlen launch (flash_api.cpp:1053-1070): the split bound (the caller's
     `num_splits`, or ``get_num_splits`` as if the batch were its longest request: ``1 * h_k * cdiv(max_seqlen_q *
     h / h_k, kBlockM)`` m-blocks, a KV head's bytes at `element_size`, 1 for E4M3), each request's split count (the
@@ -147,7 +147,7 @@ def prefill_schedule(qlens: list[int], klens: list[int], *, heads: int, heads_k:
     one_wg = use_one_mma_wg(d, max_seqlen_q, qpk, local is not None, build)  # the call's d, not the kernel's
     dk, dvk = kernel_dims(d, dv, element_size)
     block_m, block_n = prefill_tile(dk, dvk, element_size, build, causal=causal, one_wg=one_wg,
-                                    local=local is not None)
+                                    local=local is not None, softcap=softcap)
     b = len(qlens)
     if num_splits > 0:
         bound = num_splits
@@ -174,19 +174,20 @@ def use_one_mma_wg(d: int, max_seqlen_q: int, qpk: int, local: bool = False, bui
 
 
 def prefill_tile(d: int, dv: int, element_size: int, build: str = "vllm", *, causal: bool = False,
-                 one_wg: bool = False, local: bool = False) -> tuple[int, int]:
-    """``tile_size_fwd_sm90``'s (kBlockM, kBlockN) for a build (SGLang's: :func:`sgl_tile`)."""
+                 one_wg: bool = False, local: bool = False, softcap: bool = False) -> tuple[int, int]:
+    """``tile_size_fwd_sm90``'s (kBlockM, kBlockN) for a build (SGLang's: :func:`sgl_tile`; the fork's tiles do
+    not depend on a softcap)."""
     if build == "sglang":
-        return sgl_tile(d, dv, element_size, causal=causal, one_wg=one_wg, local=local)[:2]
+        return sgl_tile(d, dv, element_size, causal=causal, one_wg=one_wg, local=local, softcap=softcap)[:2]
     if local and (d, dv, element_size) in LOCAL_TILES:
         return LOCAL_TILES[(d, dv, element_size)]
     return PREFILL_TILES[(d, dv, element_size, bool(causal), bool(one_wg))]
 
 
 def sgl_tile(d: int, dv: int, element_size: int, *, causal: bool = False, one_wg: bool = False,
-             local: bool = False) -> tuple[int, int, bool]:
+             local: bool = False, softcap: bool = False) -> tuple[int, int, bool]:
     """SGLang's ``tile_size_fwd_sm90`` (sgl-flash-attn cb303cf tile_size.h:10-70) for the kernel of head dims
-    (`d`, `dv`), V row-major, not paged, no softcap: (kBlockM, kBlockN, intra-warpgroup overlap). It differs from
+    (`d`, `dv`), V row-major, not paged: (kBlockM, kBlockN, intra-warpgroup overlap). It differs from
     the fork's at 64 (192-key blocks, with overlap, in a local window), at 128 (176-key blocks unless causal or
     local), at 192 / 192 (112) and in FP8 (one-level accumulation: 128 x 224 at 128, 128 x 160 at 192)."""
     if element_size == 2:
@@ -208,9 +209,9 @@ def sgl_tile(d: int, dv: int, element_size: int, *, causal: bool = False, one_wg
     if d <= 96:
         return 192, 128, True
     if d <= 128:
-        return (64, 96, True) if one_wg else (128, 224, True)
+        return (64, 96, True) if one_wg else (128, 192 if softcap and local else 224, True)
     if d <= 192:
-        return 128, 160, True
+        return 128, 128 if softcap and local else 160, True
     return 128, 64 if local else 128, True
 
 
@@ -270,11 +271,12 @@ def fa3_prefill(
     v_descale: E4M3 only, (batch, h_k) FP32 factors (None: 1; 16-bit calls ignore them, as ``mha_fwd`` does).
     splits: per request, a split count for the prepare kernel's (a what-if). launch_heads: the launch's query heads
     when q holds only the first of them (None: q's). build: "vllm" (vLLM's fork, the default: vLLM 0.33's wheel)
-    or "sglang" (sgl-flash-attn; other bits only in FP8, accumulated in one level on 160-key blocks). softcap:
-    over 0 refused, not modelled. window_size: (left, right), the keys a query sees before and after its own (-1:
-    all), read with `causal` as :func:`window` says. Returns ``.out`` (T, h, dv) in the input format, BF16 for E4M3
-    (rows past ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`, the launch's split bound,
-    each request's split count and whether the heads were packed."""
+    or "sglang" (sgl-flash-attn: FP8 accumulated in one level, some tiles, a window's bounds). softcap: over 0,
+    FA3's softcapping (the scores through MUFU.TANH, :meth:`.mla._Units.with_softcap`); 0, below or NaN: none.
+    window_size: (left, right), the keys a query sees before and after its own (-1: all), read with `causal` as
+    :func:`window` says. Returns ``.out`` (T, h, dv) in the input format, BF16 for E4M3 (rows past
+    ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`, the launch's split bound, each request's
+    split count and whether the heads were packed."""
     mc = get_machine(machine)
     qa, ka, va, cq, ck = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     T, H, d = qa.shape
@@ -285,7 +287,8 @@ def fa3_prefill(
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal: expected True or False, got {causal!r}")
     _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
-                  varlen_q=True, softcap=softcap, window_size=(-1, -1))
+                  varlen_q=True, softcap=0.0, window_size=(-1, -1))
+    cap = api_float(softcap, "softcap")
     causal, sides = _local(causal, window_size, mq, mk)
     fmt = get_format(qa.dtype).name
     fp8 = fmt == "e4m3"
@@ -294,7 +297,10 @@ def fa3_prefill(
     if fp8:
         mc.require(kernel="fa3-prefill (E4M3)", e4m3_products=True, suggest="sm90-cuda")
     descales = _descales(fp8, (q_descale, k_descale, v_descale), (len(qlens), Hk))
-    u = _Units(mc, fmt, softmax_scale(scale, d ** -0.5))
+    sm = softmax_scale(scale, d ** -0.5)
+    u = _Units(mc, fmt, sm)
+    if cap > 0:  # SOFTCAP_SWITCH(params.softcap > 0.0): 0, below and NaN are no cap
+        u.with_softcap(sm, cap)
     out = np.zeros((T, H, dv), mc.dtype)
     no_k = ka.shape[0] == 0  # mha_fwd runs no kernel when k has no row: out 0, LSE +inf (flash_api.cpp:1281-1309)
     lse = np.full((H, T), np.inf if no_k else 0.0, mc.dtype)
@@ -302,13 +308,13 @@ def fa3_prefill(
     bound, counts, pack = prefill_schedule(qlens, klens, heads=LH, heads_k=LH // (H // Hk), d=d, dv=dv,
                                            num_splits=num_splits, causal=causal, max_seqlen_q=mq,
                                            max_seqlen_k=mk, num_sms=num_sms, element_size=size, build=build,
-                                           local=sides)
+                                           local=sides, softcap=bool(cap > 0))
     if splits is not None:
         counts = _check_splits(splits, len(qlens))
         pack = pack or max(counts) > 1
     if not no_k:
         one, local = use_one_mma_wg(d, mq, H // Hk, sides is not None, build), sides is not None
-        tile = prefill_tile(dk, dvk, size, build, causal=causal, one_wg=one, local=local)
+        tile = prefill_tile(dk, dvk, size, build, causal=causal, one_wg=one, local=local, softcap=bool(cap > 0))
         _requests(u, (qa, ka, va), cq, ck, out, lse, causal=causal, counts=counts, tile=tile, dims=(dk, dvk),
                   descales=descales if fp8 else None, two_level=build == "vllm",
                   local=None if sides is None else (*sides, _request_frame(dk, dvk, size, build)))
@@ -382,8 +388,11 @@ class _Fp8Units(_Units):
         mc = u.mc
         if qd is not None or kd is not None:
             qk = mc.mul(1 if qd is None else qd, 1 if kd is None else kd)  # FMUL.FTZ, each
-            self.c = mc.mul(u.c, qk)[:, None]
-            self.c_ln2 = mc.mul(self.c, self.ln2)
+            if u.softcap is None:
+                self.c = mc.mul(u.c, qk)[:, None]
+                self.c_ln2 = mc.mul(self.c, self.ln2)
+            else:  # with a softcap the descales scale the scores before tanh (mainloop:1108-1113), not c
+                self.softcap = mc.mul(u.softcap, qk)[:, None]
         self.final = None if vd is None else mc.ftz(mc.f(vd))[:, None]  # read by FMUL.FTZ (finalize)
 
 
@@ -475,7 +484,7 @@ def _scores(u: _Units, Q: np.ndarray, K: np.ndarray, V: np.ndarray, nk: int, lo:
     Qm = mc.operand(Q)
     Ss = mc.f(mc.by_blocks(lambda kt: mc.matmul(Qm, mc.operand(kt)), np.ascontiguousarray(Ks.transpose(0, 2, 1)),
                            rows=U * R, block=block_n))
-    return Ss, Vs
+    return u.capped(Ss), Vs  # before the mask
 
 
 def _masked(u: _Units, Ss: np.ndarray, nk: int, lo: int, blk: int, limit: np.ndarray, block_n: int,
