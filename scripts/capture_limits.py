@@ -17,14 +17,14 @@ With ``small``: q and the caches drawn near FP32's subnormal range (:data:`SMALL
 FP8 ones at scales of 2^-125), FlashInfer's also over work items of several KV tiles and with E4M3 latents at 2^-125
 and 1e-40; OUTDIR/small_{kernel}.npz.
 
-With ``softcap``: FA3's MLA decode with a softcap (:data:`SOFTCAP`), OUTDIR/softcap_fa3_mla.npz and
-softcap_fa3_mla_seed1000.npz.
+With ``softcap`` or ``local``: FA3's MLA decode with a softcap (:data:`SOFTCAP`) or a local window
+(:data:`LOCAL`), OUTDIR/softcap_fa3_mla.npz and softcap_fa3_mla_seed1000.npz (local_...).
 
 With ``descales``: the descales and cache scales of the FP8 kernels (:data:`EDGE_FACTORS`: 0, negative, infinite,
 NaN, subnormal) and SGLang's ``v_scale``; OUTDIR/descale_{kernel}.npz.
 
 Run on a CUDA machine:  python scripts/capture_limits.py OUTDIR VLLM_ROOT VLLM_TRITON_FILE
-                        [edges SGLANG_FILE ETAP_DIR | flashinfer FLASHINFER_CHECKOUT | softcap
+                        [edges SGLANG_FILE ETAP_DIR | flashinfer FLASHINFER_CHECKOUT | softcap | local
                          | tiny|small SGLANG_FILE ETAP_DIR SGL_FLASH_MLA_ROOT FLASHINFER_CHECKOUT
                          | descales SGLANG_FILE FLASHINFER_CHECKOUT]
 
@@ -234,6 +234,21 @@ SOFTCAP = {name: ("vllm", "vllm", [{**_fa3(*args), "softcap": cap, "seed": args[
     for name, extra in (("fa3-mla", 0), ("fa3-mla-seed1000", 1000))}
 
 
+#: FA3's MLA decode with a local ``window_size`` (vLLM's library; vLLM's MLA backend never passes one, FA3 computes
+#: it): windows behind the query, one with keys after it in an MTP step, one of a single key, the heuristic's splits
+#: over the keys a window loads, the CUDA graphs' 32, SGLang's unpaged form; the same at seed + 1000
+LOCAL = {name: ("vllm", "vllm", [{**_fa3(*args), "window": list(w), "causal": causal, "seed": args[6] + extra}
+                                  for args, w, causal in (
+    ((2, 1, 128, (700, 3000), "bf16", "normal:1", 941, 16, 0), (256, 0), True),
+    ((2, 2, 64, (1, 5000), "fp16", "normal:1", 942, 16, 0), (1000, 0), True),
+    ((4, 1, 16, (100, 2000, 300, 4097), "bf16", "flashmla", 943, 64, 32), (500, 0), True),
+    ((2, 1, 16, (1, 700), "bf16", "rope-outliers", 944, None, 0), (100, 0), True),
+    ((2, 4, 32, (50, 3000), "bf16", "normal:1", 945, None, 0), (200, 2), False),  # keys after the query too
+    ((1, 2, 64, (2500,), "bf16", "normal:1", 946, 64, 0), (0, 0), True),
+    ((2, 2, 16, (900, 6000), "bf16", "normal:1", 947, None, 0), (64, -1), False))])
+    for name, extra in (("fa3-mla", 0), ("fa3-mla-seed1000", 1000))}
+
+
 def main() -> None:
     out, sources = sys.argv[1], {"vllm": sys.argv[2], "triton": sys.argv[3]}
     mode = sys.argv[4] if len(sys.argv) > 4 else "limits"
@@ -248,13 +263,13 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     failed = []
     table = {"edges": EDGES, "flashinfer": FLASHINFER, "tiny": TINY, "small": SMALL, "descales": DESCALES,
-             "limits": CASES, "softcap": SOFTCAP}[mode]
+             "limits": CASES, "softcap": SOFTCAP, "local": LOCAL}[mode]
     for name, (build, source, cases) in table.items():
         kernel = name.removesuffix("-empty").removesuffix("-sglang").removesuffix("-seed1000")
         t0 = time.time()
         try:
             prefix = {"limits": "limits", "tiny": "tiny", "small": "small", "descales": "descale",
-                      "softcap": "softcap"}.get(mode, "edges")
+                      "softcap": "softcap", "local": "local"}.get(mode, "edges")
             capture(kernel, os.path.join(out, f"{prefix}_{name.replace('-', '_')}.npz"),
                     source=sources[source], build=build if KERNELS[kernel].builds or build == "upstream" else
                     "upstream", cases=cases)

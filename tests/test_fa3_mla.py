@@ -185,7 +185,7 @@ CHOICES = {  # name: (capture case where it bites, (module, attribute, replaceme
                                     lambda lens, *, s_q, heads, bound, num_sms=132: [min(bound, -(-n // 64))
                                                                                      for n in lens])),
     "causal-m-blocks-not-cut": (14, (scheduler, "n_block_max",
-                                     lambda n, m, *, s_q, heads, causal, pack_gqa=True: -(-n // 64))),
+                                     lambda n, m, *, s_q, heads, causal, pack_gqa=True, local=None: -(-n // 64))),
     "no-fma": (1, {"fma": FMAUnit(contract=False)}),
     "ieee-exp2": (1, {"exponential": ExpUnit("correctly-rounded")}),
     "ieee-log2": (1, {"logarithm": LogUnit(ln=None, lg2="correctly-rounded")}),
@@ -242,7 +242,7 @@ def test_the_sweep_entry():
 @pytest.mark.parametrize("kwargs, name", [
     ({"seqlens": [-1]}, "seqlens"), ({"scale": float("inf")}, "scale"), ({"num_splits": 300}, "num_splits"),
     ({"page_size": 0}, "page_size"), ({"causal": "yes"}, "causal"), ({"pack_gqa": 1}, "pack_gqa"),
-    ({"softcap": "thirty"}, "softcap"), ({"window_size": (128, 0)}, "window_size"), ({"num_sms": 0}, "num_sms"),
+    ({"softcap": "thirty"}, "softcap"), ({"window_size": (128, 0.5)}, "window_size"), ({"num_sms": 0}, "num_sms"),
     ({"machine": "b200"}, "machine"), ({"splits": [0]}, "splits"), ({"splits": [2, 2]}, "splits"),
     ({"splits": [1.5]}, "splits"), ({"varlen_q": "yes"}, "varlen_q"),
 ])

@@ -5,9 +5,9 @@ Measured on an H200 on every FP32 of the binades 2^-8 to 2^4, both signs, and on
 and the special values (``scripts/probe_tanh.py``; the summary in ``tests/data/mufu_tanh_h200.json``):
 
 - the unit is odd; a NaN gives the canonical NaN 0x7FFFFFFF;
-- every |x| < 2^-8, zeros and subnormals included, gives x itself (the correctly rounded tanh for |x| < 2^-12, up
-  to 85 ULP above it just under 2^-8);
-- every |x| >= 8, infinities included, gives +-1;
+- every ``|x| < 2^-8``, zeros and subnormals included, gives x itself (the correctly rounded tanh for
+  ``|x| < 2^-12``, up to 85 ULP above it just under 2^-8);
+- every ``|x| >= 8``, infinities included, gives +-1;
 - between, the unit reads only the fraction's top bits (17 in [2^-8, 2^-5), 18 in [2^-5, 2^-3), 19 in [2^-3, 1), 20
   in [1, 2) and [4, 8), 21 in [2, 4)): its output is constant over the inputs that share them, and a table measured
   on each of those 7.2 million inputs gives it (``tanh_sm90.npz``, built by ``scripts/make_mufu_tables.py --tanh``:

@@ -19,7 +19,7 @@ import numpy as np
 from .._validate import check_int
 from ..algorithms._common import D_K, D_V
 from ..algorithms.deployed.fa3 import FA3_COMMIT, SGL_FA3_COMMIT, fa3_mla, fa3_mla_sparse, sgl_fa3_mla
-from ..algorithms.deployed.fa3.scheduler import launch_splits
+from ..algorithms.deployed.fa3.scheduler import launch_splits, window
 from ..algorithms.deployed.scalars import api_float
 from ..experiments.inputs import make_inputs
 from .files import CaptureError, input_crc
@@ -60,8 +60,10 @@ def _bound(case: dict, max_seqlen_k: int) -> int:
     """The launch's split bound as :func:`~amla_sim.algorithms.deployed.fa3.scheduler.launch_splits` gives it: the
     metadata holds each request's split count only where it is over 1."""
     sq = case.get("sq", 1)
+    causal, local, left, right = window(case.get("causal", True), tuple(case.get("window", (-1, -1))), sq,
+                                        max_seqlen_k)
     return launch_splits(max_seqlen_k, s_q=sq, heads=case["heads"], num_splits=case["num_splits"],
-                         causal=sq > 1 and case.get("causal", True), batch=case["batch"])
+                         causal=causal, batch=case["batch"], local=(left, right) if local else None)
 
 
 def fa3_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -101,6 +103,12 @@ class _Fa3(DeployedKernel):
                 raise TypeError(f"{key}: expected true or false, got {case[key]!r}")
         if "softcap" in case and not np.isfinite(api_float(case["softcap"], "softcap")):
             raise ValueError(f"softcap: expected a finite number, got {case['softcap']!r}")
+        if "window" in case:
+            w = case["window"]
+            if not isinstance(w, (list, tuple)) or len(w) != 2:
+                raise ValueError(f"window: expected [left, right], got {w!r}")
+            for x in w:
+                check_int(x, "window", lo=-1)
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         b, sq, H = case["batch"], case.get("sq", 1), case["heads"]
@@ -121,7 +129,8 @@ class _Fa3(DeployedKernel):
         q, kv = fa3_inputs(case)
         res = fa3_mla(q, kv, seqlens=np.array(case["seqlens"]), scale=case["scale"], causal=case["causal"],
                       page_size=case["page_size"], num_splits=case["num_splits"], varlen_q=case["varlen_q"],
-                      softcap=case.get("softcap", 0.0), trace=True)
+                      softcap=case.get("softcap", 0.0), window_size=tuple(case.get("window", (-1, -1))),
+                      trace=True)
         out = []
         if f"c{i}_splits" in arrays:
             splits = np.array(res.trace["schedule"][0].splits, np.int32)
@@ -145,7 +154,10 @@ class _Fa3(DeployedKernel):
         from ..gpu.adapters.fa3 import run_fa3
 
         q, kv = fa3_inputs(recipe)
-        got, same = run_twice(lambda: run_fa3(kernel, q, kv, recipe))
+        sq = recipe.get("sq", 1)
+        causal, local, _, _ = window(recipe["causal"], tuple(recipe.get("window", (-1, -1))), sq,
+                                     recipe.get("max_seqlen_k") or max(recipe["seqlens"]))
+        got, same = run_twice(lambda: run_fa3(kernel, q, kv, recipe, head_swizzle=causal or local))
         return got, {**recipe, "input_crc": input_crc(q, kv), "repeat_identical": same}
 
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms.deployed.fa3 import FA3_COMMIT
-from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, kernel_dims, prefill_schedule, window
+from ..algorithms.deployed.fa3.prefill import cu_seqlens, fa3_prefill, kernel_dims, prefill_schedule
+from ..algorithms.deployed.fa3.scheduler import window
 from ..algorithms.deployed.scalars import api_float
 from ..experiments.inputs import make_inputs
 from ..resources import run_bytes

@@ -285,7 +285,7 @@ _FWD_UNUSED = {"k_new": None, "v_new": None, "out": None, "cu_seqlens_k": None, 
 
 
 def _vllm_decode(fa3, q, cache, table, seqlens, s_q: int, scale: float, num_splits: int,
-                 max_seqlen_k: int | None = None, softcap: float = 0.0):
+                 max_seqlen_k: int | None = None, softcap: float = 0.0, window: tuple[int, int] = (-1, -1)):
     """vLLM's FLASH_ATTN_MLA decode step (``flashattn_mla.py``: ``get_scheduler_metadata``, then
     ``flash_attn_varlen_func`` with q = q_rope, k = k_rope, v = kv_c, q_v = q_nope, causal): q (b s_q, h, 576),
     cache (pages, page, 576); max_seqlen_k: the call's (default the longest request). Returns out, lse and the
@@ -299,51 +299,59 @@ def _vllm_decode(fa3, q, cache, table, seqlens, s_q: int, scale: float, num_spli
     meta = fa3.get_scheduler_metadata(
         batch_size=b, max_seqlen_q=s_q, max_seqlen_k=longest, num_heads=h, num_heads_k=1, headdim=64,
         headdim_v=512, qkv_dtype=q.dtype, seqused_k=sl, cu_seqlens_q=cu_q, cu_seqlens_k=None, cu_seqlens_k_new=None,
-        seqused_q=None, leftpad_k=None, page_size=page, max_seqlen_k_new=0, is_causal=True, window_size_left=-1,
-        window_size_right=-1, has_softcap=softcap > 0, num_splits=num_splits, pack_gqa=None, sm_margin=0)
+        seqused_q=None, leftpad_k=None, page_size=page, max_seqlen_k_new=0, is_causal=True,
+        window_size_left=window[0], window_size_right=window[1], has_softcap=softcap > 0, num_splits=num_splits,
+        pack_gqa=None, sm_margin=0)
     k_rope, kv_c = cache[..., 512:].unsqueeze(-2), cache[..., :512].unsqueeze(-2)
-    out, lse, *_ = fa3.fwd(**{**_FWD_UNUSED, "softcap": softcap}, q=q[..., 512:], k=k_rope, v=kv_c,
+    extra = {"softcap": softcap, "window_size_left": window[0], "window_size_right": window[1]}
+    out, lse, *_ = fa3.fwd(**{**_FWD_UNUSED, **extra}, q=q[..., 512:], k=k_rope, v=kv_c,
                            q_v=q[..., :512], cu_seqlens_q=cu_q, seqused_k=sl, max_seqlen_q=s_q, max_seqlen_k=longest,
                            page_table=table, softmax_scale=scale, is_causal=True, scheduler_metadata=meta,
                            num_splits=num_splits)
     return out, lse, meta
 
 
-def _with_kvcache(fa3, q, cache, seqlens, scale: float, causal: bool, num_splits: int, softcap: float = 0.0):
+def _with_kvcache(fa3, q, cache, seqlens, scale: float, causal: bool, num_splits: int, softcap: float = 0.0,
+                  window: tuple[int, int] = (-1, -1)):
     """FA3's ``flash_attn_with_kvcache`` as SGLang's fa3 backend calls it, on a cache that is not paged: q (b, s_q,
     h, 576), cache (b, S_max, 576). Returns out and lse."""
     import torch
 
     sl = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
-    out, lse, *_ = fa3.fwd(**{**_FWD_UNUSED, "softcap": softcap}, q=q[..., 512:], k=cache[..., 512:].unsqueeze(-2),
+    extra = {"softcap": softcap, "window_size_left": window[0], "window_size_right": window[1]}
+    out, lse, *_ = fa3.fwd(**{**_FWD_UNUSED, **extra}, q=q[..., 512:], k=cache[..., 512:].unsqueeze(-2),
                            v=cache[..., :512].unsqueeze(-2), q_v=q[..., :512], cu_seqlens_q=None, seqused_k=sl,
                            max_seqlen_q=None, max_seqlen_k=None, page_table=None, softmax_scale=scale,
                            is_causal=causal, scheduler_metadata=None, num_splits=num_splits)
     return out, lse
 
 
-def run_fa3(fa3, q: np.ndarray, kv: np.ndarray, recipe: dict) -> dict[str, np.ndarray]:
-    """One case on the GPU: q (b, s_q, h, 576) and kv (b, S_max, 576) bits of `recipe`'s format. Returns out
-    (b * s_q, h, 512) and lse (the kernel's layout) as raw bits, and each request's split count where the
-    scheduler metadata holds one."""
+def run_fa3(fa3, q: np.ndarray, kv: np.ndarray, recipe: dict,
+            head_swizzle: bool | None = None) -> dict[str, np.ndarray]:
+    """One case on the GPU: q (b, s_q, h, 576) and kv (b, S_max, 576) bits of `recipe`'s format, its ``softcap`` and
+    ``window`` where it has them. Returns out (b * s_q, h, 512) and lse (the kernel's layout) as raw bits, and each
+    request's split count where the scheduler metadata holds one (`head_swizzle`: the call is causal or local as
+    ``mha_fwd`` reads it; None: causal when s_q > 1)."""
     import torch
 
     b, sq, H, _ = q.shape
     lens, page, fmt = recipe["seqlens"], recipe["page_size"], recipe["format"]
+    window = tuple(int(x) for x in recipe.get("window", (-1, -1)))
     qt = bits16(torch, q.reshape(b * sq, H, q.shape[-1]), fmt)
     res = {}
     if page is None:
         cache = bits16(torch, kv, fmt)
         out, lse = _with_kvcache(fa3, qt.view(b, sq, H, -1), cache, list(lens), recipe["scale"], recipe["causal"],
-                                 recipe["num_splits"], float(recipe.get("softcap", 0.0)))
+                                 recipe["num_splits"], float(recipe.get("softcap", 0.0)), window)
     else:
         reqs = [bits16(torch, kv[i, :n], fmt) for i, n in enumerate(lens)]
         cache, table = shuffled_pages(torch, reqs, page, recipe["seed"], reqs[0].dtype)
         out, lse, meta = _vllm_decode(fa3, qt, cache, table, list(lens), sq, recipe["scale"], recipe["num_splits"],
-                                      recipe.get("max_seqlen_k"), float(recipe.get("softcap", 0.0)))
+                                      recipe.get("max_seqlen_k"), float(recipe.get("softcap", 0.0)), window)
         m = meta.cpu().numpy()
-        rounded = -(-b // 4) * 4  # vectors of b rounded up to 4: rows, [splits if dynamic], [heads in L2 if causal]
-        if (m.size - 1) // rounded - 1 - (sq > 1) == 1:
+        rounded = -(-b // 4) * 4  # vectors of b rounded up to 4: rows, [splits if dynamic], [heads in L2 if causal
+        swizzle = sq > 1 if head_swizzle is None else head_swizzle  # or local]
+        if (m.size - 1) // rounded - 1 - swizzle == 1:
             res["splits"] = m[rounded:rounded + b].astype(np.int32)
     torch.cuda.synchronize()
     res["out"] = out.reshape(b * sq, H, -1).view(torch.int16).cpu().numpy().view(np.uint16)

@@ -50,7 +50,7 @@ from ..scalars import api_float, scale_log2, softmax_scale
 from ..row_sums import lane_sums as _lane_sum
 from ..row_sums import quad_total as _row_total
 from ..flashmla.combine import combine_sum
-from .scheduler import KBLOCK_M, KBLOCK_N, Fa3Schedule, fa3_schedule
+from .scheduler import KBLOCK_M, KBLOCK_N, Fa3Schedule, fa3_schedule, window
 
 __all__ = ["fa3_mla", "fa3_mla_decode", "FA3_COMMIT"]
 
@@ -126,10 +126,12 @@ def fa3_mla(
     splits: per request, a split count in place of the prepare kernel's (a what-if; each m-block's blocks are cut
     into that many as the kernel cuts them). max_seqlen_k: the call's (None: the longest request; at least that);
     a request of 0 keys (``seqused_k`` 0) writes out 0 and LSE -inf. softcap: over 0, FA3's softcapping (the scores
-    through MUFU.TANH, :meth:`_Units.with_softcap`; 0, below or NaN: none). window_size: refused unless (-1, -1)
-    (vLLM's build computes a local window; not modelled here). Returns ``.out`` (b, s_q, h, 512) in the input format
-    and ``.lse`` in the kernel's layout, natural log: (h, b * s_q) with `varlen_q`, else (b, h, s_q); with `trace`,
-    the schedule (``schedule``) and per request each m-block's split ranges (``split_blocks``).
+    through MUFU.TANH, :meth:`_Units.with_softcap`; 0, below or NaN: none). window_size: (left, right), the keys a
+    query sees before and after its own (-1: all), read with `causal` as :func:`.scheduler.window` says; a local
+    m-block's blocks count from its first row's first key (``n_offset``; the trace's split ranges too). Returns
+    ``.out`` (b, s_q, h, 512) in the input format and ``.lse`` in the kernel's layout, natural log: (h, b * s_q) with
+    `varlen_q`, else (b, h, s_q); with `trace`, the schedule (``schedule``) and per request each m-block's split
+    ranges (``split_blocks``).
     """
     mc = get_machine(machine)
     qa, kva, lens = check_kernel_inputs(q, kv, seqlens, formats=("bf16", "fp16"), empty=True)
@@ -140,11 +142,14 @@ def fa3_mla(
                   varlen_q=varlen_q, softcap=softcap, window_size=window_size)
     fmt = get_format(qa.dtype).name
     b, s_q, H, _ = qa.shape
-    is_causal = s_q > 1 and (causal is None or bool(causal))  # mha_fwd: causal is no mask when s_q = 1
     lens = [int(n) for n in lens]  # a request shorter than its causal step: its first rows see no key (out 0,
     # LSE -inf: epilogue_fwd.hpp store_zero, softmax.h finalize), as the kernel computes them
+    # mha_fwd's reading: causal is no mask when s_q = 1; a local window (left, right), its sides bounded by the call
+    is_causal, is_local, left, right = window(causal is None or bool(causal), tuple(window_size), s_q,
+                                              max_seqlen_k or max(lens))
     sched = fa3_schedule(lens, s_q=s_q, heads=H, num_splits=num_splits, causal=is_causal, pack_gqa=pack_gqa,
-                         page_size=page_size, varlen_q=varlen_q, num_sms=num_sms, max_seqlen_k=max_seqlen_k)
+                         page_size=page_size, varlen_q=varlen_q, num_sms=num_sms, max_seqlen_k=max_seqlen_k,
+                         local=(left, right) if is_local else None)
     if splits is not None:
         given = [check_int(n, "splits", lo=1, hi=256) for n in np.asarray(splits).ravel().tolist()]
         if len(given) != b:
@@ -159,16 +164,7 @@ def fa3_mla(
     lse = np.zeros((b, s_q * H), mc.dtype)
     tr: dict[str, list] = {"schedule": [sched]} if trace else {}
     for i, n in enumerate(lens):
-        rows = Q[i].reshape(s_q * H, D_K)  # row r = s h + head (pack-GQA)
-        pos = np.repeat(np.arange(s_q), H)
-        limit = n - s_q + pos if is_causal else np.full(s_q * H, n - 1)  # the last key each row sees
-        plans = _row_groups(sched, i, n, s_q, H)
-        for ranges, sel in plans:
-            res = [_split(u, rows[sel], K[i], n, lo, hi, limit[sel]) for lo, hi in ranges]
-            if len(res) == 1:
-                out[i, sel], lse[i, sel] = res[0]
-            else:
-                out[i, sel], lse[i, sel] = _combine(u, res)
+        plans = _request(u, Q[i].reshape(s_q * H, D_K), K[i], n, sched, i, s_q, out[i], lse[i])
         if trace:
             tr.setdefault("split_blocks", []).append([(ranges, np.flatnonzero(sel)) for ranges, sel in plans])
     hazards = Counter()
@@ -193,9 +189,9 @@ def _check_launch(*, num_sms: int, num_splits: int, page_size: int | None, causa
     if not isinstance(varlen_q, (bool, np.bool_)):
         raise TypeError(f"varlen_q: expected True or False, got {varlen_q!r}")
     api_float(softcap, "softcap")  # a float32 number; over 0 a cap (SOFTCAP_SWITCH(params.softcap > 0), :315)
-    if not isinstance(window_size, (tuple, list)) or tuple(window_size) != (-1, -1):
-        raise ValueError(f"window_size: local attention is not modelled (vLLM's FA3 build computes it), got "
-                         f"{window_size}")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or not all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in window_size):
+        raise TypeError(f"window_size: expected (left, right) ints, got {window_size!r}")
 
 
 def fa3_mla_decode(
@@ -217,8 +213,27 @@ def fa3_mla_decode(
     return AttentionResult(res.out, np.swapaxes(res.lse, 1, 2), res.trace, res.hazards)
 
 
-def _row_groups(sched: Fa3Schedule, i: int, seqlen: int, s_q: int, H: int) -> list[tuple[list, np.ndarray]]:
-    """The request's rows grouped by their m-block's split ranges (one group unless causal cuts m-blocks short)."""
+def _request(u: _Units, rows: np.ndarray, K: np.ndarray, n: int, sched: Fa3Schedule, i: int, s_q: int,
+             out: np.ndarray, lse: np.ndarray) -> list[tuple[list, np.ndarray]]:
+    """Request `i`'s rows (s_q h, 576), row ``s h + head``, over its `n` keys into `out` and `lse`; returns its
+    plans (each group of rows' split ranges). A row sees keys up to ``n - s_q + s`` when causal (``+ right`` in a
+    local window, from ``- left``), all n otherwise; a local m-block's blocks count from its offset."""
+    H = rows.shape[0] // s_q
+    pos = np.repeat(np.arange(s_q), H)
+    local = sched.local
+    limit = n - s_q + pos + (0 if local is None else local[1]) if sched.causal or local else np.full(len(pos), n - 1)
+    first = None if local is None else n - s_q + pos - local[0]
+    plans = _row_groups(sched, i, n, s_q, H)
+    for (ranges, off), sel in plans:
+        res = [_split(u, rows[sel], K[off:], n - off, lo, hi, limit[sel] - off,
+                      None if first is None else first[sel] - off) for lo, hi in ranges]
+        out[sel], lse[sel] = res[0] if len(res) == 1 else _combine(u, res)
+    return [(ranges, sel) for (ranges, _), sel in plans]
+
+
+def _row_groups(sched: Fa3Schedule, i: int, seqlen: int, s_q: int, H: int) -> list[tuple[tuple, np.ndarray]]:
+    """The request's rows grouped by their m-block's split ranges and key offset (one group unless a causal step or
+    a local window sets m-blocks apart)."""
     R = s_q * H
     if sched.pack_gqa:
         m_of_row = np.arange(R) // KBLOCK_M
@@ -226,9 +241,10 @@ def _row_groups(sched: Fa3Schedule, i: int, seqlen: int, s_q: int, H: int) -> li
         m_of_row = np.repeat(np.arange(s_q) // KBLOCK_M, H)
     groups: dict[tuple, np.ndarray] = {}
     for m in np.unique(m_of_row):
-        key = tuple(sched.blocks(i, seqlen, int(m), s_q=s_q, heads=H))
+        key = (tuple(sched.blocks(i, seqlen, int(m), s_q=s_q, heads=H)),
+               sched.offset(seqlen, int(m), s_q=s_q, heads=H))
         groups[key] = groups.get(key, np.zeros(R, bool)) | (m_of_row == m)
-    return [(list(k), sel) for k, sel in groups.items()]
+    return [((list(k[0]), k[1]), sel) for k, sel in groups.items()]
 
 
 def _scores(u: _Units, Q: np.ndarray, Ks: np.ndarray) -> np.ndarray:
@@ -245,9 +261,11 @@ def _scores(u: _Units, Q: np.ndarray, Ks: np.ndarray) -> np.ndarray:
     return mc.f(mc.by_blocks(product, KT, rows=Q.shape[0], block=KBLOCK_N))
 
 
-def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int,
-           limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One split over blocks [lo, hi), walked from hi - 1 down: (O normalised, lse) per row."""
+def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: int, limit: np.ndarray,
+           first: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One split over blocks [lo, hi), walked from hi - 1 down: (O normalised, lse) per row; each row's keys up to
+    its `limit` (and from its `first`, in a local window: the kernel without intra-warpgroup overlap masks the edge
+    blocks, and the blocks it leaves bare lie inside every row's window)."""
     mc, dt = u.mc, u.dt
     R = Q.shape[0]
     if hi <= lo:  # a split with no blocks: store_zero
@@ -261,7 +279,10 @@ def _split(u: _Units, Q: np.ndarray, K: np.ndarray, seqlen: int, lo: int, hi: in
     for step, blk in enumerate(range(hi - 1, lo - 1, -1)):
         cols = slice((blk - lo) * KBLOCK_N, (blk - lo + 1) * KBLOCK_N)
         t = blk * KBLOCK_N + np.arange(KBLOCK_N)
-        S = np.where((t[None, :] < seqlen) & (t[None, :] <= limit[:, None]), Ss[:, cols], -np.inf).astype(dt)
+        seen = (t[None, :] < seqlen) & (t[None, :] <= limit[:, None])
+        if first is not None:
+            seen &= t[None, :] >= first[:, None]
+        S = np.where(seen, Ss[:, cols], -np.inf).astype(dt)
         M_new = S.max(axis=1) if step == 0 else np.maximum(M, S.max(axis=1))
         s = None
         if step:

@@ -49,10 +49,10 @@ from ..._common import AttentionResult
 from ..row_sums import lane_sums, quad_total
 from ..scalars import api_float, softmax_scale
 from .mla import _check_launch, _combine, _split_lse, _Units
-from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits
+from .scheduler import MAX_SPLIT_BATCH, num_splits_heuristic, split_blocks, varlen_splits, window
 
 __all__ = ["fa3_prefill", "kernel_dims", "PREFILL_TILES", "PREFILL_BUILDS", "prefill_schedule", "prefill_tile",
-           "sgl_tile", "use_one_mma_wg", "cu_seqlens", "window"]
+           "sgl_tile", "use_one_mma_wg", "cu_seqlens"]
 
 #: ``tile_size_fwd_sm90`` (tile_size.h) in vLLM's fork, 617264c: (d, dv, element size in bytes, causal, one MMA
 #: warpgroup) -> (kBlockM, kBlockN). Head dims 192 / 128 (:47-48, 16-bit; :73-74, FP8 with the two-level
@@ -213,26 +213,6 @@ def sgl_tile(d: int, dv: int, element_size: int, *, causal: bool = False, one_wg
     if d <= 192:
         return 128, 128 if softcap and local else 160, True
     return 128, 64 if local else 128, True
-
-
-def window(causal: bool, window_size: tuple[int, int], max_seqlen_q: int,
-           max_seqlen_k: int) -> tuple[bool, bool, int, int]:
-    """``mha_fwd``'s reading of ``is_causal`` and ``window_size`` (flash_api.cpp:863-877, then
-    ``set_params_fprop`` :195-204): (causal, local, left, right). A side as long as the call is none (-1); one
-    query row is never causal; causal is the window (-1, 0); a local window's missing side is the whole call's."""
-    left, right = (int(x) for x in window_size)
-    left = -1 if left >= max_seqlen_k - 1 else left
-    right = -1 if right >= max_seqlen_q - 1 else right
-    if max_seqlen_q == 1 and left == right == -1:
-        causal = False
-    if causal:
-        right = 0
-    causal = left < 0 and right == 0
-    local = (left >= 0 or right >= 0) and not causal
-    if local:
-        left = max_seqlen_k - 1 if left < 0 else left
-        right = max_seqlen_q - 1 if right < 0 else right
-    return causal, local, left, right
 
 
 @quiet_fp

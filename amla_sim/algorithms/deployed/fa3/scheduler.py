@@ -23,13 +23,34 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["KBLOCK_M", "KBLOCK_N", "MAX_SPLIT_BATCH", "num_splits_heuristic", "launch_splits", "dynamic_splits",
-           "varlen_splits", "should_pack_gqa", "pagedkv_tma", "n_block_max", "split_blocks", "Fa3Schedule", "fa3_schedule"]
+           "varlen_splits", "should_pack_gqa", "pagedkv_tma", "n_block_max", "n_offset", "split_blocks", "Fa3Schedule",
+           "fa3_schedule", "window"]
 
 KBLOCK_M = 64  # kBlockM: query rows a tile
 KBLOCK_N = 64  # kBlockN: keys a block
 MAX_SPLIT_BATCH = 992  # PREPARE_VARLEN_MAX_BATCHES_1CTA: more requests than this are never split
 _L2 = 50 * 1024 * 1024  # num_splits_heuristic's L2 size
 _f32 = np.float32
+
+
+def window(causal: bool, window_size: tuple[int, int], max_seqlen_q: int,
+           max_seqlen_k: int) -> tuple[bool, bool, int, int]:
+    """``mha_fwd``'s reading of ``is_causal`` and ``window_size`` (flash_api.cpp:863-877, then
+    ``set_params_fprop`` :195-204): (causal, local, left, right). A side as long as the call is none (-1); one
+    query row is never causal; causal is the window (-1, 0); a local window's missing side is the whole call's."""
+    left, right = (int(x) for x in window_size)
+    left = -1 if left >= max_seqlen_k - 1 else left
+    right = -1 if right >= max_seqlen_q - 1 else right
+    if max_seqlen_q == 1 and left == right == -1:
+        causal = False
+    if causal:
+        right = 0
+    causal = left < 0 and right == 0
+    local = (left >= 0 or right >= 0) and not causal
+    if local:
+        left = max_seqlen_k - 1 if left < 0 else left
+        right = max_seqlen_q - 1 if right < 0 else right
+    return causal, local, left, right
 
 
 def num_splits_heuristic(total_mblocks: int, num_sms: int, num_n_blocks: int, num_m_blocks: int,
@@ -68,17 +89,20 @@ def pagedkv_tma(page_size: int | None, s_q: int, heads: int) -> bool:
 
 
 def launch_splits(max_seqlen_k: int, *, s_q: int, heads: int, num_splits: int, causal: bool, batch: int,
-                  num_sms: int = 132) -> int:
+                  num_sms: int = 132, local: tuple[int, int] | None = None) -> int:
     """The launch's split bound (``params.num_splits``): `num_splits` if positive, else ``get_num_splits`` as a
-    varlen launch computes it (one request's m-blocks, the longest request's blocks); 1 above 992 requests."""
+    varlen launch computes it (one request's m-blocks, the longest request's blocks; with a local window (left,
+    right) the keys it loads, ``min(seqlen_k, left + right + 1 + kBlockM)``, flash_api.cpp:514-517); 1 above 992
+    requests."""
     if batch > MAX_SPLIT_BATCH:
         return 1
     if num_splits > 0:
         return num_splits
-    n_blocks = -(-max_seqlen_k // KBLOCK_N)
+    loaded = max_seqlen_k if local is None else max(0, min(max_seqlen_k, sum(local) + 1 + KBLOCK_M))
+    n_blocks = -(-loaded // KBLOCK_N)
     m_blocks = -(-(s_q * heads) // KBLOCK_M)
     size_one_kv_head = max_seqlen_k * (64 + 512) * 2
-    return num_splits_heuristic(m_blocks, num_sms, n_blocks, m_blocks, size_one_kv_head, causal)
+    return num_splits_heuristic(m_blocks, num_sms, n_blocks, m_blocks, size_one_kv_head, causal or local is not None)
 
 
 def dynamic_splits(seqlens: list[int], *, s_q: int, heads: int, bound: int, num_sms: int = 132) -> list[int]:
@@ -100,14 +124,24 @@ def varlen_splits(m_blocks: list[int], n_blocks: list[int], *, num_head: int, bo
     return [max(min(-(-n // per_sm), bound), 1) for n in n_blocks]
 
 
-def n_block_max(seqlen: int, m_block: int, *, s_q: int, heads: int, causal: bool, pack_gqa: bool = True) -> int:
+def n_offset(seqlen: int, m_block: int, *, s_q: int, heads: int, left: int, pack_gqa: bool = True) -> int:
+    """A local window's ``n_offset`` (block.h:24-33): the first key of the m-block's first query row, where the
+    m-block's key blocks start."""
+    m_idx_min = (m_block * KBLOCK_M) // heads if pack_gqa else m_block * KBLOCK_M
+    return max(0, m_idx_min + seqlen - s_q - left)
+
+
+def n_block_max(seqlen: int, m_block: int, *, s_q: int, heads: int, causal: bool, pack_gqa: bool = True,
+                local: tuple[int, int] | None = None) -> int:
     """``get_n_block_min_max``'s end for an m-block: the request's blocks, cut where the m-block's last query
-    row's causal window ends (bottom-right aligned: query s sees keys up to seqlen - s_q + s)."""
-    end = -(-seqlen // KBLOCK_N)
-    if causal:
+    row's causal window ends (bottom-right aligned: query s sees keys up to seqlen - s_q + s), or its local window
+    (left, right) does, counted from :func:`n_offset`."""
+    off = 0 if local is None else n_offset(seqlen, m_block, s_q=s_q, heads=heads, left=local[0], pack_gqa=pack_gqa)
+    end = -(-(seqlen - off) // KBLOCK_N)
+    if causal or local is not None:
         rows_end = (m_block + 1) * KBLOCK_M
         last_q = (rows_end - 1) // heads + 1 if pack_gqa else rows_end
-        end = min(end, -(-(last_q + seqlen - s_q) // KBLOCK_N))
+        end = min(end, -(-(last_q + seqlen - off - s_q + (0 if local is None else local[1])) // KBLOCK_N))
     return end
 
 
@@ -127,24 +161,34 @@ class Fa3Schedule:
     pack_gqa: bool
     causal: bool
     tma: bool
+    local: tuple[int, int] | None = None  # a local window's (left, right)
 
     def blocks(self, i: int, seqlen: int, m_block: int, *, s_q: int, heads: int) -> list[tuple[int, int]]:
-        """Request `i`'s splits, as block ranges, for its m-block `m_block`."""
-        end = n_block_max(seqlen, m_block, s_q=s_q, heads=heads, causal=self.causal, pack_gqa=self.pack_gqa)
+        """Request `i`'s splits, as block ranges counted from :meth:`offset`, for its m-block `m_block`."""
+        end = n_block_max(seqlen, m_block, s_q=s_q, heads=heads, causal=self.causal, pack_gqa=self.pack_gqa,
+                          local=self.local)
         return split_blocks(end, self.splits[i])
+
+    def offset(self, seqlen: int, m_block: int, *, s_q: int, heads: int) -> int:
+        """The first key of m-block `m_block`'s blocks: 0, or with a local window :func:`n_offset`."""
+        if self.local is None:
+            return 0
+        return n_offset(seqlen, m_block, s_q=s_q, heads=heads, left=self.local[0], pack_gqa=self.pack_gqa)
 
 
 def fa3_schedule(seqlens: list[int], *, s_q: int, heads: int, num_splits: int = 0, causal: bool = False,
                  pack_gqa: bool | None = None, page_size: int | None = 16, varlen_q: bool = True,
-                 num_sms: int = 132, max_seqlen_k: int | None = None) -> Fa3Schedule:
+                 num_sms: int = 132, max_seqlen_k: int | None = None,
+                 local: tuple[int, int] | None = None) -> Fa3Schedule:
     """What ``mha_fwd`` decides for a launch: the split bound and each request's count, pack-GQA (the kernel packs
     whenever it splits or gathers pages with cp.async), and whether pages go through TMA. max_seqlen_k: the
     call's ``max_seqlen_k`` (``params.seqlen_k``, which the bound is computed from; None: the longest request;
-    the sparse call passes topk, ``flash_api.cpp:835``)."""
+    the sparse call passes topk, ``flash_api.cpp:835``). local: a local window's (left, right) as :func:`window`
+    reads it."""
     tma = pagedkv_tma(page_size, s_q, heads)
-    bound = launch_splits(max(seqlens) if max_seqlen_k is None else max_seqlen_k, s_q=s_q, heads=heads, num_splits=num_splits, causal=causal,
-                          batch=len(seqlens), num_sms=num_sms)
+    bound = launch_splits(max(seqlens) if max_seqlen_k is None else max_seqlen_k, s_q=s_q, heads=heads,
+                          num_splits=num_splits, causal=causal, batch=len(seqlens), num_sms=num_sms, local=local)
     pack = should_pack_gqa(varlen_q, s_q, heads) if pack_gqa is None else bool(pack_gqa)
     pack = pack or bound > 1 or (page_size is not None and not tma)
     return Fa3Schedule(bound, tuple(dynamic_splits(seqlens, s_q=s_q, heads=heads, bound=bound, num_sms=num_sms)),
-                       pack, causal, tma)
+                       pack, causal, tma, local)
