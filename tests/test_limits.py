@@ -233,6 +233,36 @@ def test_fa3s_mla_decode_with_a_softcap_replays_bit_for_bit(name):
     assert report.bit_exact, report.format()
 
 
+@pytest.mark.parametrize("name", ["local_fa3_mla_h200.npz", "local_fa3_mla_seed1000_h200.npz"])
+def test_fa3s_mla_decode_in_a_local_window_replays_bit_for_bit(name):
+    """FA3's MLA decode with a local ``window_size`` through vLLM 0.33's library (``scripts/capture_limits.py ...
+    local``): windows behind the query in MTP steps and decodes, one of a single key, one with keys after the query
+    (a non-causal call), the heuristic's splits over the keys a window loads, the CUDA graphs' 32, SGLang's unpaged
+    form; the same at fresh seeds."""
+    meta, arrays = read_capture(DATA / name, what=name)
+    assert all(c["window"] != [-1, -1] for c in meta["cases"])
+    report = replay_deployed(name, meta, arrays)
+    assert report.bit_exact, report.format()
+
+
+@pytest.mark.parametrize("change", ["blocks-aligned-to-64", "bound-over-every-key"])
+def test_each_local_decode_choice_matters(change, monkeypatch):
+    """A local m-block's key blocks start at its first row's first key (``n_offset``), not at a multiple of 64, and
+    the launch's split bound weighs the keys the window loads: each in its other form gives other bits (the MTP
+    call of 64 heads over 5,000 keys, a window of 1,000)."""
+    from amla_sim.algorithms.deployed.fa3 import scheduler
+
+    if change == "blocks-aligned-to-64":
+        monkeypatch.setattr(scheduler, "n_offset", lambda *a, **kw: 0)
+    else:
+        bound = scheduler.launch_splits
+        monkeypatch.setattr(scheduler, "launch_splits", lambda *a, local=None, **kw: bound(*a, **kw))
+    meta, arrays = read_capture(DATA / "local_fa3_mla_h200.npz", what="local")
+    report = replay_deployed("local", {**meta, "cases": meta["cases"][:1]},
+                             {k: v for k, v in arrays.items() if k.startswith("c0_")})
+    assert not report.bit_exact, report.format()
+
+
 @pytest.mark.parametrize("name, cases", [("limits_fa3_mla_vllm_h200.npz", 6),
                                          ("limits_flashmla_dense_fp8_vllm_h200.npz", 3),
                                          ("limits_vllm_triton_mla_h200.npz", 4)])
