@@ -28,6 +28,8 @@ VLLM_ROOT holds ``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so`` (vLLM 0.33.0's whee
 - OUTDIR/fa3_prefill_wide_{dev}.npz: :data:`WIDE_CASES`, a v wider than q at q <= 64 (committed cut to one head or
   group, ``--keep-heads 1``); fa3_prefill_wide_seed{N}_{dev}.npz the same at fresh seeds (committed: cases
   0,1,3,4,5,7);
+- OUTDIR/fa3_prefill_wide_fp8_{dev}.npz: :data:`WIDE_FP8_CASES` and the same at fresh seeds (seed + N), an FP8 v
+  wider than q at q <= 64;
 - OUTDIR/fa3_prefill_window_{dev}.npz: :data:`WINDOW_CASES`, local windows; fa3_prefill_window_seed{N}_{dev}.npz
   the same at fresh seeds; OUTDIR/fa3_prefill_caps_{dev}.npz: :data:`CAP_CASES`, softcaps and windows (the committed
   ``fa3_prefill_softcap_h200.npz`` is its cases 1,2,3,8 cut to one head);
@@ -207,6 +209,17 @@ WIDE_CASES = [
     _pad(32, 96, 8, 8, (100, 30), (100, 30), True, "fp16", 388, 0),
 ]
 
+#: an FP8 v wider than q at q <= 64: FP8 has only the 64 / 64 kernel there, which reads v's first 64 columns and
+#: writes the output's first 64 (the rest as the buffer held them): causal and context chunks, grouped heads, a
+#: padded q, one warpgroup
+WIDE_FP8_CASES = [
+    _pad(64, 128, 16, 16, (300, 200), (2000, 0), False, "e4m3", 421, 0),
+    _pad(64, 256, 8, 2, (150, 40), (150, 40), True, "e4m3", 422, 0),
+    _pad(48, 96, 8, 8, (40,), (4000,), False, "e4m3", 423, 0),
+    _pad(64, 192, 16, 16, (20,), (3000,), False, "e4m3", 424, 0),
+]
+
+
 def _small() -> list[dict]:
     """The scale template and two other calls with values near FP32's subnormal range (``capture_limits.py``'s
     :data:`SMALL_DISTS`)."""
@@ -305,7 +318,8 @@ def _sglang_cases(seed: int) -> list[dict]:
 def main() -> None:
     args = sys.argv[1:]
     seed = int(_option(args, "--seed", "1000"))
-    jobs_all = ("table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,caps,caps-seed,window,window-seed,"
+    jobs_all = ("table,seed,e4m3,e4m3-seed,edges,tiny,descales,small,wide,wide-seed,wide-fp8,caps,caps-seed,window,"
+                "window-seed,"
                 "sglang-hd128,sglang-mha,sglang-mha-seed,scales,hd128,hdx,hdx-seed,pad,pad-seed,chain,sglang")
     only = set(_option(args, "--only", jobs_all).split(","))
     sgl = _option(args, "--sgl", None)
@@ -325,6 +339,8 @@ def main() -> None:
             ("small", f"small_fa3_prefill_{tag}.npz", {"cases": _small()}),
             ("wide", f"fa3_prefill_wide_{tag}.npz", {"cases": WIDE_CASES}),
             ("caps", f"fa3_prefill_caps_{tag}.npz", {"cases": CAP_CASES}),
+            ("wide-fp8", f"fa3_prefill_wide_fp8_{tag}.npz",
+             {"cases": WIDE_FP8_CASES + [{**c, "seed": c["seed"] + seed} for c in WIDE_FP8_CASES]}),
             ("caps-seed", f"fa3_prefill_caps_seed{seed}_{tag}.npz",
              {"cases": [{**c, "seed": c["seed"] + seed} for c in CAP_CASES]}),
             ("window", f"fa3_prefill_window_{tag}.npz", {"cases": WINDOW_CASES}),

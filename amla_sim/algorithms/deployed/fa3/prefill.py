@@ -103,7 +103,7 @@ def kernel_dims(d: int, dv: int, element_size: int = 2, name: str = "q") -> tupl
     step when it differs from d). A ValueError naming `name` (or ``v``) where upstream raises: a head dim that is not
     a multiple of 8 (16 for FP8), over 256, or a v of another width than d outside d in (128, 192] with v in (96,
     128] and d <= 64 with v <= 512, or, FP8, over 256. An FP8 v wider than q at q <= 64 (to 256) runs the 64 / 64
-    FP8 kernel, which writes 64 of its columns: refused, not modelled."""
+    FP8 kernel (FP8 has no other at q <= 64), which reads v's first 64 columns and writes the output's first 64."""
     align = 16 if element_size == 1 else 8
     for what, n in ((name, d), ("v", dv)):
         if n < 1 or n % align:
@@ -117,8 +117,7 @@ def kernel_dims(d: int, dv: int, element_size: int = 2, name: str = "q") -> tupl
         if dv > 256:
             raise ValueError(f"v: head dim {dv} over 256 with FP8 inputs (mha_fwd: \"HeaddimV > 256 requires fp16 and "
                              "bf16 data type\")")
-        raise ValueError(f"v: head dim {dv} over q's {d} with FP8 inputs runs FA3's 64 / 64 FP8 kernel "
-                         "(flash_api.cpp's dispatch), which leaves the output's columns past 64 unwritten: not modelled")
+        return 64, 64  # flash_api.cpp's FP8 dispatch: the output's columns past 64 are left as allocated
     steps = (64, 96, 128, 192, 256)
     d_r = next(x for x in steps if d <= x)
     if d_r == 64 and dv > 64:
@@ -255,8 +254,9 @@ def fa3_prefill(
     FA3's softcapping (the scores through MUFU.TANH, :meth:`.mla._Units.with_softcap`); 0, below or NaN: none.
     window_size: (left, right), the keys a query sees before and after its own (-1: all), read with `causal` as
     :func:`window` says. Returns ``.out`` (T, h, dv) in the input format, BF16 for E4M3 (rows past
-    ``cu_seqlens_q[-1]`` 0) and ``.lse`` (h, T), natural log; with `trace`, the launch's split bound, each request's
-    split count and whether the heads were packed."""
+    ``cu_seqlens_q[-1]`` 0; an FP8 v wider than q at q <= 64 gets its first 64 columns, the rest NaN, counted as the
+    hazard ``unwritten_columns``: the kernel leaves them as its buffer held them) and ``.lse`` (h, T), natural log;
+    with `trace`, the launch's split bound, each request's split count and whether the heads were packed."""
     mc = get_machine(machine)
     qa, ka, va, cq, ck = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     T, H, d = qa.shape
@@ -298,7 +298,11 @@ def fa3_prefill(
         _requests(u, (qa, ka, va), cq, ck, out, lse, causal=causal, counts=counts, tile=tile, dims=(dk, dvk),
                   descales=descales if fp8 else None, two_level=build == "vllm",
                   local=None if sides is None else (*sides, _request_frame(dk, dvk, size, build)))
-    hazards = Counter(nan_outputs=int(np.isnan(out).sum())) if np.isnan(out).any() else Counter()
+    nan = int(np.isnan(out[..., :dvk]).sum())
+    hazards = Counter(nan_outputs=nan) if nan else Counter()
+    if dvk < dv:  # the FP8 64 / 64 kernel writes the first 64 of v's columns: the rest are what the buffer held
+        out[..., dvk:] = np.nan
+        hazards["unwritten_columns"] = out[..., dvk:].size
     tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
     return AttentionResult(mc.cast(out, "bf16" if fp8 else fmt), lse, tr, hazards)  # out_type (flash_api.cpp:936)
 
@@ -328,9 +332,10 @@ def _launch_heads(launch_heads: int | None, H: int, Hk: int) -> int:
 
 
 def _padded(x: np.ndarray, n: int) -> np.ndarray:
-    """`x` (rows, heads, d) with zero columns up to n: what the kernel's loads of a head dim under its own read."""
-    if x.shape[-1] == n:
-        return x
+    """`x` (rows, heads, d) with zero columns up to n: what the kernel's loads of a head dim under its own read (its
+    first n columns where it has more: the FP8 64 / 64 kernel's loads of a wider v)."""
+    if x.shape[-1] >= n:
+        return x[..., :n]
     return np.concatenate([x, np.zeros(x.shape[:-1] + (n - x.shape[-1],), x.dtype)], axis=-1)
 
 
@@ -353,7 +358,8 @@ def _requests(u: _Units, qkv: tuple[np.ndarray, np.ndarray, np.ndarray], cq: np.
                                                   two_level=two_level)
         wide, lse[:, rows] = _request(ru, Q[rows], K[keys], V[keys], causal=causal, splits=counts[i],
                                       block_m=tile[0], block_n=tile[1], local=local)
-        out[rows] = wide[..., :dv]
+        w = min(dv, wide.shape[-1])
+        out[rows, :, :w] = wide[..., :w]
 
 
 class _Fp8Units(_Units):
