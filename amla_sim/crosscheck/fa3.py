@@ -20,10 +20,9 @@ from .._validate import check_int
 from ..algorithms._common import D_K, D_V
 from ..algorithms.deployed.fa3 import FA3_COMMIT, SGL_FA3_COMMIT, fa3_mla, fa3_mla_sparse, sgl_fa3_mla
 from ..algorithms.deployed.fa3.scheduler import launch_splits, window
-from ..algorithms.deployed.scalars import api_float
 from ..experiments.inputs import make_inputs
 from .files import CaptureError, input_crc
-from .kernel import DeployedKernel, Stage, run_twice, stage
+from .kernel import DeployedKernel, Stage, check_fa3_options, run_twice, stage
 
 __all__ = ["FA3_CASES", "FA3_MLA", "fa3_inputs", "SPARSE_CASES", "FA3_MLA_SPARSE", "fa3_sparse_inputs", "SGL_CASES",
            "SGL_FA3_MLA", "SGL_FA3_MLA_SPARSE"]
@@ -101,14 +100,7 @@ class _Fa3(DeployedKernel):
         for key in ("varlen_q", "causal"):
             if case[key] not in (True, False):
                 raise TypeError(f"{key}: expected true or false, got {case[key]!r}")
-        if "softcap" in case and not np.isfinite(api_float(case["softcap"], "softcap")):
-            raise ValueError(f"softcap: expected a finite number, got {case['softcap']!r}")
-        if "window" in case:
-            w = case["window"]
-            if not isinstance(w, (list, tuple)) or len(w) != 2:
-                raise ValueError(f"window: expected [left, right], got {w!r}")
-            for x in w:
-                check_int(x, "window", lo=-1)
+        check_fa3_options(case)
 
     def outputs(self, case: dict) -> dict[str, tuple[tuple[int, ...], type, bool]]:
         b, sq, H = case["batch"], case.get("sq", 1), case["heads"]

@@ -26,7 +26,7 @@ from ..algorithms.deployed.scalars import api_float
 from ..experiments.inputs import make_inputs
 from ..resources import run_bytes
 from .files import CaptureError, input_crc
-from .kernel import DeployedKernel, Stage, run_twice, stage
+from .kernel import DeployedKernel, Stage, check_fa3_options, run_twice, stage
 
 __all__ = ["PREFILL_CASES", "FA3_PREFILL", "HEAD_DIMS", "prefill_inputs", "draw_heads"]
 
@@ -124,16 +124,7 @@ class _Fa3Prefill(DeployedKernel):
                 if case["format"] != "e4m3":
                     raise ValueError(f"{x}: only an E4M3 call takes descales, got format {case['format']!r}")
                 api_float(case[x], x)
-        if "softcap" in case:
-            cap = api_float(case["softcap"], "softcap")
-            if not np.isfinite(cap):
-                raise ValueError(f"softcap: expected a finite number, got {case['softcap']!r}")
-        if "window" in case:
-            w = case["window"]
-            if not isinstance(w, (list, tuple)) or len(w) != 2:
-                raise ValueError(f"window: expected [left, right], got {w!r}")
-            for x in w:
-                check_int(x, "window", lo=-1)
+        check_fa3_options(case)
         if case.get("k_rows", 1) != 1 and (case["k_rows"] != 0 or max(case["seqlens"]) > 0):
             raise ValueError(f"k_rows: 0 (k and v of no row, every request of no key) or absent, got "
                              f"{case['k_rows']!r}")

@@ -17,13 +17,13 @@ import numpy as np
 
 from .._validate import check_int
 from ..algorithms._common import D_V
-from ..algorithms.deployed.scalars import api_scale
+from ..algorithms.deployed.scalars import api_float, api_scale
 from ..experiments.inputs import make_inputs
 from ..resources import check_fits, run_bytes
 from .files import CaptureError, input_crc
 
-__all__ = ["DeployedKernel", "Stage", "stage", "case_inputs", "check_recipe", "run_twice", "DEEPSEEK_SCALES",
-           "RANDOM_SCALES", "scale_table"]
+__all__ = ["DeployedKernel", "Stage", "stage", "case_inputs", "check_recipe", "check_fa3_options", "run_twice",
+           "DEEPSEEK_SCALES", "RANDOM_SCALES", "scale_table"]
 
 #: A stage as :func:`amla_sim.compare` takes it: its name, the device's array and the simulator's, in one format.
 Stage = tuple[str, np.ndarray, np.ndarray]
@@ -145,6 +145,19 @@ def case_inputs(case: dict) -> tuple[np.ndarray, np.ndarray]:
     if "input_crc" in case and input_crc(q, kv) != case["input_crc"]:
         raise CaptureError(f"replay: the inputs of case {case} do not rebuild (CRC differs)")
     return q, kv
+
+
+def check_fa3_options(case: dict) -> None:
+    """An FA3 recipe's ``softcap`` (a finite float32 number) and ``window`` ([left, right], ints of -1 or more),
+    where it has them: a ValueError naming the field."""
+    if "softcap" in case and not np.isfinite(api_float(case["softcap"], "softcap")):
+        raise ValueError(f"softcap: expected a finite number, got {case['softcap']!r}")
+    if "window" in case:
+        w = case["window"]
+        if not isinstance(w, (list, tuple)) or len(w) != 2:
+            raise ValueError(f"window: expected [left, right], got {w!r}")
+        for x in w:
+            check_int(x, "window", lo=-1)
 
 
 def check_recipe(spec: DeployedKernel, where: str, i: int, case: object, arrays: dict) -> None:

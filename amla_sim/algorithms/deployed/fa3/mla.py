@@ -62,7 +62,7 @@ _COMBINE_LANES = 32
 class _Units:
     """The machine's operations as the kernel uses them."""
 
-    def __init__(self, mc: Machine, fmt: str, scale: float):
+    def __init__(self, mc: Machine, fmt: str, scale: float, softcap: np.float32 | None = None):
         self.mc = mc
         self.dt = mc.dtype
         self.fmt = fmt
@@ -71,6 +71,8 @@ class _Units:
         self.c = mc.ftz(scale_log2(mc, scale))
         self.c_ln2 = mc.mul(self.c, self.ln2)  # softmax_scale_log2 * float(M_LN2), on the device
         self.softcap: np.ndarray | None = None  # the scores' factor before tanh, where a softcap is on
+        if softcap is not None and softcap > 0:  # SOFTCAP_SWITCH(params.softcap > 0): 0, below and NaN: no cap
+            self.with_softcap(scale, softcap)
 
     def with_softcap(self, scale: np.float32, cap: np.float32) -> None:
         """A softcap's constants (mainloop_fwd_sm90_tma_gmma_ws.hpp:569-588): the scores are multiplied by
@@ -155,10 +157,7 @@ def fa3_mla(
         if len(given) != b:
             raise ValueError(f"splits: one split count a request ({b}), got {len(given)}")
         sched = replace(sched, bound=max(given), splits=tuple(given), pack_gqa=sched.pack_gqa or max(given) > 1)
-    u = _Units(mc, fmt, sm)
-    cap = api_float(softcap, "softcap")
-    if cap > 0:  # 0, below and NaN: no cap
-        u.with_softcap(sm, cap)
+    u = _Units(mc, fmt, sm, api_float(softcap, "softcap"))
     Q, K = mc.cast(qa, fmt), mc.cast(kva, fmt)
     out = np.zeros((b, s_q * H, D_V), mc.dtype)
     lse = np.zeros((b, s_q * H), mc.dtype)

@@ -261,13 +261,7 @@ def fa3_prefill(
     qa, ka, va, cq, ck = _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     T, H, d = qa.shape
     Hk, dv = ka.shape[1], va.shape[2]
-    qlens, klens = np.diff(cq).tolist(), np.diff(ck).tolist()
-    mq = _check_max(max_seqlen_q, "max_seqlen_q", max(qlens))
-    mk = _check_max(max_seqlen_k, "max_seqlen_k", max(klens))
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal: expected True or False, got {causal!r}")
-    _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
-                  varlen_q=True, softcap=0.0, window_size=(-1, -1))
+    qlens, klens, mq, mk = _check_call(cq, ck, max_seqlen_q, max_seqlen_k, causal, num_sms, num_splits)
     cap = api_float(softcap, "softcap")
     causal, sides = _local(causal, window_size, mq, mk)
     fmt = get_format(qa.dtype).name
@@ -277,10 +271,7 @@ def fa3_prefill(
     if fp8:
         mc.require(kernel="fa3-prefill (E4M3)", e4m3_products=True, suggest="sm90-cuda")
     descales = _descales(fp8, (q_descale, k_descale, v_descale), (len(qlens), Hk))
-    sm = softmax_scale(scale, d ** -0.5)
-    u = _Units(mc, fmt, sm)
-    if cap > 0:  # SOFTCAP_SWITCH(params.softcap > 0.0): 0, below and NaN are no cap
-        u.with_softcap(sm, cap)
+    u = _Units(mc, fmt, softmax_scale(scale, d ** -0.5), cap)
     out = np.zeros((T, H, dv), mc.dtype)
     no_k = ka.shape[0] == 0  # mha_fwd runs no kernel when k has no row: out 0, LSE +inf (flash_api.cpp:1281-1309)
     lse = np.full((H, T), np.inf if no_k else 0.0, mc.dtype)
@@ -298,13 +289,35 @@ def fa3_prefill(
         _requests(u, (qa, ka, va), cq, ck, out, lse, causal=causal, counts=counts, tile=tile, dims=(dk, dvk),
                   descales=descales if fp8 else None, two_level=build == "vllm",
                   local=None if sides is None else (*sides, _request_frame(dk, dvk, size, build)))
-    nan = int(np.isnan(out[..., :dvk]).sum())
-    hazards = Counter(nan_outputs=nan) if nan else Counter()
-    if dvk < dv:  # the FP8 64 / 64 kernel writes the first 64 of v's columns: the rest are what the buffer held
-        out[..., dvk:] = np.nan
-        hazards["unwritten_columns"] = out[..., dvk:].size
+    hazards = _hazards(out, dvk)
     tr = {"bound": bound, "splits": list(counts), "pack_gqa": pack} if trace else {}
     return AttentionResult(mc.cast(out, "bf16" if fp8 else fmt), lse, tr, hazards)  # out_type (flash_api.cpp:936)
+
+
+def _check_call(cq: np.ndarray, ck: np.ndarray, max_seqlen_q: int | None, max_seqlen_k: int | None, causal: object,
+                num_sms: int, num_splits: int) -> tuple[list[int], list[int], int, int]:
+    """The call's query and key lengths and its max_seqlen_q and max_seqlen_k (each checked against them), its
+    causal flag and launch settings checked: an error naming the argument."""
+    qlens, klens = np.diff(cq).tolist(), np.diff(ck).tolist()
+    mq = _check_max(max_seqlen_q, "max_seqlen_q", max(qlens))
+    mk = _check_max(max_seqlen_k, "max_seqlen_k", max(klens))
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected True or False, got {causal!r}")
+    _check_launch(num_sms=num_sms, num_splits=num_splits, page_size=None, causal=causal, pack_gqa=None,
+                  varlen_q=True, softcap=0.0, window_size=(-1, -1))
+    return qlens, klens, mq, mk
+
+
+def _hazards(out: np.ndarray, written: int) -> Counter:
+    """The call's NaN outputs; where the kernel writes only the first `written` of the output's columns (the FP8
+    64 / 64 kernel under a wider v), the rest set to NaN and counted as ``unwritten_columns`` (the kernel leaves
+    them as its buffer held them)."""
+    nan = int(np.isnan(out[..., :written]).sum())
+    hazards = Counter(nan_outputs=nan) if nan else Counter()
+    if written < out.shape[-1]:
+        out[..., written:] = np.nan
+        hazards["unwritten_columns"] = out[..., written:].size
+    return hazards
 
 
 def _local(causal: bool, window_size: object, mq: int, mk: int) -> tuple[bool, tuple[int, int] | None]:
