@@ -812,3 +812,13 @@ def test_an_fp8_v_over_256_at_q_64_is_refused_as_upstream_refuses_it():
     v = np.zeros((4, 2, 320), np.float32).astype(ml_dtypes.float8_e4m3fn)
     with pytest.raises(ValueError, match="v: head dim 320 over 256 with FP8 inputs"):
         fa3_prefill(q, q, v, [0, 4], [0, 4])
+
+
+def test_a_softcap_on_the_golden_machine_is_the_exact_tanh():
+    """MUFU.TANH is an FP32 unit: the golden machine takes the exact tanh (close to the H200's bits, not equal)."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((40, 2, 64)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    gold = fa3_prefill(q, k, v, [0, 40], [0, 40], causal=True, softcap=3.0, machine="golden")
+    sm90 = fa3_prefill(q, k, v, [0, 40], [0, 40], causal=True, softcap=3.0)
+    a, b = gold.out.astype(np.float64), sm90.out.astype(np.float64)
+    assert np.allclose(a, b, rtol=0.02, atol=0.02) and not np.array_equal(a, b)

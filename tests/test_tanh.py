@@ -58,3 +58,11 @@ def test_shapes_and_scalars():
     x = np.linspace(-10, 10, 24, dtype=np.float32).reshape(2, 3, 4)
     assert tanh_approx(x).shape == (2, 3, 4) and tanh_approx(x).dtype == np.float32
     assert tanh_approx(np.float32(0.5)).shape == ()
+
+
+@pytest.mark.parametrize(("x", "err"), [
+    (np.array([1.0 + 2.0**-30]), ValueError), (np.array(["a"]), TypeError), (np.array([1, 2]), TypeError),
+], ids=["not-fp32", "strings", "ints"])
+def test_inputs_that_are_not_fp32_values_are_refused_by_name(x, err):
+    with pytest.raises(err, match="^x: "):
+        tanh_approx(x)

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from .elementwise import as_f32
+
 __all__ = ["tanh_approx"]
 
 _LO, _HI = -8, 2  # the binades the table covers: 2^-8 <= |x| < 2^3
@@ -45,8 +47,9 @@ def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def tanh_approx(x: npt.ArrayLike) -> np.ndarray:
-    """``tanh.approx.f32`` of FP32 `x` on sm_90 (the module docstring): float32, the shape of x."""
-    xf = np.asarray(x, np.float32)
+    """``tanh.approx.f32`` of FP32 `x` on sm_90 (the module docstring): float32, the shape of x. Values of another
+    float type must be FP32 values (a ValueError naming ``x`` otherwise)."""
+    xf = as_f32(x)
     bits = xf.view(np.uint32)
     mag = bits & np.uint32(0x7FFFFFFF)
     sign = bits & np.uint32(0x80000000)

@@ -180,12 +180,11 @@ class _Fa3Prefill(DeployedKernel):
         fmt = np.float16 if case["format"] == "fp16" else ml_dtypes.bfloat16  # E4M3's out: BF16
         d, dv = _dims(case)
         written = kernel_dims(d, dv, 1 if case["format"] == "e4m3" else 2)[1]
+        name, device, sim = stage("out", arrays[f"c{i}_out"], res.out, fmt)
         if written < dv:  # the FP8 64 / 64 kernel writes the first 64 columns; the rest are what the buffer held
             name = f"out[..., :{written}] (the kernel leaves columns {written}-{dv - 1} unwritten)"
-            return out + [stage("lse", arrays[f"c{i}_lse"], res.lse.astype(np.float32), np.float32),
-                          (name, *(x[..., :written] for x in stage("out", arrays[f"c{i}_out"], res.out, fmt)[1:]))]
-        return out + [stage("lse", arrays[f"c{i}_lse"], res.lse.astype(np.float32), np.float32),
-                      stage("out", arrays[f"c{i}_out"], res.out, fmt)]
+            device, sim = device[..., :written], sim[..., :written]
+        return out + [stage("lse", arrays[f"c{i}_lse"], res.lse.astype(np.float32), np.float32), (name, device, sim)]
 
     def load(self, source: str | None) -> Any:
         raise ValueError("build: the prefill is captured from vLLM's shipped FA3 library (--build vllm)")

@@ -51,16 +51,17 @@ def layer_weights(kv: np.ndarray, heads: int) -> tuple[np.ndarray, np.ndarray]:
     return quantize_weight_blocks(round_to(rng.normal(0, _WEIGHT_SIGMA, (heads * 256, KV_LORA)), "bf16"), "ue8m0")
 
 
-def layer_inputs(q: np.ndarray, kv: np.ndarray, i: int) -> LayerInputs:
+def layer_inputs(q: np.ndarray, kv: np.ndarray, i: int,
+                 weights: tuple[np.ndarray, np.ndarray] | None = None) -> LayerInputs:
     """Request `i` of a sample as a layer's inputs (the module docstring): the tokens before the last s_q with zero
-    queries."""
+    queries; `weights`: :func:`layer_weights` of the sample, where the caller has them."""
     _check(q, kv)
     _, s_q, G, _ = q.shape
     S = kv.shape[1]
     qn = np.zeros((S, G, QK_NOPE), q.dtype)
     qp = np.zeros((S, G, QK_ROPE), q.dtype)
     qn[S - s_q:], qp[S - s_q:] = q[i, ..., :QK_NOPE], q[i, ..., KV_LORA:]
-    w, s = layer_weights(kv, G)
+    w, s = layer_weights(kv, G) if weights is None else weights
     return LayerInputs(qn, qp, np.ascontiguousarray(kv[i, :, :KV_LORA]), np.ascontiguousarray(kv[i, :, KV_LORA:]),
                        w, s, DEEPSEEK_V3_SCALE)
 
@@ -115,9 +116,9 @@ def _path(engine: str, form: str) -> Callable[..., AttentionResult]:
         b, s_q, G, _ = q.shape
         S = kv.shape[1]
         out = np.empty((b, s_q, G, V_HEAD), np.float64)
+        weights, tokens = layer_weights(kv, G), np.arange(S - s_q, S)
         for i in range(b):
-            x = layer_inputs(q, kv, i)
-            tokens = np.arange(S - s_q, S)
+            x = layer_inputs(q, kv, i, weights)
             if form == "mha":
                 step = mha_chunk(x, S - s_q, s_q, mode)
             else:

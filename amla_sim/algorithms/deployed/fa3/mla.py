@@ -86,11 +86,13 @@ class _Units:
 
     def capped(self, S: np.ndarray) -> np.ndarray:
         """Scores through the softcap, ``fast_tanh(S softcap_val)``, where one is on (`softcap` of shape () or
-        (h_k, 1) against S (h_k, R, n) or (R, n))."""
+        (h_k, 1) against S (h_k, R, n) or (R, n)). ``fast_tanh`` is inline PTX ``tanh.approx.f32`` whatever the
+        build's flags: MUFU.TANH on every FP32 machine; the golden machine's exact tanh in FP64."""
         if self.softcap is None:
             return S
         cap = self.softcap if np.ndim(self.softcap) == 0 else self.softcap[..., None]
-        return tanh_approx(self.mc.mul(S, cap))
+        x = self.mc.mul(S, cap)
+        return np.tanh(x) if x.dtype == np.float64 else tanh_approx(x)
 
     def logf(self, x: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
         """``__logf(x)``, or ``__logf(x) + plus`` with the multiply by ln 2 contracted into the add."""
